@@ -1,0 +1,84 @@
+"""Small append-only Delta tables for control state, read whole with delta-rs.
+
+Control rows are tiny and written by the driver (sensor, run, CLI), so they go through
+`write_deltalake` directly. Each append is one commit; concurrent appends retry with a fresh
+snapshot, and `app_id`/`version` turns an append into a compare-and-set.
+"""
+
+import logging
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from resources.delta_io import TABLE_CONFIGURATION, open_table
+
+log = logging.getLogger(__name__)
+
+
+class CompareAndSetConflict(Exception):
+    """Another writer committed the same app version first; re-read and decide again."""
+
+
+class ControlTable:
+    def __init__(
+        self, uri: str, schema: pa.Schema, storage_options: dict[str, str] | None = None
+    ) -> None:
+        self.uri = uri
+        self.schema = schema
+        self.storage_options = storage_options or {}
+
+    def read(self, filter: str | None = None) -> pa.Table:
+        table = open_table(self.uri, self.storage_options)
+        if table is None:
+            return self.schema.empty_table()
+        data = pa.table(table.to_pyarrow_table(filters=filter) if filter else table.to_pyarrow_table())
+        return data.select(self.schema.names).cast(self.schema)
+
+    def version(self) -> int | None:
+        table = open_table(self.uri, self.storage_options)
+        return None if table is None else table.version()
+
+    def append(
+        self,
+        rows: Sequence[dict],
+        *,
+        cas: tuple[str, int] | None = None,
+        metadata: dict[str, str] | None = None,
+        attempts: int = 10,
+    ) -> None:
+        """Append rows in one commit. With `cas=(app_id, version)`, fail with
+        `CompareAndSetConflict` if that app id already reached `version`."""
+        if not rows:
+            return
+        data = pa.Table.from_pylist(list(rows), schema=self.schema)
+        props = CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(cas[0], cas[1])] if cas else None,
+        )
+        for attempt in range(attempts):
+            table = open_table(self.uri, self.storage_options)
+            if cas and table is not None:
+                done = table.transaction_version(cas[0])
+                if done is not None and done >= cas[1]:
+                    raise CompareAndSetConflict(f"{cas[0]} already at version {done}")
+            try:
+                write_deltalake(
+                    table if table is not None else self.uri,
+                    data,
+                    mode="append",
+                    configuration=TABLE_CONFIGURATION if table is None else None,
+                    commit_properties=props,
+                    storage_options=self.storage_options or None,
+                )
+                return
+            except (CommitFailedError, DeltaError) as exc:
+                conflict = isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()
+                if not conflict or attempt == attempts - 1:
+                    raise
+                if cas and "concurrent transaction" in str(exc).lower():
+                    raise CompareAndSetConflict(str(exc)) from exc
+                log.debug("append to %s conflicted (%s); retrying", self.uri, exc)
+                time.sleep(0.01 * 2**attempt)

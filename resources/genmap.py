@@ -1,0 +1,166 @@
+"""The `<rollup>__genmap` pointer table: which generation is active per bucket (and entity).
+
+A pointer is `(bucket_start, bucket_end, entity_id, generation)`; `entity_id` null means every
+entity. The active generation of a row's (bucket, entity) is the newest pointer covering it,
+i.e. max(global pointer, entity pointer), and 0 when no pointer covers it (the forward lane).
+Generations only grow, so "newest" is "largest". Flipping rewrites the (small) pointer table in
+one Delta commit: that commit is the moment readers switch to the new generation.
+"""
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction
+
+from resources.delta_io import CommitPlan, commit, file_actions, open_table, remove_action, stats_from_metadata
+from resources.warehouse import filesystem_for
+from rollup_assets.partitions import Window
+
+TS = pa.timestamp("us", tz="UTC")
+GENMAP_SCHEMA = pa.schema(
+    [
+        ("bucket_start", TS),
+        ("bucket_end", TS),
+        ("entity_id", pa.string()),
+        ("generation", pa.int64()),
+        ("job_id", pa.string()),
+        ("run_id", pa.string()),
+        ("flipped_at", TS),
+    ]
+)
+
+
+def read_pointers(uri: str, storage_options: dict[str, str] | None = None) -> tuple[pa.Table, int | None]:
+    table = open_table(uri, storage_options)
+    if table is None:
+        return GENMAP_SCHEMA.empty_table(), None
+    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA), table.version()
+
+
+def genmap_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    table = open_table(uri, storage_options)
+    return None if table is None else table.version()
+
+
+def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(global pointers: bucket_start, g_all), (entity pointers: bucket_start, entity_id, g_entity)."""
+    is_global = pc.is_null(pointers["entity_id"])
+    g = pointers.filter(is_global).group_by("bucket_start").aggregate([("generation", "max")])
+    g = g.rename_columns(["bucket_start", "g_all"])
+    s = pointers.filter(pc.invert(is_global)).group_by(["bucket_start", "entity_id"]).aggregate(
+        [("generation", "max")]
+    )
+    s = s.rename_columns(["bucket_start", "entity_id", "g_entity"])
+    return g, s
+
+
+def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
+    """For rows with (bucket_start, entity_id, generation): is each row's generation the active one?"""
+    n = rows.num_rows
+    if n == 0:
+        return pa.chunked_array([pa.array([], pa.bool_())])
+    if pointers.num_rows == 0:
+        return pc.equal(rows["generation"], 0)
+    g, s = split_pointers(pointers)
+    keyed = pa.table(
+        {
+            "__i": pa.array(range(n), pa.int64()),
+            "bucket_start": rows["bucket_start"].cast(TS),
+            "entity_id": rows["entity_id"],
+            "generation": rows["generation"],
+        }
+    )
+    joined = keyed.join(g, "bucket_start", join_type="left outer")
+    joined = joined.join(s, ["bucket_start", "entity_id"], join_type="left outer").sort_by("__i")
+    active = pc.max_element_wise(
+        pc.fill_null(joined["g_all"], 0), pc.fill_null(joined["g_entity"], 0)
+    )
+    return pc.equal(joined["generation"], active)
+
+
+def flipped_pointers(
+    current: pa.Table,
+    buckets: list[Window],
+    entities: frozenset[str] | None,
+    generation: int,
+    job_id: str,
+    run_id: str,
+) -> pa.Table:
+    """The pointer table after making `generation` active on `buckets` (for `entities`, or all).
+
+    Pointers the new ones supersede are dropped, so the table keeps one global pointer per bucket
+    at most, plus entity pointers newer than it.
+    """
+    starts = pa.array([b.start for b in buckets], TS)
+    in_buckets = pc.is_in(current["bucket_start"], value_set=starts)
+    if entities is None:
+        keep = pc.invert(in_buckets)
+    else:
+        ents = pa.array(sorted(entities), pa.string())
+        superseded = pc.and_(in_buckets, pc.fill_null(pc.is_in(current["entity_id"], value_set=ents), False))
+        keep = pc.invert(superseded)
+    kept = current.filter(keep)
+    now = datetime.now(UTC)
+    ent_list: list[str | None] = [None] if entities is None else sorted(entities)
+    new = pa.Table.from_pylist(
+        [
+            {
+                "bucket_start": b.start,
+                "bucket_end": b.end,
+                "entity_id": e,
+                "generation": generation,
+                "job_id": job_id,
+                "run_id": run_id,
+                "flipped_at": now,
+            }
+            for b in buckets
+            for e in ent_list
+        ],
+        schema=GENMAP_SCHEMA,
+    )
+    return pa.concat_tables([kept, new])
+
+
+def write_pointer_table(
+    uri: str,
+    change: Callable[[pa.Table], pa.Table],
+    *,
+    metadata: dict[str, str],
+    storage_options: dict[str, str] | None = None,
+) -> int:
+    """Replace the whole pointer table with `change(current)` in one commit (retrying on conflict)."""
+    fs, root = filesystem_for(uri, storage_options)
+
+    def plan(snapshot: DeltaTable | None) -> CommitPlan:
+        current = (
+            pa.table(snapshot.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
+            if snapshot is not None
+            else GENMAP_SCHEMA.empty_table()
+        )
+        new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+        rel = f"part-{uuid.uuid4()}.snappy.parquet"
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(f"{root}/{rel}") as out:
+            pq.write_table(new, out, compression="snappy")
+        with fs.open_input_file(f"{root}/{rel}") as f:
+            md = pq.ParquetFile(f).metadata
+            size = f.size()
+        add = AddAction(
+            path=rel,
+            size=size,
+            partition_values={},
+            modification_time=int(time.time() * 1000),
+            data_change=True,
+            stats=json.dumps(stats_from_metadata(md)),
+        )
+        removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
+        return CommitPlan(adds=[add], removes=removes)
+
+    return commit(uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options)

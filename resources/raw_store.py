@@ -1,0 +1,210 @@
+"""Raw and time-range archives on Delta: provisioning, upsert ingest, and pruned reads.
+
+A raw table is partitioned by the UTC day of its time column and has the change data feed on,
+so the retroactive-write sensor can see every changed row. An ingest is one MERGE commit keyed by
+(entity_id, time): required columns take the incoming value, optional ones keep the existing
+value when the incoming one is null (COALESCE), so several producers can fill one reading.
+"""
+
+import datetime as dt
+import logging
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from resources.delta_io import TABLE_CONFIGURATION, file_actions, open_table
+from resources.ledger import ChangeSource
+from resources.warehouse import Warehouse, spark_uri
+from rollup_assets.aggregation import SPARK_TYPES
+from rollup_assets.ingest import BatchReader, archive_schema, key_columns
+from rollup_assets.partitions import Window, as_utc, merge_windows
+from rollup_assets.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec
+
+log = logging.getLogger(__name__)
+SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
+RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    archive: str
+    version: int
+    rows: int
+    min_ts: dt.datetime
+    max_ts: dt.datetime
+    entities: int
+    change_source: ChangeSource
+
+
+class RawStore:
+    def __init__(self, warehouse: Warehouse) -> None:
+        self.warehouse = warehouse
+        self.options = warehouse.storage_options
+
+    def uri(self, spec: SourceSpec) -> str:
+        return self.warehouse.raw_path(spec.name)
+
+    def table(self, spec: SourceSpec, version: int | None = None) -> DeltaTable | None:
+        return open_table(self.uri(spec), self.options, version)
+
+    def ensure_table(self, spec: SourceSpec) -> int:
+        """Create the (empty) table if it does not exist; return its version."""
+        existing = self.table(spec)
+        if existing is not None:
+            return existing.version()
+        write_deltalake(
+            self.uri(spec),
+            archive_schema(spec).empty_table(),
+            mode="ignore",
+            partition_by=[DAY_COLUMN],
+            configuration=RAW_CONFIGURATION,
+            commit_properties=CommitProperties(custom_metadata={"rollups.operation": "provision"}),
+            storage_options=self.options or None,
+        )
+        created = self.table(spec)
+        assert created is not None
+        return created.version()
+
+    def drop(self, spec: SourceSpec) -> None:
+        fs, root = self.warehouse.filesystem()
+        path = f"{root}/raw/{spec.name}"
+        if fs.get_file_info(path).type.name != "NotFound":
+            fs.delete_dir(path)
+
+    def ingest(self, spec: SourceSpec, path: str | Path, change_source: ChangeSource) -> IngestResult:
+        """Validate the whole file, then upsert it in one MERGE commit. Raises IngestValidationError."""
+        reader = BatchReader(spec, path)
+        summary = reader.validate()
+        table = self.table(spec)
+        if table is None:
+            table = DeltaTable(self.uri(spec), storage_options=self.options or None)
+        keys = key_columns(spec)
+        days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
+        predicate = " AND ".join(
+            [f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]]
+        )
+        updates = {
+            c.name: f"s.{c.name}" if c.required else f"COALESCE(s.{c.name}, t.{c.name})"
+            for c in spec.columns
+        }
+        metadata = {
+            "rollups.operation": "ingest",
+            "rollups.change_source": change_source.value,
+            "rollups.rows": str(summary.rows),
+            "rollups.min_ts": summary.min_ts.isoformat(),
+            "rollups.max_ts": summary.max_ts.isoformat(),
+            "rollups.file": Path(path).name,
+        }
+        source = pa.RecordBatchReader.from_batches(reader.schema, reader.chunks())
+        merger = table.merge(
+            source,
+            predicate=predicate,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(custom_metadata=metadata),
+        )
+        if updates:
+            merger = merger.when_matched_update(updates=updates)
+        merger.when_not_matched_insert_all().execute()
+        table.update_incremental()
+        return IngestResult(
+            spec.name,
+            table.version(),
+            summary.rows,
+            as_utc(summary.min_ts),
+            as_utc(summary.max_ts),
+            summary.entities,
+            change_source,
+        )
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def files_for(
+        self, table: DeltaTable, spec: SourceSpec, spans: Sequence[Window] | None, entities: frozenset[str] | None
+    ) -> list[dict]:
+        """Live files that may hold rows whose time falls in `spans` (partition day + stats)."""
+        time_col = key_columns(spec)[1]
+        merged = merge_windows(list(spans)) if spans else None
+        out = []
+        for f in file_actions(table):
+            day = f.get(f"partition.{DAY_COLUMN}")
+            lo, hi = f.get(f"min.{time_col}"), f.get(f"max.{time_col}")
+            if merged is not None:
+                if day is not None:
+                    d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
+                    if not any(w.start < d0 + dt.timedelta(days=1) and d0 < w.end for w in merged):
+                        continue
+                if lo is not None and hi is not None and not any(lo < w.end and hi >= w.start for w in merged):
+                    continue
+            elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
+            if entities is not None and elo is not None and ehi is not None:
+                if not any(elo <= e <= ehi for e in entities):
+                    continue
+            out.append(f)
+        return out
+
+    def read_spark(
+        self,
+        spark: SparkSession,
+        spec: SourceSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+        table: DeltaTable | None = None,
+    ) -> tuple[DataFrame, int | None]:
+        """Rows whose time falls in `spans` (and entity in `entities`), and the version read."""
+        table = table or self.table(spec)
+        schema = spark_data_schema(spec)
+        if table is None:
+            return spark.createDataFrame([], schema), None
+        files = self.files_for(table, spec, spans, entities)
+        if not files:
+            return spark.createDataFrame([], schema), table.version()
+        root = self.uri(spec)
+        df = spark.read.schema(schema).parquet(
+            *[spark_uri(f"{root}/{urllib.parse.unquote(f['path'])}") for f in files]
+        )
+        time_col = key_columns(spec)[1]
+        if spans:
+            cond = None
+            for w in merge_windows(list(spans)):
+                c = (F.col(time_col) >= F.lit(w.start)) & (F.col(time_col) < F.lit(w.end))
+                cond = c if cond is None else cond | c
+            df = df.where(cond)
+        if entities is not None:
+            df = df.where(F.col("entity_id").isin(sorted(entities)))
+        return df, table.version()
+
+    def read_arrow(
+        self,
+        spec: SourceSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+    ) -> pa.Table:
+        table = self.table(spec)
+        schema = archive_schema(spec)
+        if table is None:
+            return schema.empty_table()
+        time_col = key_columns(spec)[1]
+        filters = []
+        if spans:
+            merged = merge_windows(list(spans))
+            filters += [(time_col, ">=", merged[0].start), (time_col, "<", merged[-1].end)]
+        if entities is not None:
+            filters.append(("entity_id", "in", sorted(entities)))
+        data = pa.table(table.to_pyarrow_table(filters=filters or None))
+        return data.select(schema.names).cast(schema)
+
+
+def spark_data_schema(spec: SourceSpec) -> T.StructType:
+    """Columns stored in a raw file (the `day` partition column lives in the path)."""
+    keys = [T.StructField("entity_id", T.StringType())]
+    keys += [T.StructField(c, T.TimestampType()) for c in key_columns(spec)[1:]]
+    values = [T.StructField(c.name, SPARK_TYPES[c.type]) for c in spec.columns]
+    return T.StructType([*keys, *values])

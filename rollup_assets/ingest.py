@@ -1,0 +1,302 @@
+"""Reading and validating an ingest batch (Parquet or CSV) against a raw or time-range spec.
+
+The batch is validated whole before anything is written: every chunk is converted to the
+archive's Arrow schema, and the first offending row (0-based, in file order) is reported with its
+reason. Conversion is streamed in chunks, so a large file is never held several times over.
+
+Rules: required columns present and non-null; values convertible to the declared type; no NaN
+in required columns (NaN in an optional double column means "missing" and becomes null); no
+infinities; timestamps parseable (ISO-8601 strings or timestamp columns; naive means UTC, offsets
+are converted); no duplicate keys inside one batch; no columns the spec does not declare.
+"""
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from rollup_assets.errors import IngestValidationError
+from rollup_assets.specs import (
+    DAY_COLUMN,
+    ENTITY_COLUMN,
+    RANGE_END_COLUMN,
+    RANGE_START_COLUMN,
+    TIME_COLUMN,
+    ColumnSpec,
+    ColumnType,
+    RawArchiveSpec,
+    TimeRangeArchiveSpec,
+)
+
+TS = pa.timestamp("us", tz="UTC")
+ARROW_TYPES = {
+    ColumnType.DOUBLE: pa.float64(),
+    ColumnType.LONG: pa.int64(),
+    ColumnType.BOOLEAN: pa.bool_(),
+    ColumnType.STRING: pa.string(),
+}
+_OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
+_TRUE = {"true", "t", "1", "yes"}
+_FALSE = {"false", "f", "0", "no"}
+CHUNK_ROWS = 262_144
+
+
+def key_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> list[str]:
+    if isinstance(spec, TimeRangeArchiveSpec):
+        return [ENTITY_COLUMN, RANGE_START_COLUMN, RANGE_END_COLUMN]
+    return [ENTITY_COLUMN, TIME_COLUMN]
+
+
+def archive_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schema:
+    """The Delta schema of a raw or time-range table (`day` is the UTC partition date)."""
+    keys = [pa.field(ENTITY_COLUMN, pa.string())]
+    keys += [pa.field(c, TS) for c in key_columns(spec)[1:]]
+    values = [pa.field(c.name, ARROW_TYPES[c.type]) for c in spec.columns]
+    return pa.schema([*keys, *values, pa.field(DAY_COLUMN, pa.date32())])
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    rows: int
+    min_ts: dt.datetime
+    max_ts: dt.datetime
+    days: list[dt.date]
+    entities: int
+
+
+class BatchReader:
+    """Validated, converted chunks of one input file; `validate()` must pass before `chunks()`."""
+
+    def __init__(self, spec: RawArchiveSpec | TimeRangeArchiveSpec, path: str | Path) -> None:
+        self.spec = spec
+        self.path = Path(path)
+        self.schema = archive_schema(spec)
+
+    # -- raw chunks from the file ----------------------------------------------------------
+
+    def _raw_chunks(self) -> Iterator[pa.Table]:
+        suffix = self.path.suffix.lower()
+        if not self.path.exists():
+            raise IngestValidationError(self.spec.name, None, f"file {self.path} does not exist")
+        if self.path.stat().st_size == 0:
+            raise IngestValidationError(self.spec.name, None, f"file {self.path} is empty")
+        if suffix in (".parquet", ".pq"):
+            try:
+                pf = pq.ParquetFile(self.path)
+                for batch in pf.iter_batches(batch_size=CHUNK_ROWS):
+                    yield pa.Table.from_batches([batch])
+            except (pa.ArrowException, OSError) as exc:
+                raise IngestValidationError(
+                    self.spec.name, None, f"{self.path.name} is not a readable Parquet file ({exc})"
+                ) from None
+        elif suffix in (".csv", ".txt"):
+            try:
+                reader = pcsv.open_csv(
+                    self.path,
+                    read_options=pcsv.ReadOptions(block_size=1 << 24),
+                    convert_options=pcsv.ConvertOptions(
+                        column_types=dict.fromkeys(self._csv_header(), pa.string()),
+                        strings_can_be_null=True,
+                    ),
+                )
+                for batch in reader:
+                    yield pa.Table.from_batches([batch])
+            except (pa.ArrowException, OSError) as exc:
+                raise IngestValidationError(
+                    self.spec.name, None, f"{self.path.name} is not a readable CSV file ({exc})"
+                ) from None
+        else:
+            raise IngestValidationError(
+                self.spec.name, None, f"unsupported file type '{suffix}' (use .parquet or .csv)"
+            )
+
+    def _csv_header(self) -> list[str]:
+        with open(self.path, encoding="utf-8-sig", errors="replace") as f:
+            first = f.readline().strip()
+        return [c.strip().strip('"') for c in first.split(",")]
+
+    # -- conversion --------------------------------------------------------------------------
+
+    def _check_columns(self, names: list[str]) -> None:
+        declared = {c.name for c in self.spec.columns} | set(key_columns(self.spec))
+        unknown = [n for n in names if n not in declared]
+        if unknown:
+            hint = ""
+            if len(names) == 1 and any(d in names[0] for d in (";", "\t", "|")):
+                hint = " (the header looks like it uses another delimiter; use commas)"
+            raise IngestValidationError(
+                self.spec.name,
+                None,
+                f"unknown column(s) {unknown}; declared: {sorted(declared)}{hint}",
+            )
+        required = [*key_columns(self.spec), *[c.name for c in self.spec.columns if c.required]]
+        for col in required:
+            if col not in names:
+                raise IngestValidationError(self.spec.name, 0, f"required column '{col}' is missing")
+
+    def _convert(self, chunk: pa.Table, offset: int) -> pa.Table:
+        self._check_columns(chunk.column_names)
+        n = chunk.num_rows
+        out: dict[str, pa.Array | pa.ChunkedArray] = {}
+        out[ENTITY_COLUMN] = self._entity(chunk[ENTITY_COLUMN], offset)
+        for col in key_columns(self.spec)[1:]:
+            out[col] = self._timestamp(col, chunk[col], offset)
+        for c in self.spec.columns:
+            if c.name in chunk.column_names:
+                out[c.name] = self._value(c, chunk[c.name], offset)
+            else:
+                out[c.name] = pa.nulls(n, ARROW_TYPES[c.type])
+        if isinstance(self.spec, TimeRangeArchiveSpec):
+            bad = pc.greater_equal(out[RANGE_START_COLUMN], out[RANGE_END_COLUMN])
+            self._fail_first(bad, offset, "range_start must be before range_end")
+        time_col = key_columns(self.spec)[1]
+        out[DAY_COLUMN] = pc.cast(out[time_col], pa.date32())
+        return pa.table(out, schema=self.schema)
+
+    def _fail_first(self, bad: pa.ChunkedArray | pa.Array, offset: int, reason: str) -> None:
+        bad = pc.fill_null(bad, False)
+        if pc.any(bad).as_py():
+            idx = pc.index(bad, True).as_py()
+            raise IngestValidationError(self.spec.name, offset + idx, reason)
+
+    def _entity(self, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type)):
+            raise IngestValidationError(self.spec.name, 0, f"entity_id must be text, not {col.type}")
+        col = pc.cast(col, pa.string())
+        self._fail_first(pc.is_null(col), offset, "entity_id is null")
+        self._fail_first(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0), offset, "entity_id is empty")
+        return col
+
+    def _timestamp(self, name: str, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        self._fail_first(pc.is_null(col), offset, f"{name} is null")
+        if pa.types.is_timestamp(col.type):
+            if col.type.tz is None:
+                return pc.assume_timezone(pc.cast(col, pa.timestamp("us")), "UTC")
+            return pc.cast(col, TS)
+        if pa.types.is_date(col.type):
+            return pc.assume_timezone(pc.cast(pc.cast(col, pa.date32()), pa.timestamp("us")), "UTC")
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            raise IngestValidationError(
+                self.spec.name, 0, f"{name} must be a timestamp or an ISO-8601 string, not {col.type}"
+            )
+        text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+        has_offset = pc.match_substring_regex(text, _OFFSET)
+        try:
+            aware = pc.cast(pc.if_else(has_offset, text, None), TS)
+            naive = pc.assume_timezone(pc.cast(pc.if_else(has_offset, None, text), pa.timestamp("us")), "UTC")
+            return pc.if_else(has_offset, aware, naive)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            for i, value in enumerate(text.to_pylist()):
+                if not _parses_as_instant(value):
+                    raise IngestValidationError(
+                        self.spec.name, offset + i, f"{name} {value!r} is not an ISO-8601 timestamp"
+                    ) from None
+            raise
+
+    def _value(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        target = ARROW_TYPES[c.type]
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+            col = pc.if_else(pc.equal(col, ""), None, col)  # an empty CSV cell is missing
+            if c.type is ColumnType.BOOLEAN:
+                col = self._bool_from_text(c, col, offset)
+        converted = self._cast(c, col, target, offset)
+        if c.type is ColumnType.DOUBLE:
+            self._fail_first(pc.is_inf(converted), offset, f"{c.name} is infinite")
+            nan = pc.is_nan(converted)
+            if c.required:
+                self._fail_first(nan, offset, f"{c.name} is NaN but the column is required")
+            converted = pc.if_else(pc.fill_null(nan, False), None, converted)
+        if c.required:
+            self._fail_first(pc.is_null(converted), offset, f"required column {c.name} is null")
+        return converted
+
+    def _bool_from_text(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        low = pc.utf8_lower(col)
+        known = pc.is_in(low, value_set=pa.array(sorted(_TRUE | _FALSE)))
+        self._fail_first(pc.and_(pc.invert(pc.is_null(low)), pc.invert(known)), offset, f"{c.name} is not a boolean")
+        truthy = pc.is_in(low, value_set=pa.array(sorted(_TRUE)))
+        return pc.if_else(pc.is_null(low), pa.scalar(None, pa.bool_()), truthy)
+
+    def _cast(self, c: ColumnSpec, col: pa.ChunkedArray, target: pa.DataType, offset: int) -> pa.ChunkedArray:
+        src = col.type
+        numeric_target = c.type in (ColumnType.DOUBLE, ColumnType.LONG)
+        if numeric_target and pa.types.is_boolean(src):
+            raise IngestValidationError(self.spec.name, 0, f"{c.name} must be numeric, not boolean")
+        if c.type is ColumnType.BOOLEAN and not (pa.types.is_boolean(src) or pa.types.is_integer(src)):
+            raise IngestValidationError(self.spec.name, 0, f"{c.name} must be boolean, not {src}")
+        try:
+            return pc.cast(col, target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        for i, value in enumerate(col.to_pylist()):
+            try:
+                pc.cast(pa.array([value], type=src), target, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(c.type, c.type.value)
+                raise IngestValidationError(
+                    self.spec.name, offset + i, f"{c.name} value {value!r} is not {kind}"
+                ) from None
+        raise IngestValidationError(self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}")
+
+    # -- passes ------------------------------------------------------------------------------
+
+    def validate(self) -> BatchSummary:
+        """First pass: convert every chunk, check keys are unique; nothing is kept but keys."""
+        keys: list[pa.Table] = []
+        offset = 0
+        lo = hi = None
+        days: set[dt.date] = set()
+        for chunk in self._raw_chunks():
+            t = self._convert(chunk, offset)
+            time_col = key_columns(self.spec)[1]
+            k = t.select(key_columns(self.spec))
+            keys.append(k.append_column("__row", pa.array(range(offset, offset + t.num_rows), pa.int64())))
+            if t.num_rows:
+                a, b = pc.min_max(t[time_col]).values()
+                lo = a.as_py() if lo is None else min(lo, a.as_py())
+                hi = b.as_py() if hi is None else max(hi, b.as_py())
+                days.update(pc.unique(t[DAY_COLUMN]).to_pylist())
+            offset += t.num_rows
+        if offset == 0 or lo is None or hi is None:
+            raise IngestValidationError(self.spec.name, None, f"{self.path.name} holds no rows")
+        allkeys = pa.concat_tables(keys)
+        names = key_columns(self.spec)
+        ordered = allkeys.sort_by([(c, "ascending") for c in [*names, "__row"]])
+        same = None
+        for c in names:
+            col = ordered[c]
+            eq = pc.equal(col.slice(1), col.slice(0, len(col) - 1))
+            same = eq if same is None else pc.and_(same, eq)
+        if same is not None and len(ordered) > 1 and pc.any(same).as_py():
+            dup_rows = pc.filter(ordered["__row"].slice(1), same)
+            first = pc.min(dup_rows).as_py()
+            raise IngestValidationError(
+                self.spec.name, first, "duplicate key (entity_id, time) within the batch"
+            )
+        entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
+        return BatchSummary(offset, lo, hi, sorted(days), entities)
+
+    def chunks(self) -> Iterator[pa.RecordBatch]:
+        """Second pass: the converted rows, chunk by chunk (call `validate()` first)."""
+        offset = 0
+        for chunk in self._raw_chunks():
+            t = self._convert(chunk, offset)
+            offset += t.num_rows
+            yield from t.to_batches()
+
+
+def _parses_as_instant(value: str | None) -> bool:
+    if value is None:
+        return False
+    try:
+        dt.datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+        return True
+    except ValueError:
+        return False
+

@@ -1,0 +1,270 @@
+"""Operator actions and lifecycle: the Python API behind the CLI and the Dagster operator jobs.
+
+Lifecycle: Created -> Activated -> Disabled / Failed (-> Activated again), and Deleted. Inserts,
+queries and recomputes need Activated; an activated archive's schema-relevant spec is frozen.
+Every action is recorded in the archive-state history (who, when, why).
+"""
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from resources.control import ArchiveState, ArchiveStatus
+from resources.ledger import Job, JobState, Trigger
+from rollup_assets.engine import Engine
+from rollup_assets.errors import (
+    ArchiveNotActivatedError,
+    InvalidArchiveStateTransitionError,
+    InvalidTimeRangeError,
+    RollupSourceInUseError,
+    RollupSourceMissingError,
+    RollupsError,
+)
+from rollup_assets.partitions import Bucketing, Window, as_utc, first_bucket_start, merge_windows
+from rollup_assets.specs import ArchiveSpec, RollupSpec, schema_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+class ArchiveActivationFailedError(RollupsError):
+    """Provisioning failed; the archive is now Failed and `activate` may be retried."""
+
+
+def initial_watermark(spec: RollupSpec, now: datetime) -> datetime:
+    """A new rollup starts one bucket back: no implicit history scan (history is a backfill)."""
+    b = Bucketing.of(spec)
+    return max(first_bucket_start(spec), b.prev_start(b.floor(now)))
+
+
+class Operations:
+    def __init__(self, engine: Engine, actor: str = "cli") -> None:
+        self.engine = engine
+        self.catalog = engine.catalog
+        self.actor = actor
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def activate(self, name: str, now: datetime | None = None) -> ArchiveState:
+        spec = self.catalog.archive(name)
+        now = as_utc(now or datetime.now(UTC))
+        current = self.engine.states.get(name)
+        if current.status is ArchiveStatus.ACTIVATED:
+            self.engine.require_same_schema(spec, current)
+            return current
+        if isinstance(spec, RollupSpec):
+            src = self.engine.states.get(spec.source)
+            if src.status is not ArchiveStatus.ACTIVATED:
+                raise RollupSourceMissingError(
+                    f"cannot activate '{name}': its source '{spec.source}' is {src.status.value}; "
+                    f"activate the source first"
+                )
+        if current.status is ArchiveStatus.DISABLED:
+            self.engine.require_same_schema(spec, current)
+        try:
+            if not isinstance(spec, RollupSpec):
+                self.engine.raw.ensure_table(spec)
+        except Exception as exc:
+            self.engine.states.update(
+                name, lambda s: replace(s, status=ArchiveStatus.FAILED), reason=f"activation failed: {exc}",
+                actor=self.actor,
+            )
+            raise ArchiveActivationFailedError(f"activating '{name}' failed: {exc}") from exc
+
+        def change(s: ArchiveState) -> ArchiveState:
+            fresh = s.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED)
+            watermark = s.watermark
+            if isinstance(spec, RollupSpec) and (fresh or watermark is None):
+                watermark = initial_watermark(spec, now)
+            return replace(
+                s,
+                status=ArchiveStatus.ACTIVATED,
+                fingerprint=schema_fingerprint(spec),
+                watermark=watermark,
+                claimed_until=None if fresh else s.claimed_until,
+                frozen_until=None if fresh else s.frozen_until,
+                activated_at=now,
+            )
+
+        verb = "enable" if current.status is ArchiveStatus.DISABLED else "activate"
+        return self.engine.states.update(name, change, reason=verb, actor=self.actor)
+
+    def enable(self, name: str, now: datetime | None = None) -> ArchiveState:
+        current = self.engine.states.get(name)
+        if current.status not in (ArchiveStatus.DISABLED, ArchiveStatus.FAILED, ArchiveStatus.ACTIVATED):
+            raise InvalidArchiveStateTransitionError(
+                f"cannot enable '{name}' from status {current.status.value}; use activate"
+            )
+        return self.activate(name, now)
+
+    def disable(self, name: str) -> ArchiveState:
+        self.catalog.archive(name)
+        current = self.engine.states.get(name)
+        if current.status is not ArchiveStatus.ACTIVATED:
+            raise InvalidArchiveStateTransitionError(
+                f"cannot disable '{name}': it is {current.status.value}, not Activated"
+            )
+        state = self.engine.states.update(
+            name, lambda s: replace(s, status=ArchiveStatus.DISABLED), reason="disable", actor=self.actor
+        )
+        self._purge(name, "archive was disabled")
+        return state
+
+    def delete(self, name: str) -> ArchiveState:
+        spec = self.catalog.archive(name)
+        readers = [
+            d.name
+            for d in self.catalog.dependents(name)
+            if self.engine.states.get(d.name).status is ArchiveStatus.ACTIVATED
+        ]
+        if readers:
+            raise RollupSourceInUseError(
+                f"cannot delete '{name}': activated rollups read from it ({', '.join(readers)}); "
+                "disable or delete them first"
+            )
+        state = self.engine.states.update(
+            name,
+            lambda s: ArchiveState(name, seq=s.seq, status=ArchiveStatus.DELETED),
+            reason="delete (data dropped)",
+            actor=self.actor,
+        )
+        self._purge(name, "archive was deleted")
+        self._drop_tables(spec)
+        return state
+
+    def _drop_tables(self, spec: ArchiveSpec) -> None:
+        fs, root = self.engine.warehouse.filesystem()
+        if isinstance(spec, RollupSpec):
+            paths = [f"{root}/rollups/{spec.name}", f"{root}/rollups/{spec.genmap_name}"]
+        else:
+            paths = [f"{root}/raw/{spec.name}"]
+        for p in paths:
+            if fs.get_file_info(p).type.name != "NotFound":
+                fs.delete_dir(p)
+
+    def _purge(self, name: str, why: str) -> list[Job]:
+        """Fail the rollup's pending and active jobs with `why` (disable / delete)."""
+        snap = self.engine.ledger.snapshot()
+        now = datetime.now(UTC)
+        ended = [
+            j.next(state=JobState.FAILED, error=f"purged: {why}", finished_at=now)
+            for j in snap.for_rollup(name)
+            if not j.state.terminal
+        ]
+        self.engine.ledger.record(ended)
+        return ended
+
+    # -- operator controls -------------------------------------------------------------------
+
+    def freeze(self, name: str, until: datetime) -> ArchiveState:
+        self.catalog.rollup(name)
+        until = as_utc(until)
+
+        def change(s: ArchiveState) -> ArchiveState:
+            if s.status is ArchiveStatus.DELETED:
+                raise InvalidArchiveStateTransitionError(f"cannot freeze '{name}': it is deleted")
+            if s.frozen_until is not None and until < s.frozen_until:
+                raise InvalidArchiveStateTransitionError(
+                    f"freeze of '{name}' is monotonic: {until.isoformat()} is before the current "
+                    f"frozen_until {s.frozen_until.isoformat()}"
+                )
+            return replace(s, frozen_until=until)
+
+        return self.engine.states.update(name, change, reason=f"freeze until {until.isoformat()}", actor=self.actor)
+
+    def unfreeze(self, name: str, accept_gaps: bool = False) -> ArchiveState:
+        self.catalog.rollup(name)
+        return self.engine.states.update(
+            name,
+            lambda s: replace(s, frozen_until=None, accept_gaps=accept_gaps),
+            reason=f"unfreeze (accept_gaps={str(accept_gaps).lower()})",
+            actor=self.actor,
+        )
+
+    def rewind(self, name: str, to: datetime) -> tuple[ArchiveState, int]:
+        """Move the watermark back to bucket boundary `to`. Destructive: see `RollupStore.rewind`."""
+        spec = self.catalog.rollup(name)
+        to = as_utc(to)
+        state = self.engine.require_activated(spec)
+        if not Bucketing.of(spec).is_boundary(to) or to < first_bucket_start(spec):
+            raise InvalidTimeRangeError(
+                f"rewind target {to.isoformat()} is not a bucket boundary of '{name}' at or after its first partition"
+            )
+        if state.watermark is None or to > state.watermark:
+            raise InvalidTimeRangeError(
+                f"rewind moves the watermark back; {to.isoformat()} is after the current watermark "
+                f"{state.watermark.isoformat() if state.watermark else 'none'}"
+            )
+        deleted = self.engine.rollups.rewind(spec, to)
+        new = self.engine.states.update(
+            name,
+            lambda s: replace(s, watermark=to, claimed_until=None),
+            reason=f"rewind to {to.isoformat()} (dropped {deleted} recomputed row(s))",
+            actor=self.actor,
+        )
+        return new, deleted
+
+    def request_recompute(
+        self, name: str, start: datetime, end: datetime, entities: frozenset[str] | None = None
+    ) -> Job:
+        """Queue a Manual recompute of the buckets covering [start, end). Fails fast (and records a
+        Failed job) when the rollup is not activated."""
+        spec = self.catalog.rollup(name)
+        start, end = as_utc(start), as_utc(end)
+        if start >= end:
+            raise InvalidTimeRangeError(f"--from {start.isoformat()} must be before --to {end.isoformat()}")
+        buckets = self.engine.buckets_in(spec, [Window(start, end)])
+        job = Job(name, Trigger.MANUAL, tuple(buckets), entities=entities)
+        state = self.engine.states.get(name)
+        if state.status is not ArchiveStatus.ACTIVATED:
+            reason = f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
+            failed = job.next(state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC))
+            self.engine.ledger.record([failed])
+            raise ArchiveNotActivatedError(f"recompute of '{name}' failed: {reason} (job {job.job_id})")
+        self.engine.require_same_schema(spec, state)
+        self.engine.ledger.record([job])
+        return job
+
+
+@dataclass(frozen=True)
+class Health:
+    """The per-rollup health fields (the reference's RollupArchiveInfo)."""
+
+    archive: str
+    status: str
+    watermark: datetime | None
+    frozen_until: datetime | None
+    recompute_in_progress: bool
+    last_recompute_started_at: datetime | None
+    last_recompute_success_at: datetime | None
+    last_recompute_failure_at: datetime | None
+    last_recompute_failure_reason: str | None
+    dirty_windows_pending: int
+    pending_recompute_ranges: list[Window]
+
+
+RECOMPUTE_TRIGGERS = (Trigger.MANUAL, Trigger.PERIODIC, Trigger.CHAIN)
+
+
+def health(engine: Engine, name: str, snapshot=None, states=None) -> Health:  # noqa: ANN001
+    snap = snapshot or engine.ledger.snapshot()
+    state = (states or {}).get(name) or engine.states.get(name)
+    jobs = [j for j in snap.for_rollup(name) if j.trigger in RECOMPUTE_TRIGGERS]
+    pending = [j for j in jobs if j.state is JobState.PENDING]
+    started = [j.started_at for j in jobs if j.started_at]
+    ok = [j.finished_at for j in jobs if j.state is JobState.COMPLETED and j.finished_at]
+    failed = sorted((j for j in jobs if j.state is JobState.FAILED and j.finished_at), key=lambda j: j.finished_at)
+    return Health(
+        archive=name,
+        status=state.status.value,
+        watermark=state.watermark,
+        frozen_until=state.frozen_until,
+        recompute_in_progress=any(j.state.active for j in jobs),
+        last_recompute_started_at=max(started) if started else None,
+        last_recompute_success_at=max(ok) if ok else None,
+        last_recompute_failure_at=failed[-1].finished_at if failed else None,
+        last_recompute_failure_reason=failed[-1].error if failed else None,
+        dirty_windows_pending=len(
+            engine.buckets_in(engine.catalog.rollup(name), [w for j in pending for w in j.windows])
+        ),
+        pending_recompute_ranges=merge_windows([w for j in pending for w in j.windows]),
+    )
