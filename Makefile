@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
+export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
 SIZE ?= default
 
 .DEFAULT_GOAL := help

@@ -89,7 +89,9 @@ class ArchiveStateStore:
     """Read and change archive states with optimistic concurrency."""
 
     def __init__(self, warehouse: Warehouse) -> None:
-        self.table = ControlTable(warehouse.control_path("archives"), STATE_SCHEMA, warehouse.storage_options)
+        self.table = ControlTable(
+            warehouse.control_path("archives"), STATE_SCHEMA, warehouse.storage_options
+        )
 
     def all(self) -> dict[str, ArchiveState]:
         data = self.table.read()

@@ -34,7 +34,9 @@ class ControlTable:
         table = open_table(self.uri, self.storage_options)
         if table is None:
             return self.schema.empty_table()
-        data = pa.table(table.to_pyarrow_table(filters=filter) if filter else table.to_pyarrow_table())
+        data = pa.table(
+            table.to_pyarrow_table(filters=filter) if filter else table.to_pyarrow_table()
+        )
         return data.select(self.schema.names).cast(self.schema)
 
     def version(self) -> int | None:
@@ -75,7 +77,9 @@ class ControlTable:
                 )
                 return
             except (CommitFailedError, DeltaError) as exc:
-                conflict = isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()
+                conflict = (
+                    isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()
+                )
                 if not conflict or attempt == attempts - 1:
                     raise
                 if cas and "concurrent transaction" in str(exc).lower():

@@ -37,7 +37,9 @@ WRITTEN_FILES_SCHEMA = pa.schema(
         ("num_rows", pa.int64()),
     ]
 )
-WRITTEN_FILES_DDL = "path string, size long, partition_values string, stats string, mtime long, num_rows long"
+WRITTEN_FILES_DDL = (
+    "path string, size long, partition_values string, stats string, mtime long, num_rows long"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +53,11 @@ def _stat_value(v: object, is_max: bool = False) -> object:
         # Delta stats carry milliseconds: floor the min, ceil the max, so pruning stays safe.
         extra = v.microsecond % 1000
         if extra:
-            v = v - dt.timedelta(microseconds=extra) + (dt.timedelta(milliseconds=1) if is_max else dt.timedelta())
+            v = (
+                v
+                - dt.timedelta(microseconds=extra)
+                + (dt.timedelta(milliseconds=1) if is_max else dt.timedelta())
+            )
         if v.tzinfo is None:
             v = v.replace(tzinfo=dt.UTC)
         return v.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -144,8 +150,14 @@ def build_file_writer(
                 path = f"{root}/{rel}"
                 fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
                 sink = fs.open_output_stream(path)
-                open_files[value] = (pq.ParquetWriter(sink, data.schema, compression="snappy"), sink, rel)
-            open_files[value][0].write_table(data, row_group_size=max(row_group_rows, data.num_rows))
+                open_files[value] = (
+                    pq.ParquetWriter(sink, data.schema, compression="snappy"),
+                    sink,
+                    rel,
+                )
+            open_files[value][0].write_table(
+                data, row_group_size=max(row_group_rows, data.num_rows)
+            )
 
         try:
             for rb in batches:
@@ -211,7 +223,9 @@ def add_actions_from_rows(rows: Sequence[dict]) -> list[AddAction]:
 # Tables and commits
 
 
-def open_table(uri: str, storage_options: dict[str, str] | None = None, version: int | None = None) -> DeltaTable | None:
+def open_table(
+    uri: str, storage_options: dict[str, str] | None = None, version: int | None = None
+) -> DeltaTable | None:
     """The table at `uri`, or None if there is none yet."""
     try:
         return DeltaTable(uri, version=version, storage_options=storage_options or None)
@@ -320,7 +334,9 @@ def file_actions(table: DeltaTable) -> list[dict]:
     return pa.table(table.get_add_actions(flatten=True)).to_pylist()
 
 
-def read_commit(uri: str, version: int, storage_options: dict[str, str] | None = None) -> list[dict]:
+def read_commit(
+    uri: str, version: int, storage_options: dict[str, str] | None = None
+) -> list[dict]:
     """The actions of one commit, parsed from `_delta_log/<version>.json`."""
     fs, root = filesystem_for(uri, storage_options)
     path = f"{root}/_delta_log/{version:020d}.json"

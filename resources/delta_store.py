@@ -138,7 +138,9 @@ class RollupStore:
             if genmap_version(self.genmap_uri(spec), self.options) == gv:
                 return Snapshot(table, pointers, gv)
             time.sleep(0.005)
-        raise RuntimeError(f"'{spec.name}': pointers kept moving; could not take a consistent snapshot")
+        raise RuntimeError(
+            f"'{spec.name}': pointers kept moving; could not take a consistent snapshot"
+        )
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -165,7 +167,9 @@ class RollupStore:
         if spans:
             cond = None
             for w in merge_windows(list(spans)):
-                c = (F.col("bucket_start") >= F.lit(w.start)) & (F.col("bucket_start") < F.lit(w.end))
+                c = (F.col("bucket_start") >= F.lit(w.start)) & (
+                    F.col("bucket_start") < F.lit(w.end)
+                )
                 cond = c if cond is None else cond | c
             df = df.where(cond)
         if entities is not None:
@@ -212,7 +216,11 @@ class RollupStore:
         if snap.pointers.num_rows:
             gens.append(pc.max(snap.pointers["generation"]).as_py())
         if snap.table is not None:
-            gens += [f["max.generation"] for f in file_actions(snap.table) if f.get("max.generation") is not None]
+            gens += [
+                f["max.generation"]
+                for f in file_actions(snap.table)
+                if f.get("max.generation") is not None
+            ]
         return max(gens) + 1
 
     def write_rows(
@@ -236,12 +244,16 @@ class RollupStore:
             .select(*table_schema(spec).names)
         )
         parts = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
-        df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(PART_COLUMN, "bucket_start", "entity_id")
+        df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(
+            PART_COLUMN, "bucket_start", "entity_id"
+        )
         writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
         rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
         return Written(add_actions_from_rows(rows), sum(int(r["num_rows"]) for r in rows))
 
-    def commit_generation(self, spec: RollupSpec, written: Written, metadata: dict[str, str]) -> int:
+    def commit_generation(
+        self, spec: RollupSpec, written: Written, metadata: dict[str, str]
+    ) -> int:
         """Make the new generation's rows part of the table (still invisible: no pointer yet)."""
         return commit(
             self.uri(spec),
@@ -266,7 +278,11 @@ class RollupStore:
         return write_pointer_table(
             self.genmap_uri(spec),
             lambda cur: flipped_pointers(cur, buckets, entities, generation, job_id, run_id),
-            metadata={"rollups.operation": "flip", "rollups.generation": str(generation), "rollups.job_id": job_id},
+            metadata={
+                "rollups.operation": "flip",
+                "rollups.generation": str(generation),
+                "rollups.job_id": job_id,
+            },
             storage_options=self.options,
         )
 
@@ -280,7 +296,9 @@ class RollupStore:
         """Forward lane: swap the generation-0 rows of `buckets` for the new files, in one commit."""
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            return pc.and_(in_windows(rows["bucket_start"], buckets), pc.equal(rows["generation"], 0))
+            return pc.and_(
+                in_windows(rows["bucket_start"], buckets), pc.equal(rows["generation"], 0)
+            )
 
         def plan(snapshot: DeltaTable | None) -> CommitPlan:
             select = lambda files: self.overlapping(files, buckets, None)  # noqa: E731
@@ -298,18 +316,27 @@ class RollupStore:
 
     # -- sweeping ------------------------------------------------------------------------------
 
-    def sweep(self, spec: RollupSpec, buckets: Sequence[Window], entities: frozenset[str] | None) -> int:
+    def sweep(
+        self, spec: RollupSpec, buckets: Sequence[Window], entities: frozenset[str] | None
+    ) -> int:
         """Delete rows in `buckets` (for `entities`) that are not the active generation."""
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            mask = pc.and_(in_windows(rows["bucket_start"], buckets), pc.invert(active_mask(rows, pointers)))
+            mask = pc.and_(
+                in_windows(rows["bucket_start"], buckets), pc.invert(active_mask(rows, pointers))
+            )
             if entities is not None:
-                mask = pc.and_(mask, pc.is_in(rows["entity_id"], value_set=pa.array(sorted(entities))))
+                mask = pc.and_(
+                    mask, pc.is_in(rows["entity_id"], value_set=pa.array(sorted(entities)))
+                )
             return mask
 
         return self._delete_rows(
-            spec, lambda files: self.overlapping(files, buckets, entities), drop, {"rollups.operation": "sweep"}
+            spec,
+            lambda files: self.overlapping(files, buckets, entities),
+            drop,
+            {"rollups.operation": "sweep"},
         )
 
     def reclaim(self, spec: RollupSpec, protected: frozenset[int] = frozenset()) -> int:
@@ -356,7 +383,9 @@ class RollupStore:
             ]
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            return pc.and_(pc.greater_equal(rows["bucket_start"], b), pc.greater(rows["generation"], 0))
+            return pc.and_(
+                pc.greater_equal(rows["bucket_start"], b), pc.greater(rows["generation"], 0)
+            )
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "rewind"})
 
@@ -431,7 +460,9 @@ class RollupStore:
                 continue
             keep = rows.filter(pc.invert(mask))
             path = urllib.parse.unquote(f["path"])
-            rel = (path.rsplit("/", 1)[0] + "/" if "/" in path else "") + f"part-{uuid.uuid4()}.snappy.parquet"
+            rel = (
+                path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+            ) + f"part-{uuid.uuid4()}.snappy.parquet"
             with fs.open_output_stream(f"{root}/{rel}") as out:
                 pq.write_table(keep, out, compression="snappy", row_group_size=131_072)
             with fs.open_input_file(f"{root}/{rel}") as fh:
@@ -475,7 +506,9 @@ def resolve_active_spark(spark: SparkSession, rows: DataFrame, pointers: pa.Tabl
         out = out.join(F.broadcast(spark.createDataFrame(g)), on="bucket_start", how="left")
         active = F.greatest(active, F.coalesce(F.col("g_all"), F.lit(0)))
     if s.num_rows:
-        out = out.join(F.broadcast(spark.createDataFrame(s)), on=["bucket_start", "entity_id"], how="left")
+        out = out.join(
+            F.broadcast(spark.createDataFrame(s)), on=["bucket_start", "entity_id"], how="left"
+        )
         active = F.greatest(active, F.coalesce(F.col("g_entity"), F.lit(0)))
     cols = rows.columns
     return out.where(F.col("generation") == active).select(*cols)

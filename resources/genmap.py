@@ -19,7 +19,14 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
-from resources.delta_io import CommitPlan, commit, file_actions, open_table, remove_action, stats_from_metadata
+from resources.delta_io import (
+    CommitPlan,
+    commit,
+    file_actions,
+    open_table,
+    remove_action,
+    stats_from_metadata,
+)
 from resources.warehouse import filesystem_for
 from rollup_assets.partitions import Window
 
@@ -37,11 +44,15 @@ GENMAP_SCHEMA = pa.schema(
 )
 
 
-def read_pointers(uri: str, storage_options: dict[str, str] | None = None) -> tuple[pa.Table, int | None]:
+def read_pointers(
+    uri: str, storage_options: dict[str, str] | None = None
+) -> tuple[pa.Table, int | None]:
     table = open_table(uri, storage_options)
     if table is None:
         return GENMAP_SCHEMA.empty_table(), None
-    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA), table.version()
+    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(
+        GENMAP_SCHEMA
+    ), table.version()
 
 
 def genmap_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
@@ -54,8 +65,10 @@ def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
     is_global = pc.is_null(pointers["entity_id"])
     g = pointers.filter(is_global).group_by("bucket_start").aggregate([("generation", "max")])
     g = g.rename_columns(["bucket_start", "g_all"])
-    s = pointers.filter(pc.invert(is_global)).group_by(["bucket_start", "entity_id"]).aggregate(
-        [("generation", "max")]
+    s = (
+        pointers.filter(pc.invert(is_global))
+        .group_by(["bucket_start", "entity_id"])
+        .aggregate([("generation", "max")])
     )
     s = s.rename_columns(["bucket_start", "entity_id", "g_entity"])
     return g, s
@@ -104,7 +117,9 @@ def flipped_pointers(
         keep = pc.invert(in_buckets)
     else:
         ents = pa.array(sorted(entities), pa.string())
-        superseded = pc.and_(in_buckets, pc.fill_null(pc.is_in(current["entity_id"], value_set=ents), False))
+        superseded = pc.and_(
+            in_buckets, pc.fill_null(pc.is_in(current["entity_id"], value_set=ents), False)
+        )
         keep = pc.invert(superseded)
     kept = current.filter(keep)
     now = datetime.now(UTC)
@@ -163,4 +178,6 @@ def write_pointer_table(
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
         return CommitPlan(adds=[add], removes=removes)
 
-    return commit(uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options)
+    return commit(
+        uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options
+    )

@@ -165,7 +165,10 @@ def decode_windows(text: str | None) -> tuple[Window, ...]:
     if not text:
         return ()
     return tuple(
-        Window(datetime.fromisoformat(a.replace("Z", "+00:00")), datetime.fromisoformat(b.replace("Z", "+00:00")))
+        Window(
+            datetime.fromisoformat(a.replace("Z", "+00:00")),
+            datetime.fromisoformat(b.replace("Z", "+00:00")),
+        )
         for a, b in json.loads(text)
     )
 
@@ -202,7 +205,9 @@ class LedgerSnapshot:
     cursors: dict[str, int]
 
     def for_rollup(self, rollup: str) -> list[Job]:
-        return sorted((j for j in self.jobs.values() if j.rollup == rollup), key=lambda j: j.created_at)
+        return sorted(
+            (j for j in self.jobs.values() if j.rollup == rollup), key=lambda j: j.created_at
+        )
 
     def pending(self, rollup: str) -> list[Job]:
         return [j for j in self.for_rollup(rollup) if j.state is JobState.PENDING]
@@ -213,7 +218,9 @@ class LedgerSnapshot:
 
 class Ledger:
     def __init__(self, warehouse: Warehouse) -> None:
-        self.table = ControlTable(warehouse.control_path("ledger"), LEDGER_SCHEMA, warehouse.storage_options)
+        self.table = ControlTable(
+            warehouse.control_path("ledger"), LEDGER_SCHEMA, warehouse.storage_options
+        )
 
     def snapshot(self) -> LedgerSnapshot:
         data = self.table.read()
@@ -237,7 +244,9 @@ class Ledger:
         rows = [j.as_row() for j in jobs]
         for source, version in (cursors or {}).items():
             row = {name: None for name in LEDGER_SCHEMA.names}
-            row.update(kind="cursor", source_archive=source, source_version=version, recorded_at=now)
+            row.update(
+                kind="cursor", source_archive=source, source_version=version, recorded_at=now
+            )
             rows.append(row)
         self.table.append(rows)
 

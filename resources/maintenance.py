@@ -59,7 +59,9 @@ def maintain(
         reclaimed = store.reclaim(spec)
         report.rows_swept += swept + reclaimed
         if swept or reclaimed:
-            report.details.append(f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)")
+            report.details.append(
+                f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)"
+            )
     for uri in table_uris(warehouse, catalog):
         table = open_table(uri, warehouse.storage_options)
         if table is None:

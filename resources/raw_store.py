@@ -78,7 +78,9 @@ class RawStore:
         if fs.get_file_info(path).type.name != "NotFound":
             fs.delete_dir(path)
 
-    def ingest(self, spec: SourceSpec, path: str | Path, change_source: ChangeSource) -> IngestResult:
+    def ingest(
+        self, spec: SourceSpec, path: str | Path, change_source: ChangeSource
+    ) -> IngestResult:
         """Validate the whole file, then upsert it in one MERGE commit. Raises IngestValidationError."""
         reader = BatchReader(spec, path)
         summary = reader.validate()
@@ -87,9 +89,7 @@ class RawStore:
             table = DeltaTable(self.uri(spec), storage_options=self.options or None)
         keys = key_columns(spec)
         days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
-        predicate = " AND ".join(
-            [f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]]
-        )
+        predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
         updates = {
             c.name: f"s.{c.name}" if c.required else f"COALESCE(s.{c.name}, t.{c.name})"
             for c in spec.columns
@@ -127,7 +127,11 @@ class RawStore:
     # -- reads ---------------------------------------------------------------------------------
 
     def files_for(
-        self, table: DeltaTable, spec: SourceSpec, spans: Sequence[Window] | None, entities: frozenset[str] | None
+        self,
+        table: DeltaTable,
+        spec: SourceSpec,
+        spans: Sequence[Window] | None,
+        entities: frozenset[str] | None,
     ) -> list[dict]:
         """Live files that may hold rows whose time falls in `spans` (partition day + stats)."""
         time_col = key_columns(spec)[1]
@@ -141,7 +145,11 @@ class RawStore:
                     d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
                     if not any(w.start < d0 + dt.timedelta(days=1) and d0 < w.end for w in merged):
                         continue
-                if lo is not None and hi is not None and not any(lo < w.end and hi >= w.start for w in merged):
+                if (
+                    lo is not None
+                    and hi is not None
+                    and not any(lo < w.end and hi >= w.start for w in merged)
+                ):
                     continue
             elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
             if entities is not None and elo is not None and ehi is not None:

@@ -68,7 +68,9 @@ class Warehouse:
         return filesystem_for(self.root, self.storage_options)
 
 
-def filesystem_for(root: str, storage_options: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+def filesystem_for(
+    root: str, storage_options: dict[str, str] | None = None
+) -> tuple[pafs.FileSystem, str]:
     if not _is_uri(root):
         return pafs.LocalFileSystem(), root
     opts = storage_options or {}

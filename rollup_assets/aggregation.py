@@ -64,36 +64,50 @@ def bucket_start(ts: Column, spec: RollupSpec) -> Column:
 def _partial_expr(sc: StoredColumn, spec: RollupSpec, source: ArchiveSpec) -> Column:
     if isinstance(source, RollupSpec):
         src = source.partial_column(sc.column, sc.partial)
-        assert src is not None, f"{spec.name}: source '{source.name}' lacks {sc.partial}({sc.column})"
+        assert src is not None, (
+            f"{spec.name}: source '{source.name}' lacks {sc.partial}({sc.column})"
+        )
         col = F.col(src)
-        expr = {"sum": F.sum(col), "count": F.sum(col), "min": F.min(col), "max": F.max(col)}[sc.partial]
+        expr = {"sum": F.sum(col), "count": F.sum(col), "min": F.min(col), "max": F.max(col)}[
+            sc.partial
+        ]
     else:
         col = F.col(sc.column)
-        expr = {"sum": F.sum(col), "count": F.count(col), "min": F.min(col), "max": F.max(col)}[sc.partial]
+        expr = {"sum": F.sum(col), "count": F.count(col), "min": F.min(col), "max": F.max(col)}[
+            sc.partial
+        ]
     if sc.partial == "count":
         # A count is never null: no rows means 0, as COUNT(column) in SQL.
         expr = F.coalesce(expr, F.lit(0))
     return expr.cast(SPARK_TYPES[sc.type]).alias(sc.name)
 
 
-def rollup_partials(source_rows: DataFrame, targets: DataFrame, spec: RollupSpec, source: ArchiveSpec) -> DataFrame:
+def rollup_partials(
+    source_rows: DataFrame, targets: DataFrame, spec: RollupSpec, source: ArchiveSpec
+) -> DataFrame:
     """Aggregate source rows into `spec`'s partial columns for the target buckets only.
 
     `targets` has one row per bucket to produce (`bucket_start`, `bucket_end`, UTC); rows that
     fall in other buckets are dropped. Output: entity_id, bucket_start, bucket_end, partials.
     """
-    placed = source_rows.withColumn("__bucket", bucket_start(F.col(source_time_column(source)), spec))
+    placed = source_rows.withColumn(
+        "__bucket", bucket_start(F.col(source_time_column(source)), spec)
+    )
     if isinstance(source, RollupSpec):
         placed = placed.drop("bucket_start", "bucket_end")
     joined = placed.join(
-        F.broadcast(targets.withColumnRenamed("bucket_start", "__bucket")), on="__bucket", how="inner"
+        F.broadcast(targets.withColumnRenamed("bucket_start", "__bucket")),
+        on="__bucket",
+        how="inner",
     )
     aggs = [_partial_expr(sc, spec, source) for sc in spec.stored_columns]
     return (
         joined.groupBy(ENTITY_COLUMN, "__bucket", "bucket_end")
         .agg(*aggs)
         .withColumnRenamed("__bucket", "bucket_start")
-        .select(ENTITY_COLUMN, "bucket_start", "bucket_end", *[sc.name for sc in spec.stored_columns])
+        .select(
+            ENTITY_COLUMN, "bucket_start", "bucket_end", *[sc.name for sc in spec.stored_columns]
+        )
     )
 
 

@@ -27,7 +27,9 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
     return a.eqNullSafe(b)
 
 
-def compare_with_source(engine: Engine, spark: SparkSession, spec: RollupSpec, spans: list[Window]) -> CheckDiff:
+def compare_with_source(
+    engine: Engine, spark: SparkSession, spec: RollupSpec, spans: list[Window]
+) -> CheckDiff:
     """Compare the aggregated (closed) buckets in `spans`; buckets past the watermark are skipped."""
     state = engine.states.get(spec.name)
     mark = state.watermark
@@ -36,7 +38,9 @@ def compare_with_source(engine: Engine, spark: SparkSession, spec: RollupSpec, s
         return CheckDiff(0, 0, 0)
     fresh, _ = engine.partials(spark, spec, buckets, None)
     names = [sc.name for sc in spec.stored_columns]
-    stored = engine.rollups.read_spark(spark, spec, buckets).select("entity_id", "bucket_start", *names)
+    stored = engine.rollups.read_spark(spark, spec, buckets).select(
+        "entity_id", "bucket_start", *names
+    )
     f = fresh.select("entity_id", "bucket_start", *[F.col(n).alias(f"f__{n}") for n in names])
     joined = f.join(stored, on=["entity_id", "bucket_start"], how="full_outer")
     same = None
@@ -47,7 +51,11 @@ def compare_with_source(engine: Engine, spark: SparkSession, spec: RollupSpec, s
     differing = bad.count()
     examples = []
     if differing:
-        sample = bad.select("entity_id", "bucket_start", *names, *[f"f__{n}" for n in names]).limit(20).toArrow()
+        sample = (
+            bad.select("entity_id", "bucket_start", *names, *[f"f__{n}" for n in names])
+            .limit(20)
+            .toArrow()
+        )
         for row in sample.to_pylist():
             examples.append(
                 {

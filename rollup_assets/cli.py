@@ -92,8 +92,15 @@ def validate(fmt: str) -> None:
     from rollup_assets.factory import describe
 
     c = catalog()
-    rows = [{"archive": n, "kind": c.archive(n).kind.value, "source": getattr(c.archive(n), "source", ""),
-             "summary": describe(c.archive(n), c).splitlines()[0]} for n in c.names()]
+    rows = [
+        {
+            "archive": n,
+            "kind": c.archive(n).kind.value,
+            "source": getattr(c.archive(n), "source", ""),
+            "summary": describe(c.archive(n), c).splitlines()[0],
+        }
+        for n in c.names()
+    ]
     echo_data(rows, fmt)
     if fmt == "table":
         click.echo(f"{len(rows)} archive(s) valid in {c.origin}")

@@ -40,7 +40,9 @@ def _job_row(job) -> dict:  # noqa: ANN001
         "state": job.state.value,
         "windows": job.windows_processed if job.windows_processed is not None else len(job.windows),
         "rows": job.rows_processed,
-        "range": spans[0] if len(spans) == 1 else (f"{len(spans)} spans from {spans[0]}" if spans else ""),
+        "range": spans[0]
+        if len(spans) == 1
+        else (f"{len(spans)} spans from {spans[0]}" if spans else ""),
         "entities": "all" if job.entities is None else ",".join(sorted(job.entities)),
         "generation": job.generation,
         "started_at": iso_utc(job.started_at) if job.started_at else None,
@@ -68,8 +70,13 @@ def _spark_and_instance():  # noqa: ANN202
 @main.command()
 @click.argument("archive")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--change-source", type=SOURCES, default="Pipeline", show_default=True,
-              help="Provenance recorded with the commit (shown in job history).")
+@click.option(
+    "--change-source",
+    type=SOURCES,
+    default="Pipeline",
+    show_default=True,
+    help="Provenance recorded with the commit (shown in job history).",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
 def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
@@ -80,23 +87,41 @@ def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
 
     spec = catalog().archive(archive)
     if isinstance(spec, RollupSpec):
-        raise InvalidArchiveOperationError(f"'{archive}' is a rollup; rollups are written by the system only")
+        raise InvalidArchiveOperationError(
+            f"'{archive}' is a rollup; rollups are written by the system only"
+        )
     engine().require_activated(spec)
     result = engine().raw.ingest(spec, file, ChangeSource(change_source))
-    row = {"archive": archive, "version": result.version, "rows": result.rows, "entities": result.entities,
-           "min_ts": iso_utc(result.min_ts), "max_ts": iso_utc(result.max_ts), "change_source": change_source}
+    row = {
+        "archive": archive,
+        "version": result.version,
+        "rows": result.rows,
+        "entities": result.entities,
+        "min_ts": iso_utc(result.min_ts),
+        "max_ts": iso_utc(result.max_ts),
+        "change_source": change_source,
+    }
     echo_data(row, fmt)
 
 
 @main.command()
 @click.argument("archive")
-@click.option("--from", "start", help="Buckets starting at or after this instant (ISO-8601; naive = UTC).")
+@click.option(
+    "--from", "start", help="Buckets starting at or after this instant (ISO-8601; naive = UTC)."
+)
 @click.option("--to", "end", help="Buckets starting before this instant.")
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
 @handle_errors
-def query(archive: str, start: str | None, end: str | None, entities: tuple[str, ...], fmt: str, limit: int | None) -> None:
+def query(
+    archive: str,
+    start: str | None,
+    end: str | None,
+    entities: tuple[str, ...],
+    fmt: str,
+    limit: int | None,
+) -> None:
     """Read a rollup (active generation, logical columns) or a raw archive."""
     from rollup_assets.query import query_arrow
 
@@ -123,7 +148,9 @@ def render_rows(table, fmt: str) -> str:  # noqa: ANN001
 @click.option("--downstream", is_flag=True, help="Then bring every dependent level up to date.")
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @handle_errors
-def materialize(rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...]) -> None:
+def materialize(
+    rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...]
+) -> None:
     """Materialize the partitions covering [--from, --to) through Dagster (a Manual recompute)."""
     from rollup_assets.factory import job_name
     from rollup_assets.partitions import key_range_for, partitions_def_for
@@ -143,9 +170,13 @@ def materialize(rollup: str, start: str, end: str, downstream: bool, entities: t
         )
     defs, instance = _spark_and_instance()
     keys = key_range_for(partitions_def_for(spec), closed)
-    click.echo(f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))")
+    click.echo(
+        f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))"
+    )
     config = {"ops": {rollup: {"config": {"entities": list(entities)}}}} if entities else None
-    run = execute(defs, instance, job_name(spec), partition_range_tags(keys.start, keys.end), config)
+    run = execute(
+        defs, instance, job_name(spec), partition_range_tags(keys.start, keys.end), config
+    )
     assert run is not None
     click.echo(f"  run {run.run_id}: {'success' if run.success else 'FAILED: ' + str(run.error)}")
     if not run.success:
@@ -153,8 +184,10 @@ def materialize(rollup: str, start: str, end: str, downstream: bool, entities: t
     if downstream:
         for report in tick_until_quiet(defs, instance, sensors=("retroactive_write_sensor",)):
             for r in report.runs:
-                click.echo(f"  {r.tags.get('rollups/rollup')}: run {r.run_id} "
-                           f"{'success' if r.success else 'FAILED: ' + str(r.error)}")
+                click.echo(
+                    f"  {r.tags.get('rollups/rollup')}: run {r.run_id} "
+                    f"{'success' if r.success else 'FAILED: ' + str(r.error)}"
+                )
 
 
 @main.command()
@@ -169,13 +202,22 @@ def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
 
     at = parse_instant(now, "--now") if now else None
     defs, instance = _spark_and_instance()
-    reports = tick_until_quiet(defs, instance, at) if until_quiet else [run_tick(defs, instance, at)]
+    reports = (
+        tick_until_quiet(defs, instance, at) if until_quiet else [run_tick(defs, instance, at)]
+    )
     rows = [
-        {"tick": i + 1, "rollup": r.tags.get("rollups/rollup"), "lane": r.tags.get("rollups/lane"),
-         "trigger": r.tags.get("rollups/trigger"),
-         "partitions": f"{r.tags.get('dagster/asset_partition_range_start')}..{r.tags.get('dagster/asset_partition_range_end')}",
-         "ok": r.success, "run_id": r.run_id, "error": r.error}
-        for i, rep in enumerate(reports) for r in rep.runs
+        {
+            "tick": i + 1,
+            "rollup": r.tags.get("rollups/rollup"),
+            "lane": r.tags.get("rollups/lane"),
+            "trigger": r.tags.get("rollups/trigger"),
+            "partitions": f"{r.tags.get('dagster/asset_partition_range_start')}..{r.tags.get('dagster/asset_partition_range_end')}",
+            "ok": r.success,
+            "run_id": r.run_id,
+            "error": r.error,
+        }
+        for i, rep in enumerate(reports)
+        for r in rep.runs
     ]
     echo_data(rows, fmt)
     if any(not r["ok"] for r in rows):
@@ -187,10 +229,14 @@ def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
 @click.option("--from", "start", required=True)
 @click.option("--to", "end", required=True)
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
-@click.option("--no-wait", is_flag=True, help="Only queue the job; the sensor (or `rollups tick`) runs it.")
+@click.option(
+    "--no-wait", is_flag=True, help="Only queue the job; the sensor (or `rollups tick`) runs it."
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
-def recompute(rollup: str, start: str, end: str, entities: tuple[str, ...], no_wait: bool, fmt: str) -> None:
+def recompute(
+    rollup: str, start: str, end: str, entities: tuple[str, ...], no_wait: bool, fmt: str
+) -> None:
     """Reader-safe recompute of [--from, --to) (trigger Manual); dependents follow by propagation."""
     a, b = time_range(start, end)
     assert a is not None and b is not None
@@ -211,7 +257,9 @@ def recompute(rollup: str, start: str, end: str, entities: tuple[str, ...], no_w
 
 @main.command()
 @click.argument("rollup")
-@click.option("--until", required=True, help="Buckets ending at or before this instant are not written.")
+@click.option(
+    "--until", required=True, help="Buckets ending at or before this instant are not written."
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
 def freeze(rollup: str, until: str, fmt: str) -> None:
@@ -251,7 +299,9 @@ def _lifecycle(action: str, doc: str) -> None:
 
 
 _lifecycle("activate", "Activate ARCHIVE (provisions tables; a rollup starts one bucket back).")
-_lifecycle("disable", "Disable ARCHIVE (data kept; pending and running work is failed with the reason).")
+_lifecycle(
+    "disable", "Disable ARCHIVE (data kept; pending and running work is failed with the reason)."
+)
 _lifecycle("enable", "Re-activate a disabled or failed ARCHIVE; new pending work drains again.")
 _lifecycle("delete", "Delete ARCHIVE and its data (rejected while activated rollups read from it).")
 
@@ -283,8 +333,12 @@ def status(rollup: str | None, fmt: str) -> None:
     rows = []
     for n in names:
         h = asdict(health(engine(), n, snap, states))
-        h["pending_recompute_ranges"] = ", ".join(str(w) for w in h["pending_recompute_ranges"]) or None
-        rows.append({k: iso_utc(v) if hasattr(v, "tzinfo") and v is not None else v for k, v in h.items()})
+        h["pending_recompute_ranges"] = (
+            ", ".join(str(w) for w in h["pending_recompute_ranges"]) or None
+        )
+        rows.append(
+            {k: iso_utc(v) if hasattr(v, "tzinfo") and v is not None else v for k, v in h.items()}
+        )
     if not rollup:
         for n in [*catalog().raw, *catalog().time_range]:
             s = states.get(n)
@@ -312,5 +366,7 @@ def setup() -> None:
 
     instance = get_instance()
     ensure_pools(instance, catalog())
-    click.echo(f"DAGSTER_HOME={instance.root_directory}; pools: "
-               + ", ".join(f"rollup_{n}=1" for n in catalog().rollups))
+    click.echo(
+        f"DAGSTER_HOME={instance.root_directory}; pools: "
+        + ", ".join(f"rollup_{n}=1" for n in catalog().rollups)
+    )

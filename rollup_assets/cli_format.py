@@ -38,11 +38,20 @@ def render_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> 
     cols = list(columns or _all_keys(rows))
     cells = [[_text(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    numeric = [all(isinstance(r.get(c), int | float) or r.get(c) is None for r in rows) for c in cols]
-    line = "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cols, widths, numeric, strict=True))
+    numeric = [
+        all(isinstance(r.get(c), int | float) or r.get(c) is None for r in rows) for c in cols
+    ]
+    line = "  ".join(
+        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cols, widths, numeric, strict=True)
+    )
     out = [line, "  ".join("-" * w for w in widths)]
     for row in cells:
-        out.append("  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(row, widths, numeric, strict=True)))
+        out.append(
+            "  ".join(
+                v.rjust(w) if n else v.ljust(w)
+                for v, w, n in zip(row, widths, numeric, strict=True)
+            )
+        )
     return "\n".join(out)
 
 

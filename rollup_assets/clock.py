@@ -11,7 +11,9 @@ def parse_instant(text: str, what: str = "time") -> datetime:
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise InvalidTimeRangeError(f"{what} {text!r} is not an ISO-8601 date or date-time") from None
+        raise InvalidTimeRangeError(
+            f"{what} {text!r} is not an ISO-8601 date or date-time"
+        ) from None
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 

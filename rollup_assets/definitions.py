@@ -4,14 +4,21 @@ import dagster as dg
 
 from resources.spark import SparkResource
 from resources.warehouse_resource import WarehouseResource
-from rollup_assets.factory import build_raw_spec, build_rollup_asset, build_rollup_check, build_rollup_job
+from rollup_assets.factory import (
+    build_raw_spec,
+    build_rollup_asset,
+    build_rollup_check,
+    build_rollup_job,
+)
 from rollup_assets.maintenance_jobs import build_maintenance
 from rollup_assets.operator_jobs import build_operator_jobs
 from rollup_assets.specs import Catalog, load_catalog
 from sensors.definitions import build_sensors
 
 
-def build_definitions(catalog: Catalog) -> dg.Definitions:
+def build_definitions(
+    catalog: Catalog, warehouse: WarehouseResource | None = None
+) -> dg.Definitions:
     rollup_jobs = [build_rollup_job(spec) for spec in catalog.rollups.values()]
     maintenance_job, maintenance_schedule = build_maintenance(catalog)
     return dg.Definitions(
@@ -23,7 +30,7 @@ def build_definitions(catalog: Catalog) -> dg.Definitions:
         jobs=[*rollup_jobs, *build_operator_jobs(catalog), maintenance_job],
         sensors=build_sensors(catalog, rollup_jobs),
         schedules=[maintenance_schedule],
-        resources={"spark": SparkResource(), "warehouse": WarehouseResource()},
+        resources={"spark": SparkResource(), "warehouse": warehouse or WarehouseResource()},
         executor=dg.in_process_executor,
     )
 

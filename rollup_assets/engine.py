@@ -49,7 +49,9 @@ class Engine:
 
     # -- guards ------------------------------------------------------------------------------
 
-    def require_activated(self, spec: ArchiveSpec, state: ArchiveState | None = None) -> ArchiveState:
+    def require_activated(
+        self, spec: ArchiveSpec, state: ArchiveState | None = None
+    ) -> ArchiveState:
         state = state or self.states.get(spec.name)
         if state.status is not ArchiveStatus.ACTIVATED:
             raise ArchiveNotActivatedError(

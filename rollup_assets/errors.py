@@ -57,7 +57,9 @@ class IngestValidationError(RollupsError):
         self.row = row
         self.reason = reason
         where = f"row {row}" if row is not None else "batch"
-        super().__init__(f"ingest into '{archive}' rejected at {where}: {reason}; nothing was written")
+        super().__init__(
+            f"ingest into '{archive}' rejected at {where}: {reason}; nothing was written"
+        )
 
 
 class InvalidTimeRangeError(RollupsError):

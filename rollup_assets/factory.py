@@ -55,13 +55,19 @@ def group_name(catalog: Catalog, name: str) -> str:
 
 def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
     if not isinstance(spec, RollupSpec):
-        cols = ", ".join(f"{c.name} ({c.type.value}{', required' if c.required else ''})" for c in spec.columns)
+        cols = ", ".join(
+            f"{c.name} ({c.type.value}{', required' if c.required else ''})" for c in spec.columns
+        )
         kind = "Raw archive" if spec.kind.value == "raw" else "Time-range archive"
-        return f"{spec.description or kind}.\n\n{kind} written by `rollups ingest`; columns: {cols}."
+        return (
+            f"{spec.description or kind}.\n\n{kind} written by `rollups ingest`; columns: {cols}."
+        )
     align = spec.alignment.value
     if spec.alignment is Alignment.FIXED_SIZE and spec.size is not None:
         align += f" {format_duration(spec.size)}"
-    aggs = ", ".join(f"{a.function.value}({a.column}) -> {a.output_name}" for a in spec.aggregations)
+    aggs = ", ".join(
+        f"{a.function.value}({a.column}) -> {a.output_name}" for a in spec.aggregations
+    )
     return (
         f"{spec.description or 'Rollup'}.\n\n"
         f"- source: `{spec.source}`\n- alignment: {align} in {spec.reference_time_zone}\n"
@@ -71,7 +77,9 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
     )
 
 
-def _materializations(spec: RollupSpec, pdef: dg.TimeWindowPartitionsDefinition, outcome: RunOutcome, key: dg.AssetKey):
+def _materializations(
+    spec: RollupSpec, pdef: dg.TimeWindowPartitionsDefinition, outcome: RunOutcome, key: dg.AssetKey
+):
     meta = {
         "generation": outcome.generation if outcome.generation is not None else 0,
         "windows": len(outcome.buckets),
@@ -80,12 +88,16 @@ def _materializations(spec: RollupSpec, pdef: dg.TimeWindowPartitionsDefinition,
         "job_id": outcome.job.job_id,
         "source_versions": dg.MetadataValue.json(outcome.source_versions),
         "duration_ms": outcome.duration_ms,
-        "entities": "all" if outcome.job.entities is None else ", ".join(sorted(outcome.job.entities)),
+        "entities": "all"
+        if outcome.job.entities is None
+        else ", ".join(sorted(outcome.job.entities)),
         "table_version": outcome.version if outcome.version is not None else -1,
     }
     for w in outcome.buckets:
         yield dg.AssetMaterialization(
-            asset_key=key, partition=pdef.get_partition_key_for_timestamp(w.start.timestamp()), metadata=meta
+            asset_key=key,
+            partition=pdef.get_partition_key_for_timestamp(w.start.timestamp()),
+            metadata=meta,
         )
 
 
@@ -98,7 +110,9 @@ def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinitio
         deps=[
             dg.AssetDep(
                 spec.source,
-                partition_mapping=dg.TimeWindowPartitionMapping(allow_nonexistent_upstream_partitions=True),
+                partition_mapping=dg.TimeWindowPartitionMapping(
+                    allow_nonexistent_upstream_partitions=True
+                ),
             )
         ],
         backfill_policy=dg.BackfillPolicy.single_run(),
@@ -122,17 +136,32 @@ def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinitio
         say = context.log.info
         if tags.get(TAG_LANE) == "forward":
             now = clock.parse_instant(tags[TAG_NOW], TAG_NOW) if TAG_NOW in tags else clock.now()
-            outcome = run_forward(engine, spark.session, spec, requested=requested, now=now,
-                                  run_id=context.run_id, log_progress=say)
+            outcome = run_forward(
+                engine,
+                spark.session,
+                spec,
+                requested=requested,
+                now=now,
+                run_id=context.run_id,
+                log_progress=say,
+            )
         else:
             trigger = Trigger(tags.get(TAG_TRIGGER, Trigger.MANUAL.value))
             entities = frozenset(config.entities) if config.entities else None
-            job = start_job(engine, spec, job_id=tags.get(TAG_JOB), requested=requested,
-                            entities=entities, trigger=trigger)
+            job = start_job(
+                engine,
+                spec,
+                job_id=tags.get(TAG_JOB),
+                requested=requested,
+                entities=entities,
+                trigger=trigger,
+            )
             if job is None:
                 say(f"job {tags.get(TAG_JOB)} already finished (coalesced or ended); nothing to do")
                 return
-            outcome = run_recompute(engine, spark.session, spec, job, run_id=context.run_id, log_progress=say)
+            outcome = run_recompute(
+                engine, spark.session, spec, job, run_id=context.run_id, log_progress=say
+            )
         if outcome.note:
             say(outcome.note)
         yield from _materializations(spec, pdef, outcome, context.asset_key)
@@ -155,7 +184,9 @@ def build_rollup_check(spec: RollupSpec, catalog: Catalog) -> dg.AssetChecksDefi
     ) -> dg.AssetCheckResult:
         engine = Engine(catalog, warehouse.get())
         tw = context.partition_time_window
-        diff = compare_with_source(engine, spark.session, spec, [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))])
+        diff = compare_with_source(
+            engine, spark.session, spec, [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))]
+        )
         return dg.AssetCheckResult(
             passed=diff.differing == 0,
             metadata={
@@ -190,4 +221,3 @@ def build_raw_spec(name: str, catalog: Catalog) -> dg.AssetSpec:
         kinds={"delta"},
         metadata={"rollups/kind": spec.kind.value},
     )
-

@@ -27,11 +27,17 @@ log = logging.getLogger(__name__)
 MAX_BUCKETS_PER_RUN = 20_000
 
 
-def source_limit(engine: Engine, spec: RollupSpec, states: dict[str, ArchiveState]) -> datetime | None:
+def source_limit(
+    engine: Engine, spec: RollupSpec, states: dict[str, ArchiveState]
+) -> datetime | None:
     """How far the source lets this rollup close buckets: a rollup source's watermark."""
     if spec.source in engine.catalog.rollups:
         src = states.get(spec.source)
-        return src.watermark if src is not None and src.watermark is not None else datetime.min.replace(tzinfo=UTC)
+        return (
+            src.watermark
+            if src is not None and src.watermark is not None
+            else datetime.min.replace(tzinfo=UTC)
+        )
     return None
 
 
@@ -85,8 +91,18 @@ def run_forward(
     if state.status is not ArchiveStatus.ACTIVATED:
         reason = f"Archive is not activated (status {state.status.value})"
         engine.ledger.record(
-            [Job(spec.name, Trigger.FORWARD, tuple(requested), state=JobState.FAILED, error=reason,
-                 run_id=run_id, started_at=started, finished_at=datetime.now(UTC))]
+            [
+                Job(
+                    spec.name,
+                    Trigger.FORWARD,
+                    tuple(requested),
+                    state=JobState.FAILED,
+                    error=reason,
+                    run_id=run_id,
+                    started_at=started,
+                    finished_at=datetime.now(UTC),
+                )
+            ]
         )
         raise ArchiveNotActivatedError(f"'{spec.name}': {reason}")
     engine.require_same_schema(spec, state)
@@ -104,8 +120,13 @@ def run_forward(
     job = Job(spec.name, trigger, tuple(buckets), run_id=run_id, started_at=started, generation=0)
     if not buckets:
         note = "nothing to do: no bucket has closed and no open bucket was requested"
-        done = job.next(state=JobState.COMPLETED, windows_processed=0, rows_processed=0,
-                        finished_at=datetime.now(UTC), duration_ms=0)
+        done = job.next(
+            state=JobState.COMPLETED,
+            windows_processed=0,
+            rows_processed=0,
+            finished_at=datetime.now(UTC),
+            duration_ms=0,
+        )
         engine.ledger.record([done])
         say(f"{spec.name}: {note}")
         return RunOutcome(done, [], note=note)
@@ -115,7 +136,11 @@ def run_forward(
         claim = closed[-1].end
         engine.states.update(
             spec.name,
-            lambda s: replace(s, claimed_until=claim) if s.consumed_until is None or s.consumed_until < claim else None,
+            lambda s: (
+                replace(s, claimed_until=claim)
+                if s.consumed_until is None or s.consumed_until < claim
+                else None
+            ),
             reason=f"forward claims buckets up to {claim.isoformat()}",
             actor=run_id,
         )
@@ -125,21 +150,41 @@ def run_forward(
     say(f"{spec.name}: forward {what}")
     try:
         frame, versions = engine.partials(spark, spec, buckets, None)
-        written = engine.rollups.write_rows(frame, spec, generation=0, job_id=job.job_id, run_id=run_id,
-                                            source_versions=versions)
+        written = engine.rollups.write_rows(
+            frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
+        )
         version = engine.rollups.replace_forward(
-            spec, written, buckets, {"rollups.operation": trigger.value, "rollups.job_id": job.job_id,
-                                     "dagster.run_id": run_id},
+            spec,
+            written,
+            buckets,
+            {
+                "rollups.operation": trigger.value,
+                "rollups.job_id": job.job_id,
+                "dagster.run_id": run_id,
+            },
         )
     except Exception as exc:
-        engine.ledger.record([job.next(state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}"[:500],
-                                       finished_at=datetime.now(UTC))])
+        engine.ledger.record(
+            [
+                job.next(
+                    state=JobState.FAILED,
+                    error=f"{type(exc).__name__}: {exc}"[:500],
+                    finished_at=datetime.now(UTC),
+                )
+            ]
+        )
         raise
     duration = int((time.monotonic() - t0) * 1000)
     src = next(iter(versions.items()))
-    done = job.next(state=JobState.COMPLETED, windows_processed=len(buckets), rows_processed=written.rows,
-                    finished_at=datetime.now(UTC), duration_ms=duration, source_archive=src[0],
-                    source_version=src[1])
+    done = job.next(
+        state=JobState.COMPLETED,
+        windows_processed=len(buckets),
+        rows_processed=written.rows,
+        finished_at=datetime.now(UTC),
+        duration_ms=duration,
+        source_archive=src[0],
+        source_version=src[1],
+    )
     engine.ledger.record([done, *engine.propagation_jobs(spec, buckets, None, version, states)])
     if closed:
         new_mark = closed[-1].end

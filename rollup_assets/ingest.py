@@ -137,7 +137,9 @@ class BatchReader:
         required = [*key_columns(self.spec), *[c.name for c in self.spec.columns if c.required]]
         for col in required:
             if col not in names:
-                raise IngestValidationError(self.spec.name, 0, f"required column '{col}' is missing")
+                raise IngestValidationError(
+                    self.spec.name, 0, f"required column '{col}' is missing"
+                )
 
     def _convert(self, chunk: pa.Table, offset: int) -> pa.Table:
         self._check_columns(chunk.column_names)
@@ -165,11 +167,19 @@ class BatchReader:
             raise IngestValidationError(self.spec.name, offset + idx, reason)
 
     def _entity(self, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type)):
-            raise IngestValidationError(self.spec.name, 0, f"entity_id must be text, not {col.type}")
+        if not (
+            pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_integer(col.type)
+        ):
+            raise IngestValidationError(
+                self.spec.name, 0, f"entity_id must be text, not {col.type}"
+            )
         col = pc.cast(col, pa.string())
         self._fail_first(pc.is_null(col), offset, "entity_id is null")
-        self._fail_first(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0), offset, "entity_id is empty")
+        self._fail_first(
+            pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0), offset, "entity_id is empty"
+        )
         return col
 
     def _timestamp(self, name: str, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
@@ -182,13 +192,17 @@ class BatchReader:
             return pc.assume_timezone(pc.cast(pc.cast(col, pa.date32()), pa.timestamp("us")), "UTC")
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             raise IngestValidationError(
-                self.spec.name, 0, f"{name} must be a timestamp or an ISO-8601 string, not {col.type}"
+                self.spec.name,
+                0,
+                f"{name} must be a timestamp or an ISO-8601 string, not {col.type}",
             )
         text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
         has_offset = pc.match_substring_regex(text, _OFFSET)
         try:
             aware = pc.cast(pc.if_else(has_offset, text, None), TS)
-            naive = pc.assume_timezone(pc.cast(pc.if_else(has_offset, None, text), pa.timestamp("us")), "UTC")
+            naive = pc.assume_timezone(
+                pc.cast(pc.if_else(has_offset, None, text), pa.timestamp("us")), "UTC"
+            )
             return pc.if_else(has_offset, aware, naive)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             for i, value in enumerate(text.to_pylist()):
@@ -219,16 +233,24 @@ class BatchReader:
     def _bool_from_text(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
         low = pc.utf8_lower(col)
         known = pc.is_in(low, value_set=pa.array(sorted(_TRUE | _FALSE)))
-        self._fail_first(pc.and_(pc.invert(pc.is_null(low)), pc.invert(known)), offset, f"{c.name} is not a boolean")
+        self._fail_first(
+            pc.and_(pc.invert(pc.is_null(low)), pc.invert(known)),
+            offset,
+            f"{c.name} is not a boolean",
+        )
         truthy = pc.is_in(low, value_set=pa.array(sorted(_TRUE)))
         return pc.if_else(pc.is_null(low), pa.scalar(None, pa.bool_()), truthy)
 
-    def _cast(self, c: ColumnSpec, col: pa.ChunkedArray, target: pa.DataType, offset: int) -> pa.ChunkedArray:
+    def _cast(
+        self, c: ColumnSpec, col: pa.ChunkedArray, target: pa.DataType, offset: int
+    ) -> pa.ChunkedArray:
         src = col.type
         numeric_target = c.type in (ColumnType.DOUBLE, ColumnType.LONG)
         if numeric_target and pa.types.is_boolean(src):
             raise IngestValidationError(self.spec.name, 0, f"{c.name} must be numeric, not boolean")
-        if c.type is ColumnType.BOOLEAN and not (pa.types.is_boolean(src) or pa.types.is_integer(src)):
+        if c.type is ColumnType.BOOLEAN and not (
+            pa.types.is_boolean(src) or pa.types.is_integer(src)
+        ):
             raise IngestValidationError(self.spec.name, 0, f"{c.name} must be boolean, not {src}")
         try:
             return pc.cast(col, target, safe=True)
@@ -238,11 +260,15 @@ class BatchReader:
             try:
                 pc.cast(pa.array([value], type=src), target, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(c.type, c.type.value)
+                kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(
+                    c.type, c.type.value
+                )
                 raise IngestValidationError(
                     self.spec.name, offset + i, f"{c.name} value {value!r} is not {kind}"
                 ) from None
-        raise IngestValidationError(self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}")
+        raise IngestValidationError(
+            self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}"
+        )
 
     # -- passes ------------------------------------------------------------------------------
 
@@ -256,7 +282,9 @@ class BatchReader:
             t = self._convert(chunk, offset)
             time_col = key_columns(self.spec)[1]
             k = t.select(key_columns(self.spec))
-            keys.append(k.append_column("__row", pa.array(range(offset, offset + t.num_rows), pa.int64())))
+            keys.append(
+                k.append_column("__row", pa.array(range(offset, offset + t.num_rows), pa.int64()))
+            )
             if t.num_rows:
                 a, b = pc.min_max(t[time_col]).values()
                 lo = a.as_py() if lo is None else min(lo, a.as_py())
@@ -299,4 +327,3 @@ def _parses_as_instant(value: str | None) -> bool:
         return True
     except ValueError:
         return False
-

@@ -17,7 +17,9 @@ class MaintenanceConfig(dg.Config):
 
 def build_maintenance(catalog: Catalog) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op
-    def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig, warehouse: WarehouseResource):
+    def maintain_tables(
+        context: dg.OpExecutionContext, config: MaintenanceConfig, warehouse: WarehouseResource
+    ):
         report = maintain(warehouse.get(), catalog, retention_hours=config.retention_hours)
         for line in report.details:
             context.log.info(line)
@@ -30,7 +32,9 @@ def build_maintenance(catalog: Catalog) -> tuple[dg.JobDefinition, dg.ScheduleDe
             }
         )
 
-    @dg.job(name="maintain_warehouse", description="Checkpoint, compact, sweep and vacuum every table.")
+    @dg.job(
+        name="maintain_warehouse", description="Checkpoint, compact, sweep and vacuum every table."
+    )
     def maintain_warehouse() -> None:
         maintain_tables()
 

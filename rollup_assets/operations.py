@@ -65,7 +65,9 @@ class Operations:
                 self.engine.raw.ensure_table(spec)
         except Exception as exc:
             self.engine.states.update(
-                name, lambda s: replace(s, status=ArchiveStatus.FAILED), reason=f"activation failed: {exc}",
+                name,
+                lambda s: replace(s, status=ArchiveStatus.FAILED),
+                reason=f"activation failed: {exc}",
                 actor=self.actor,
             )
             raise ArchiveActivationFailedError(f"activating '{name}' failed: {exc}") from exc
@@ -90,7 +92,11 @@ class Operations:
 
     def enable(self, name: str, now: datetime | None = None) -> ArchiveState:
         current = self.engine.states.get(name)
-        if current.status not in (ArchiveStatus.DISABLED, ArchiveStatus.FAILED, ArchiveStatus.ACTIVATED):
+        if current.status not in (
+            ArchiveStatus.DISABLED,
+            ArchiveStatus.FAILED,
+            ArchiveStatus.ACTIVATED,
+        ):
             raise InvalidArchiveStateTransitionError(
                 f"cannot enable '{name}' from status {current.status.value}; use activate"
             )
@@ -104,7 +110,10 @@ class Operations:
                 f"cannot disable '{name}': it is {current.status.value}, not Activated"
             )
         state = self.engine.states.update(
-            name, lambda s: replace(s, status=ArchiveStatus.DISABLED), reason="disable", actor=self.actor
+            name,
+            lambda s: replace(s, status=ArchiveStatus.DISABLED),
+            reason="disable",
+            actor=self.actor,
         )
         self._purge(name, "archive was disabled")
         return state
@@ -169,7 +178,9 @@ class Operations:
                 )
             return replace(s, frozen_until=until)
 
-        return self.engine.states.update(name, change, reason=f"freeze until {until.isoformat()}", actor=self.actor)
+        return self.engine.states.update(
+            name, change, reason=f"freeze until {until.isoformat()}", actor=self.actor
+        )
 
     def unfreeze(self, name: str, accept_gaps: bool = False) -> ArchiveState:
         self.catalog.rollup(name)
@@ -211,7 +222,9 @@ class Operations:
         spec = self.catalog.rollup(name)
         start, end = as_utc(start), as_utc(end)
         if start >= end:
-            raise InvalidTimeRangeError(f"--from {start.isoformat()} must be before --to {end.isoformat()}")
+            raise InvalidTimeRangeError(
+                f"--from {start.isoformat()} must be before --to {end.isoformat()}"
+            )
         buckets = self.engine.buckets_in(spec, [Window(start, end)])
         job = Job(name, Trigger.MANUAL, tuple(buckets), entities=entities)
         state = self.engine.states.get(name)
@@ -219,7 +232,9 @@ class Operations:
             reason = f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
             failed = job.next(state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC))
             self.engine.ledger.record([failed])
-            raise ArchiveNotActivatedError(f"recompute of '{name}' failed: {reason} (job {job.job_id})")
+            raise ArchiveNotActivatedError(
+                f"recompute of '{name}' failed: {reason} (job {job.job_id})"
+            )
         self.engine.require_same_schema(spec, state)
         self.engine.ledger.record([job])
         return job
@@ -252,7 +267,10 @@ def health(engine: Engine, name: str, snapshot=None, states=None) -> Health:  # 
     pending = [j for j in jobs if j.state is JobState.PENDING]
     started = [j.started_at for j in jobs if j.started_at]
     ok = [j.finished_at for j in jobs if j.state is JobState.COMPLETED and j.finished_at]
-    failed = sorted((j for j in jobs if j.state is JobState.FAILED and j.finished_at), key=lambda j: j.finished_at)
+    failed = sorted(
+        (j for j in jobs if j.state is JobState.FAILED and j.finished_at),
+        key=lambda j: j.finished_at,
+    )
     return Health(
         archive=name,
         status=state.status.value,

@@ -17,14 +17,20 @@ from rollup_assets.specs import Catalog
 
 class RecomputeConfig(dg.Config):
     rollup: str = Field(description="Rollup to recompute, e.g. energy_daily")
-    start: str = Field(description="ISO-8601 start (inclusive) of the range; covering buckets are recomputed")
+    start: str = Field(
+        description="ISO-8601 start (inclusive) of the range; covering buckets are recomputed"
+    )
     end: str = Field(description="ISO-8601 end (exclusive) of the range")
-    entities: list[str] = Field(default_factory=list, description="Only these entity ids (empty: all)")
+    entities: list[str] = Field(
+        default_factory=list, description="Only these entity ids (empty: all)"
+    )
 
 
 class FreezeConfig(dg.Config):
     rollup: str = Field(description="Rollup to freeze")
-    until: str = Field(description="ISO-8601 instant; buckets ending at or before it are not written")
+    until: str = Field(
+        description="ISO-8601 instant; buckets ending at or before it are not written"
+    )
 
 
 class UnfreezeConfig(dg.Config):
@@ -39,7 +45,9 @@ class RewindConfig(dg.Config):
 
 class LifecycleConfig(dg.Config):
     archive: str = Field(description="Archive (raw, time-range or rollup)")
-    action: Literal["activate", "disable", "enable", "delete"] = Field(description="Lifecycle transition")
+    action: Literal["activate", "disable", "enable", "delete"] = Field(
+        description="Lifecycle transition"
+    )
 
 
 def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
@@ -47,34 +55,54 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
         return Operations(Engine(catalog, warehouse.get()), actor=f"dagster:{context.run_id}")
 
     @dg.op
-    def queue_recompute(context: dg.OpExecutionContext, config: RecomputeConfig, warehouse: WarehouseResource):
+    def queue_recompute(
+        context: dg.OpExecutionContext, config: RecomputeConfig, warehouse: WarehouseResource
+    ):
         job = ops(context, warehouse).request_recompute(
             config.rollup,
             clock.parse_instant(config.start, "start"),
             clock.parse_instant(config.end, "end"),
             frozenset(config.entities) or None,
         )
-        context.log.info("queued manual recompute %s of %s (%d window span(s))", job.job_id, config.rollup, len(job.windows))
+        context.log.info(
+            "queued manual recompute %s of %s (%d window span(s))",
+            job.job_id,
+            config.rollup,
+            len(job.windows),
+        )
         context.add_output_metadata({"job_id": job.job_id})
         return job.job_id
 
     @dg.op
     def freeze(context: dg.OpExecutionContext, config: FreezeConfig, warehouse: WarehouseResource):
-        state = ops(context, warehouse).freeze(config.rollup, clock.parse_instant(config.until, "until"))
+        state = ops(context, warehouse).freeze(
+            config.rollup, clock.parse_instant(config.until, "until")
+        )
         context.log.info("%s frozen until %s", config.rollup, state.frozen_until)
 
     @dg.op
-    def unfreeze(context: dg.OpExecutionContext, config: UnfreezeConfig, warehouse: WarehouseResource):
+    def unfreeze(
+        context: dg.OpExecutionContext, config: UnfreezeConfig, warehouse: WarehouseResource
+    ):
         ops(context, warehouse).unfreeze(config.rollup, config.accept_gaps)
         context.log.info("%s unfrozen (accept_gaps=%s)", config.rollup, config.accept_gaps)
 
     @dg.op
     def rewind(context: dg.OpExecutionContext, config: RewindConfig, warehouse: WarehouseResource):
-        state, deleted = ops(context, warehouse).rewind(config.rollup, clock.parse_instant(config.to, "to"))
-        context.log.info("%s rewound to %s; %d recomputed row(s) dropped", config.rollup, state.watermark, deleted)
+        state, deleted = ops(context, warehouse).rewind(
+            config.rollup, clock.parse_instant(config.to, "to")
+        )
+        context.log.info(
+            "%s rewound to %s; %d recomputed row(s) dropped",
+            config.rollup,
+            state.watermark,
+            deleted,
+        )
 
     @dg.op
-    def change_status(context: dg.OpExecutionContext, config: LifecycleConfig, warehouse: WarehouseResource):
+    def change_status(
+        context: dg.OpExecutionContext, config: LifecycleConfig, warehouse: WarehouseResource
+    ):
         o = ops(context, warehouse)
         state = getattr(o, config.action)(config.archive)
         context.log.info("%s is now %s", config.archive, state.status.value)
@@ -87,10 +115,26 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
         return _job
 
     return [
-        job("recompute_rollup", queue_recompute, "Queue a manual, reader-safe recompute of a range (the "
-            "retroactive-write sensor launches it; dependents follow by chain propagation)."),
-        job("freeze_rollup", freeze, "Stop every path from writing buckets that end at or before `until`."),
+        job(
+            "recompute_rollup",
+            queue_recompute,
+            "Queue a manual, reader-safe recompute of a range (the "
+            "retroactive-write sensor launches it; dependents follow by chain propagation).",
+        ),
+        job(
+            "freeze_rollup",
+            freeze,
+            "Stop every path from writing buckets that end at or before `until`.",
+        ),
         job("unfreeze_rollup", unfreeze, "Lift the freeze; pending work drains on the next tick."),
-        job("rewind_rollup", rewind, "Move the watermark back so the forward lane re-aggregates (destructive)."),
-        job("change_archive_status", change_status, "Activate, disable, enable or delete an archive."),
+        job(
+            "rewind_rollup",
+            rewind,
+            "Move the watermark back so the forward lane re-aggregates (destructive).",
+        ),
+        job(
+            "change_archive_status",
+            change_status,
+            "Activate, disable, enable or delete an archive.",
+        ),
     ]

@@ -127,12 +127,15 @@ class Bucketing:
     @cached_property
     def nominal(self) -> timedelta:
         """A typical bucket length, for estimates only (a month is 30 days here)."""
-        return self.size or {
-            Alignment.CALENDAR_DAY: timedelta(days=1),
-            Alignment.ISO8601_WEEK: timedelta(days=7),
-            Alignment.CALENDAR_MONTH: timedelta(days=30),
-            Alignment.CALENDAR_YEAR: timedelta(days=365),
-        }[self.alignment]
+        return (
+            self.size
+            or {
+                Alignment.CALENDAR_DAY: timedelta(days=1),
+                Alignment.ISO8601_WEEK: timedelta(days=7),
+                Alignment.CALENDAR_MONTH: timedelta(days=30),
+                Alignment.CALENDAR_YEAR: timedelta(days=365),
+            }[self.alignment]
+        )
 
 
 def merge_windows(windows: "list[Window] | set[Window]") -> list[Window]:

@@ -26,12 +26,20 @@ def span(start: datetime | None, end: datetime | None) -> Window:
 
 
 def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:
-    cols = {"entity_id": rows["entity_id"], "bucket_start": rows["bucket_start"], "bucket_end": rows["bucket_end"]}
+    cols = {
+        "entity_id": rows["entity_id"],
+        "bucket_start": rows["bucket_start"],
+        "bucket_end": rows["bucket_end"],
+    }
     for agg in spec.aggregations:
         out = agg.output_name
         if agg.function is AggregateFunction.AVG:
             s, c = rows[f"{out}__sum"], rows[f"{out}__count"]
-            cols[out] = pc.if_else(pc.greater(c, 0), pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())), None)
+            cols[out] = pc.if_else(
+                pc.greater(c, 0),
+                pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())),
+                None,
+            )
         else:
             cols[out] = rows[out]
     return pa.table(cols).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])

@@ -47,7 +47,12 @@ def start_job(
         if job is None:
             raise RollupsError(f"job {job_id} of '{spec.name}' is not in the ledger")
         return None if job.state.terminal else job
-    return Job(rollup=spec.name, trigger=trigger, windows=tuple(engine.buckets_in(spec, requested)), entities=entities)
+    return Job(
+        rollup=spec.name,
+        trigger=trigger,
+        windows=tuple(engine.buckets_in(spec, requested)),
+        entities=entities,
+    )
 
 
 def run_recompute(
@@ -63,17 +68,21 @@ def run_recompute(
     t0 = time.monotonic()
     state = engine.states.get(spec.name)
     if state.status is not ArchiveStatus.ACTIVATED:
-        reason = (
-            f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
+        reason = f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
+        failed = job.next(
+            state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC), run_id=run_id
         )
-        failed = job.next(state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC), run_id=run_id)
         engine.ledger.record([failed])
         raise ArchiveNotActivatedError(f"'{spec.name}': {reason}")
     engine.require_same_schema(spec, state)
 
     buckets = engine.buckets_in(spec, list(job.windows))
     watermark = state.watermark
-    ready = [w for w in buckets if watermark is not None and w.end <= watermark and not state.is_frozen(w.end)]
+    ready = [
+        w
+        for w in buckets
+        if watermark is not None and w.end <= watermark and not state.is_frozen(w.end)
+    ]
     frozen = [w for w in buckets if state.is_frozen(w.end)]
     # Past the watermark the forward lane owns the buckets. Automatic work there waits (a write
     # can race an in-flight forward run); a manual request there is simply a no-op.
@@ -113,24 +122,42 @@ def run_recompute(
 
     generation = engine.rollups.next_generation(spec)
     running = job.next(
-        state=JobState.RUNNING, run_id=run_id, started_at=datetime.now(UTC), generation=generation,
+        state=JobState.RUNNING,
+        run_id=run_id,
+        started_at=datetime.now(UTC),
+        generation=generation,
         windows=tuple(ready),
     )
     engine.ledger.record([*events, running])
     try:
         reclaimed = engine.rollups.reclaim(spec)
         if reclaimed:
-            say(f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run that died before its flip")
+            say(
+                f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run that died before its flip"
+            )
         scope = "all entities" if job.entities is None else f"{len(job.entities)} entit(y/ies)"
-        say(f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} at generation {generation}")
+        say(
+            f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} at generation {generation}"
+        )
         frame, versions = engine.partials(spark, spec, ready, job.entities)
         written = engine.rollups.write_rows(
-            frame, spec, generation=generation, job_id=job.job_id, run_id=run_id, source_versions=versions
+            frame,
+            spec,
+            generation=generation,
+            job_id=job.job_id,
+            run_id=run_id,
+            source_versions=versions,
         )
         checkpoint("after_write")
         version = engine.rollups.commit_generation(
-            spec, written, {"rollups.operation": "recompute", "rollups.job_id": job.job_id,
-                            "rollups.generation": str(generation), "dagster.run_id": run_id},
+            spec,
+            written,
+            {
+                "rollups.operation": "recompute",
+                "rollups.job_id": job.job_id,
+                "rollups.generation": str(generation),
+                "dagster.run_id": run_id,
+            },
         )
         checkpoint("after_commit")
         swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows)
@@ -140,19 +167,27 @@ def run_recompute(
         checkpoint("after_flip")
         duration = int((time.monotonic() - t0) * 1000)
         done = swapping.next(
-            state=JobState.COMPLETED, windows_processed=len(ready), finished_at=datetime.now(UTC),
+            state=JobState.COMPLETED,
+            windows_processed=len(ready),
+            finished_at=datetime.now(UTC),
             duration_ms=duration,
         )
         engine.ledger.record([done, *engine.propagation_jobs(spec, ready, job.entities, version)])
         checkpoint("during_sweep")
         swept = engine.rollups.sweep(spec, ready, job.entities)
-        say(f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); swept {swept} superseded row(s)")
+        say(
+            f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); swept {swept} superseded row(s)"
+        )
         return RunOutcome(done, ready, written.rows, generation, version, versions, duration)
     except Exception as exc:
         current = engine.ledger.job(job.job_id)
         if current is not None and not current.state.terminal:
             engine.ledger.record(
-                [current.next(state=JobState.FAILED, error=_reason(exc), finished_at=datetime.now(UTC))]
+                [
+                    current.next(
+                        state=JobState.FAILED, error=_reason(exc), finished_at=datetime.now(UTC)
+                    )
+                ]
             )
         raise
 

@@ -60,7 +60,9 @@ def pinned_now(now: datetime | None) -> Iterator[None]:
 
 
 def _run_key_taken(instance: dg.DagsterInstance, run_key: str) -> bool:
-    return bool(instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/run_key": run_key}), limit=1))
+    return bool(
+        instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+    )
 
 
 def execute(
@@ -78,12 +80,20 @@ def execute(
     tags = {**tags, TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
     if run_key:
         tags["dagster/run_key"] = run_key
-    result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config or None, raise_on_error=False)
+    result = job.execute_in_process(
+        instance=instance, tags=tags, run_config=run_config or None, raise_on_error=False
+    )
     error = None
     if not result.success:
         failures = [e for e in result.all_events if e.is_step_failure or e.is_failure]
-        error = next((str(e.event_specific_data.error.message).strip() for e in failures
-                      if getattr(e.event_specific_data, "error", None)), "run failed")
+        error = next(
+            (
+                str(e.event_specific_data.error.message).strip()
+                for e in failures
+                if getattr(e.event_specific_data, "error", None)
+            ),
+            "run failed",
+        )
     return RunReport(job_name, result.run_id, result.success, tags, error)
 
 
@@ -100,7 +110,13 @@ def tick(
             sensor = defs.resolve_sensor_def(name)
             key = CURSOR_KEY.format(name)
             cursor = instance.run_storage.get_cursor_values({key}).get(key)
-            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+            ctx = dg.build_sensor_context(
+                instance=instance,
+                cursor=cursor,
+                definitions=defs,
+                # Sensors read Delta logs only; never hand them the Spark resource.
+                resources={"warehouse": (defs.resources or {})["warehouse"]},
+            )
             data = sensor.evaluate_tick(ctx)
             for event in data.asset_events:
                 instance.report_runless_asset_event(event)
@@ -109,7 +125,14 @@ def tick(
             if data.skip_message:
                 report.skips.append(f"{name}: {data.skip_message}")
             for request in data.run_requests or []:
-                run = execute(defs, instance, request.job_name, dict(request.tags), request.run_config, request.run_key)
+                run = execute(
+                    defs,
+                    instance,
+                    request.job_name,
+                    dict(request.tags),
+                    request.run_config,
+                    request.run_key,
+                )
                 if run is not None:
                     report.runs.append(run)
     return report
@@ -133,8 +156,16 @@ def tick_until_quiet(
 
 
 def partition_range_tags(start_key: str, end_key: str) -> dict[str, str]:
-    return {"dagster/asset_partition_range_start": start_key, "dagster/asset_partition_range_end": end_key}
+    return {
+        "dagster/asset_partition_range_start": start_key,
+        "dagster/asset_partition_range_end": end_key,
+    }
 
 
 def summarize(report: TickReport) -> str:
-    return json.dumps([{"job": r.job_name, "ok": r.success, "lane": r.tags.get("rollups/lane")} for r in report.runs])
+    return json.dumps(
+        [
+            {"job": r.job_name, "ok": r.success, "lane": r.tags.get("rollups/lane")}
+            for r in report.runs
+        ]
+    )

@@ -45,7 +45,9 @@ def validate_catalog(
                     "names are lower-case identifiers (a-z, 0-9, _; no '__'), at most 63 characters",
                 )
             if name in seen:
-                raise SpecError(name, "unique names", f"declared both as {seen[name]} and as {kind}")
+                raise SpecError(
+                    name, "unique names", f"declared both as {seen[name]} and as {kind}"
+                )
             seen[name] = kind
     for spec in (*raw.values(), *time_range.values()):
         _check_value_columns(spec)
@@ -64,9 +66,13 @@ def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> None:
     names = [c.name for c in spec.columns]
     for c in names:
         if not is_valid_name(c):
-            raise SpecError(spec.name, "column name", f"column '{c}' is not a lower-case identifier")
+            raise SpecError(
+                spec.name, "column name", f"column '{c}' is not a lower-case identifier"
+            )
         if c in RESERVED_COLUMNS:
-            raise SpecError(spec.name, "column name", f"column '{c}' is reserved by the storage layer")
+            raise SpecError(
+                spec.name, "column name", f"column '{c}' is reserved by the storage layer"
+            )
     dupes = {c for c in names if names.count(c) > 1}
     if dupes:
         raise SpecError(spec.name, "unique columns", f"columns declared twice: {sorted(dupes)}")
@@ -88,7 +94,9 @@ def _dependency_order(rollups: dict[str, RollupSpec], bases: set[str]) -> list[s
             visit(src, [*path, name])
         elif src not in bases:
             known = ", ".join(sorted(bases | set(rollups))) or "none"
-            raise SpecError(name, "known source", f"source '{src}' is not declared (known: {known})")
+            raise SpecError(
+                name, "known source", f"source '{src}' is not declared (known: {known})"
+            )
         state[name] = "done"
         order.append(name)
 
@@ -124,7 +132,9 @@ def zone_offsets(zone: ZoneInfo, start: datetime, years: int = 80) -> set[timede
 def _check_fixed_size(spec: RollupSpec, zone: ZoneInfo) -> None:
     size = spec.size
     if size is None:
-        raise SpecError(spec.name, "FixedSize needs size", "alignment FixedSize requires 'size' (e.g. 1h)")
+        raise SpecError(
+            spec.name, "FixedSize needs size", "alignment FixedSize requires 'size' (e.g. 1h)"
+        )
     if size < timedelta(minutes=1) or size % timedelta(minutes=1):
         raise SpecError(spec.name, "bucket size", f"size {size} must be a whole number of minutes")
     if size > DAY:
@@ -167,10 +177,14 @@ def _check_nesting(spec: RollupSpec, source: ArchiveSpec, zone: ZoneInfo) -> Non
     what = f"'{spec.name}' ({spec.alignment.value}) over '{source.name}'"
     if isinstance(here, timedelta) and isinstance(src, timedelta):
         if here < src:
-            raise SpecError(spec.name, "bucket nests in source", f"{what}: {here} is finer than {src}")
+            raise SpecError(
+                spec.name, "bucket nests in source", f"{what}: {here} is finer than {src}"
+            )
         if here % src:
             raise SpecError(
-                spec.name, "bucket nests in source", f"{what}: {here} is not an integer multiple of {src}"
+                spec.name,
+                "bucket nests in source",
+                f"{what}: {here} is not an integer multiple of {src}",
             )
     elif isinstance(here, timedelta):
         raise SpecError(
@@ -181,7 +195,9 @@ def _check_nesting(spec: RollupSpec, source: ArchiveSpec, zone: ZoneInfo) -> Non
     elif isinstance(src, timedelta):
         if DAY % src:
             raise SpecError(
-                spec.name, "bucket nests in source", f"{what}: source buckets of {src} do not divide a day"
+                spec.name,
+                "bucket nests in source",
+                f"{what}: source buckets of {src} do not divide a day",
             )
         bad = sorted(o for o in zone_offsets(zone, spec.start) if o % src)
         if bad:
@@ -192,7 +208,10 @@ def _check_nesting(spec: RollupSpec, source: ArchiveSpec, zone: ZoneInfo) -> Non
             )
     else:
         assert isinstance(here, Alignment) and isinstance(src, Alignment)
-        if src is Alignment.ISO8601_WEEK and here in (Alignment.CALENDAR_MONTH, Alignment.CALENDAR_YEAR):
+        if src is Alignment.ISO8601_WEEK and here in (
+            Alignment.CALENDAR_MONTH,
+            Alignment.CALENDAR_YEAR,
+        ):
             raise SpecError(
                 spec.name,
                 "bucket nests in source",
@@ -201,7 +220,11 @@ def _check_nesting(spec: RollupSpec, source: ArchiveSpec, zone: ZoneInfo) -> Non
         if _CALENDAR_RANK[here] < _CALENDAR_RANK[src] or (
             here is Alignment.ISO8601_WEEK and src is not Alignment.CALENDAR_DAY and src is not here
         ):
-            raise SpecError(spec.name, "bucket nests in source", f"{what}: {here.value} is finer than {src.value}")
+            raise SpecError(
+                spec.name,
+                "bucket nests in source",
+                f"{what}: {here.value} is finer than {src.value}",
+            )
 
 
 def _check_rollup(
@@ -211,7 +234,9 @@ def _check_rollup(
     resolved: dict[str, RollupSpec],
 ) -> RollupSpec:
     zone = _zone(spec)
-    source: ArchiveSpec = raw.get(spec.source) or time_range.get(spec.source) or resolved[spec.source]
+    source: ArchiveSpec = (
+        raw.get(spec.source) or time_range.get(spec.source) or resolved[spec.source]
+    )
     if spec.watermark_lag < timedelta(0):
         raise SpecError(spec.name, "watermark_lag", "'watermark_lag' must not be negative")
     start = spec.start
@@ -227,16 +252,22 @@ def _check_rollup(
             start = source.start
         elif start < source.start:
             raise SpecError(
-                spec.name, "start", f"start {start:%Y-%m-%d %H:%M} is before source '{source.name}' starts"
+                spec.name,
+                "start",
+                f"start {start:%Y-%m-%d %H:%M} is before source '{source.name}' starts",
             )
     elif start == datetime.min:
-        raise SpecError(spec.name, "start", "the first rollup of a chain needs 'start' (e.g. 2024-01-01)")
+        raise SpecError(
+            spec.name, "start", "the first rollup of a chain needs 'start' (e.g. 2024-01-01)"
+        )
     spec = dataclasses.replace(spec, start=start)
 
     if spec.alignment is Alignment.FIXED_SIZE:
         _check_fixed_size(spec, zone)
     elif spec.size is not None:
-        raise SpecError(spec.name, "size", f"'size' only applies to FixedSize, not {spec.alignment.value}")
+        raise SpecError(
+            spec.name, "size", f"'size' only applies to FixedSize, not {spec.alignment.value}"
+        )
     _check_nesting(spec, source, zone)
     column_types = _check_aggregations(spec, source)
     return dataclasses.replace(spec, column_types=column_types)
@@ -248,7 +279,9 @@ def _check_aggregations(spec: RollupSpec, source: ArchiveSpec) -> dict[str, Colu
     for agg in spec.aggregations:
         if isinstance(source, RollupSpec):
             ctype = source.column_types.get(agg.column)
-            missing = [p for p in PARTIALS[agg.function] if source.partial_column(agg.column, p) is None]
+            missing = [
+                p for p in PARTIALS[agg.function] if source.partial_column(agg.column, p) is None
+            ]
             if ctype is None or missing:
                 raise SpecError(
                     spec.name,
@@ -276,7 +309,9 @@ def _check_aggregations(spec: RollupSpec, source: ArchiveSpec) -> dict[str, Colu
         types[agg.column] = ctype
         out = agg.output_name
         if not is_valid_name(out) or out in RESERVED_COLUMNS:
-            raise SpecError(spec.name, "target name", f"target name '{out}' is not a usable column name")
+            raise SpecError(
+                spec.name, "target name", f"target name '{out}' is not a usable column name"
+            )
         if out in outputs:
             raise SpecError(spec.name, "unique target names", f"two aggregations produce '{out}'")
         outputs.append(out)

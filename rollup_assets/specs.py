@@ -200,7 +200,11 @@ class RollupSpec:
     def partial_column(self, column: str, partial: str) -> str | None:
         """The stored column holding `partial` of source `column`, if this rollup keeps it."""
         return next(
-            (sc.name for sc in self.stored_columns if sc.column == column and sc.partial == partial),
+            (
+                sc.name
+                for sc in self.stored_columns
+                if sc.column == column and sc.partial == partial
+            ),
             None,
         )
 
@@ -240,14 +244,18 @@ class Catalog:
         from rollup_assets.errors import ArchiveNotFoundError
 
         known = ", ".join(sorted(self.names())) or "none"
-        raise ArchiveNotFoundError(f"archive '{name}' is not declared in {self.origin} (known: {known})")
+        raise ArchiveNotFoundError(
+            f"archive '{name}' is not declared in {self.origin} (known: {known})"
+        )
 
     def rollup(self, name: str) -> RollupSpec:
         spec = self.archive(name)
         if not isinstance(spec, RollupSpec):
             from rollup_assets.errors import InvalidArchiveOperationError
 
-            raise InvalidArchiveOperationError(f"archive '{name}' is a {spec.kind.value} archive, not a rollup")
+            raise InvalidArchiveOperationError(
+                f"archive '{name}' is a {spec.kind.value} archive, not a rollup"
+            )
         return spec
 
     def names(self) -> list[str]:
@@ -314,7 +322,9 @@ def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
             "time_range_archives, rollups",
         )
     raw = {n: _parse_raw(n, b) for n, b in _section(doc, "raw_archives", origin).items()}
-    tr = {n: _parse_time_range(n, b) for n, b in _section(doc, "time_range_archives", origin).items()}
+    tr = {
+        n: _parse_time_range(n, b) for n, b in _section(doc, "time_range_archives", origin).items()
+    }
     rollups = {n: _parse_rollup(n, b) for n, b in _section(doc, "rollups", origin).items()}
     return validate_catalog(raw, tr, rollups, origin)
 
@@ -331,23 +341,31 @@ def _mapping(name: str, body: Any, allowed: set[str]) -> Mapping[str, Any]:
         raise SpecError(name, "archive body is a mapping", "the archive spec must be a mapping")
     unknown = set(body) - allowed
     if unknown:
-        raise SpecError(name, "known keys", f"unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise SpecError(
+            name, "known keys", f"unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
+        )
     return body
 
 
 def _columns(name: str, body: Mapping[str, Any]) -> tuple[ColumnSpec, ...]:
     cols = body.get("columns")
     if not isinstance(cols, Mapping) or not cols:
-        raise SpecError(name, "has value columns", "'columns' must map at least one column name to its type")
+        raise SpecError(
+            name, "has value columns", "'columns' must map at least one column name to its type"
+        )
     out = []
     for col, decl in cols.items():
         if isinstance(decl, str):
             decl = {"type": decl}
         if not isinstance(decl, Mapping):
-            raise SpecError(name, "column declaration", f"column '{col}' must be a type or a mapping")
+            raise SpecError(
+                name, "column declaration", f"column '{col}' must be a type or a mapping"
+            )
         bad = set(decl) - {"type", "required"}
         if bad:
-            raise SpecError(name, "column declaration", f"column '{col}' has unknown keys {sorted(bad)}")
+            raise SpecError(
+                name, "column declaration", f"column '{col}' has unknown keys {sorted(bad)}"
+            )
         try:
             ctype = ColumnType(str(decl.get("type", "")).lower())
         except ValueError:
@@ -359,21 +377,28 @@ def _columns(name: str, body: Mapping[str, Any]) -> tuple[ColumnSpec, ...]:
             ) from None
         required = decl.get("required", False)
         if not isinstance(required, bool):
-            raise SpecError(name, "column declaration", f"column '{col}': 'required' must be true or false")
+            raise SpecError(
+                name, "column declaration", f"column '{col}': 'required' must be true or false"
+            )
         out.append(ColumnSpec(str(col), ctype, required))
     return tuple(out)
 
 
 def _parse_raw(name: str, body: Any) -> RawArchiveSpec:
     b = _mapping(name, body, {"columns", "description"})
-    return RawArchiveSpec(name=name, columns=_columns(name, b), description=str(b.get("description", "")))
+    return RawArchiveSpec(
+        name=name, columns=_columns(name, b), description=str(b.get("description", ""))
+    )
 
 
 def _parse_time_range(name: str, body: Any) -> TimeRangeArchiveSpec:
     b = _mapping(name, body, {"columns", "description", "period"})
     period = _duration(name, "period", b.get("period")) if b.get("period") is not None else None
     return TimeRangeArchiveSpec(
-        name=name, columns=_columns(name, b), period=period, description=str(b.get("description", ""))
+        name=name,
+        columns=_columns(name, b),
+        period=period,
+        description=str(b.get("description", "")),
     )
 
 
@@ -454,16 +479,22 @@ def _start(name: str, value: Any) -> datetime:
         return datetime.min  # "inherit from the source rollup"; resolved during validation
     if isinstance(value, datetime):
         if value.tzinfo is not None:
-            raise SpecError(name, "start", "'start' is a local time in the reference zone; drop the offset")
+            raise SpecError(
+                name, "start", "'start' is a local time in the reference zone; drop the offset"
+            )
         return value
     if isinstance(value, date):
         return datetime(value.year, value.month, value.day)
     try:
         parsed = datetime.fromisoformat(str(value))
     except ValueError:
-        raise SpecError(name, "start", f"'start' {value!r} is not an ISO date (YYYY-MM-DD)") from None
+        raise SpecError(
+            name, "start", f"'start' {value!r} is not an ISO date (YYYY-MM-DD)"
+        ) from None
     if parsed.tzinfo is not None:
-        raise SpecError(name, "start", "'start' is a local time in the reference zone; drop the offset")
+        raise SpecError(
+            name, "start", "'start' is a local time in the reference zone; drop the offset"
+        )
     return parsed
 
 

@@ -50,24 +50,34 @@ def run_request_for(catalog: Catalog, launch: Launch, now_iso: str | None = None
     return dg.RunRequest(job_name=job_name(spec), run_key=run_key, tags=tags)
 
 
-def _health_events(engine: Engine, previous: dict[str, str]) -> tuple[list[dg.AssetObservation], dict[str, str]]:
+def _health_events(
+    engine: Engine, previous: dict[str, str]
+) -> tuple[list[dg.AssetObservation], dict[str, str]]:
     """Observations carrying each rollup's health fields, emitted when they change."""
     snap = engine.ledger.snapshot()
     states = engine.states.all()
     events, digests = [], {}
     for name in engine.catalog.rollups:
         h = health(engine, name, snap, states)
-        meta = {
+        plain = {
             "status": h.status,
             "watermark": iso_utc(h.watermark) if h.watermark else "none",
             "frozen_until": iso_utc(h.frozen_until) if h.frozen_until else "none",
             "recompute_in_progress": h.recompute_in_progress,
             "dirty_windows_pending": h.dirty_windows_pending,
-            "pending_recompute_ranges": dg.MetadataValue.json([str(w) for w in h.pending_recompute_ranges]),
-            "last_recompute_success_at": iso_utc(h.last_recompute_success_at) if h.last_recompute_success_at else "none",
+            "pending_recompute_ranges": [str(w) for w in h.pending_recompute_ranges],
+            "last_recompute_success_at": iso_utc(h.last_recompute_success_at)
+            if h.last_recompute_success_at
+            else "none",
             "last_recompute_failure_reason": h.last_recompute_failure_reason or "none",
         }
-        digest = hashlib.sha1(json.dumps(meta, default=str, sort_keys=True).encode()).hexdigest()[:16]
+        digest = hashlib.sha1(json.dumps(plain, default=str, sort_keys=True).encode()).hexdigest()[
+            :16
+        ]
+        meta = {
+            **plain,
+            "pending_recompute_ranges": dg.MetadataValue.json(plain["pending_recompute_ranges"]),
+        }
         digests[name] = digest
         if previous.get(name) != digest:
             events.append(dg.AssetObservation(asset_key=name, metadata=meta))
@@ -97,15 +107,26 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
             engine.ledger.record(detection.jobs, detection.cursors)
         for note in detection.notes:
             context.log.info(note)
-        plan = plan_drain(engine, engine.states.all(), engine.ledger.snapshot(), DagsterRunLookup(context.instance))
+        plan = plan_drain(
+            engine,
+            engine.states.all(),
+            engine.ledger.snapshot(),
+            DagsterRunLookup(context.instance),
+        )
         engine.ledger.record(plan.events)
         for job in plan.sweeps:
-            engine.rollups.sweep(catalog.rollup(job.rollup), engine.buckets_in(catalog.rollup(job.rollup), list(job.windows)), job.entities)
+            engine.rollups.sweep(
+                catalog.rollup(job.rollup),
+                engine.buckets_in(catalog.rollup(job.rollup), list(job.windows)),
+                job.entities,
+            )
         for note in plan.notes:
             context.log.info(note)
         cursor = json.loads(context.cursor) if context.cursor else {}
         events, digests = _health_events(engine, cursor.get("health", {}))
-        new_cursor = json.dumps({"health": digests, "detected": detection.cursors or cursor.get("detected", {})})
+        new_cursor = json.dumps(
+            {"health": digests, "detected": detection.cursors or cursor.get("detected", {})}
+        )
         requests = [run_request_for(catalog, launch) for launch in plan.launches]
         if not requests and not events:
             return dg.SkipReason(
@@ -122,14 +143,20 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
         description="Closes buckets past each rollup's watermark (once `end <= now - lag` and the "
         "source level has closed them) and refreshes open buckets whose source changed.",
     )
-    def forward_aggregation_sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
+    def forward_aggregation_sensor(
+        context: dg.SensorEvaluationContext, warehouse: WarehouseResource
+    ):
         ensure_pools(context.instance, catalog)
         engine = Engine(catalog, warehouse.get())
         now = clock.now()
         in_flight = DagsterRunLookup(context.instance).in_flight("forward")
-        launches = plan_forward(engine, engine.states.all(), engine.ledger.snapshot(), in_flight, now)
+        launches = plan_forward(
+            engine, engine.states.all(), engine.ledger.snapshot(), in_flight, now
+        )
         if not launches:
             return dg.SkipReason(f"nothing closed or changed at {iso_utc(now)}")
-        return dg.SensorResult(run_requests=[run_request_for(catalog, launch, iso_utc(now)) for launch in launches])
+        return dg.SensorResult(
+            run_requests=[run_request_for(catalog, launch, iso_utc(now)) for launch in launches]
+        )
 
     return [retroactive_write_sensor, forward_aggregation_sensor]

@@ -42,7 +42,9 @@ class Changes:
     version: int
     change_source: ChangeSource | None
     rows: pa.Table | None = None  # entity_id, ts
-    ranges: list[tuple[datetime, datetime, str | None]] = field(default_factory=list)  # min, max, entity
+    ranges: list[tuple[datetime, datetime, str | None]] = field(
+        default_factory=list
+    )  # min, max, entity
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ def scope_of(entities: Iterable[str | None]) -> frozenset[str] | None:
     return frozenset(e for e in ids if e is not None)
 
 
-def read_changes(engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, version: int) -> Changes | None:
+def read_changes(
+    engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, version: int
+) -> Changes | None:
     """What commit `version` of a source table changed, or None for a commit without data change."""
     uri = engine.raw.uri(spec)
     actions = read_commit(uri, version, engine.warehouse.storage_options)
@@ -84,11 +88,18 @@ def read_changes(engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, ve
     time_col = key_columns(spec)[1]
     estimate = sum(_num_records(next(iter(a.values()))) for a in data if "cdc" not in a)
     table = engine.raw.table(spec)
-    cdf = table is not None and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    cdf = (
+        table is not None
+        and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    )
     if cdf and estimate <= MAX_CDF_ROWS:
-        reader = table.load_cdf(starting_version=version, ending_version=version, columns=["entity_id", time_col])
+        reader = table.load_cdf(
+            starting_version=version, ending_version=version, columns=["entity_id", time_col]
+        )
         rows = pa.table(reader).select(["entity_id", time_col]).rename_columns(["entity_id", "ts"])
-        rows = rows.cast(pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))]))
+        rows = rows.cast(
+            pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+        )
         return Changes(version, change_source, rows=rows)
     ranges = [_file_range(engine, spec, version, next(iter(a.values())), time_col) for a in data]
     return Changes(version, change_source, ranges=ranges)
@@ -131,7 +142,9 @@ def detect(
                     jobs.append(job)
         cursors[base.name] = end
         if end < latest:
-            notes.append(f"{base.name}: read versions {cursor + 1}..{end}, {latest - end} left for next tick")
+            notes.append(
+                f"{base.name}: read versions {cursor + 1}..{end}, {latest - end} left for next tick"
+            )
     return Detection(jobs, cursors, versions_read, rows_classified, notes)
 
 
@@ -143,7 +156,9 @@ def _consumes(state: ArchiveState | None) -> bool:
     )
 
 
-def _dirty_job(dep: RollupSpec, base: str, changes: Changes, state: ArchiveState, engine: Engine) -> Job | None:
+def _dirty_job(
+    dep: RollupSpec, base: str, changes: Changes, state: ArchiveState, engine: Engine
+) -> Job | None:
     consumed = state.consumed_until
     if consumed is None:
         return None
@@ -151,7 +166,9 @@ def _dirty_job(dep: RollupSpec, base: str, changes: Changes, state: ArchiveState
     buckets: set[Window] = set()
     entities: list[str | None] = []
     if changes.rows is not None and changes.rows.num_rows:
-        retro = changes.rows.filter(pc.less(changes.rows["ts"], pa.scalar(consumed, pa.timestamp("us", tz="UTC"))))
+        retro = changes.rows.filter(
+            pc.less(changes.rows["ts"], pa.scalar(consumed, pa.timestamp("us", tz="UTC")))
+        )
         if retro.num_rows == 0:
             return None
         starts = pc.unique(retro["ts"]).to_pylist()
@@ -179,7 +196,11 @@ def _dirty_job(dep: RollupSpec, base: str, changes: Changes, state: ArchiveState
 
 
 def _file_range(
-    engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, version: int, body: dict, time_col: str
+    engine: Engine,
+    spec: RawArchiveSpec | TimeRangeArchiveSpec,
+    version: int,
+    body: dict,
+    time_col: str,
 ) -> tuple[datetime, datetime, str | None]:
     """The time range (and entity, if single) a changed file covers, from the best evidence:
     its own stats, its UTC-day partition, or its stats in the snapshot it was removed from."""
@@ -188,7 +209,10 @@ def _file_range(
         stats = _stats_before(engine, spec, version, body["path"])
     lo = stats.get("minValues", {}).get(time_col)
     hi = stats.get("maxValues", {}).get(time_col)
-    elo, ehi = stats.get("minValues", {}).get("entity_id"), stats.get("maxValues", {}).get("entity_id")
+    elo, ehi = (
+        stats.get("minValues", {}).get("entity_id"),
+        stats.get("maxValues", {}).get("entity_id"),
+    )
     entity = elo if elo is not None and elo == ehi else None
     if lo is not None and hi is not None:
         return _parse(lo), _parse(hi), entity
@@ -202,14 +226,22 @@ def _file_range(
     )
 
 
-def _stats_before(engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, version: int, path: str) -> dict:
+def _stats_before(
+    engine: Engine, spec: RawArchiveSpec | TimeRangeArchiveSpec, version: int, path: str
+) -> dict:
     table = engine.raw.table(spec, version=version - 1)
     if table is None:
         return {}
     for f in pa.table(table.get_add_actions(flatten=False)).to_pylist():
         if f["path"] == path:
-            iso = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in (f.get("min") or {}).items()}
-            iso_max = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in (f.get("max") or {}).items()}
+            iso = {
+                k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in (f.get("min") or {}).items()
+            }
+            iso_max = {
+                k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in (f.get("max") or {}).items()
+            }
             return {"minValues": iso, "maxValues": iso_max}
     return {}
 

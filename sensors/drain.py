@@ -28,7 +28,6 @@ from sensors.detection import ENTITY_SCOPE_LIMIT
 log = logging.getLogger(__name__)
 
 
-
 class RunLookup(Protocol):
     def runs_of_job(self, job_id: str) -> list[tuple[str, bool]]:
         """(run_id, finished) of every Dagster run launched for a job."""
@@ -51,7 +50,9 @@ class DrainPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan_drain(engine: Engine, states: dict[str, ArchiveState], snapshot: LedgerSnapshot, runs: RunLookup) -> DrainPlan:
+def plan_drain(
+    engine: Engine, states: dict[str, ArchiveState], snapshot: LedgerSnapshot, runs: RunLookup
+) -> DrainPlan:
     plan = DrainPlan()
     for spec in engine.catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
@@ -59,7 +60,9 @@ def plan_drain(engine: Engine, states: dict[str, ArchiveState], snapshot: Ledger
         if busy or not pending:
             continue
         if state.status is not ArchiveStatus.ACTIVATED:
-            plan.notes.append(f"{spec.name}: {len(pending)} pending job(s) wait ({state.status.value})")
+            plan.notes.append(
+                f"{spec.name}: {len(pending)} pending job(s) wait ({state.status.value})"
+            )
             continue
         _merge(engine, spec, state, pending, plan)
     return plan
@@ -89,20 +92,41 @@ def _settle(
             continue
         last_run = launched[-1][0] if launched else job.run_id
         if job.state is JobState.SWAPPING and _flipped(engine, spec, job):
-            done = job.next(state=JobState.COMPLETED, finished_at=now,
-                            windows_processed=len(engine.buckets_in(spec, list(job.windows))),
-                            error=f"completed on recovery: run {last_run} ended after the flip")
-            plan.events += [done, *engine.propagation_jobs(spec, list(job.windows), job.entities, None, states)]
+            done = job.next(
+                state=JobState.COMPLETED,
+                finished_at=now,
+                windows_processed=len(engine.buckets_in(spec, list(job.windows))),
+                error=f"completed on recovery: run {last_run} ended after the flip",
+            )
+            plan.events += [
+                done,
+                *engine.propagation_jobs(spec, list(job.windows), job.entities, None, states),
+            ]
             plan.sweeps.append(done)
-            plan.notes.append(f"{spec.name}: job {job.job_id} had flipped before its run ended; completed it")
+            plan.notes.append(
+                f"{spec.name}: job {job.job_id} had flipped before its run ended; completed it"
+            )
             continue
-        failed = job.next(state=JobState.FAILED, finished_at=now,
-                          error=job.error or f"run {last_run} ended before the job completed ({job.state.value})")
-        retry = Job(spec.name, job.trigger, job.windows, entities=job.entities, source_archive=job.source_archive,
-                    source_version=job.source_version, change_kind=job.change_kind, change_source=job.change_source)
+        failed = job.next(
+            state=JobState.FAILED,
+            finished_at=now,
+            error=job.error or f"run {last_run} ended before the job completed ({job.state.value})",
+        )
+        retry = Job(
+            spec.name,
+            job.trigger,
+            job.windows,
+            entities=job.entities,
+            source_archive=job.source_archive,
+            source_version=job.source_version,
+            change_kind=job.change_kind,
+            change_source=job.change_source,
+        )
         plan.events += [failed, retry]
         pending.append(retry)
-        plan.notes.append(f"{spec.name}: job {job.job_id} died ({job.state.value}); queued again as {retry.job_id}")
+        plan.notes.append(
+            f"{spec.name}: job {job.job_id} died ({job.state.value}); queued again as {retry.job_id}"
+        )
     return pending, busy
 
 
@@ -113,7 +137,9 @@ def _flipped(engine: Engine, spec: RollupSpec, job: Job) -> bool:
     return bool(pc.any(pc.equal(pointers["job_id"], job.job_id)).as_py())
 
 
-def _merge(engine: Engine, spec: RollupSpec, state: ArchiveState, pending: list[Job], plan: DrainPlan) -> None:
+def _merge(
+    engine: Engine, spec: RollupSpec, state: ArchiveState, pending: list[Job], plan: DrainPlan
+) -> None:
     mark = state.watermark
     ready_by_job: dict[str, list[Window]] = {}
     waiting_by_job: dict[str, list[Window]] = {}
@@ -126,16 +152,27 @@ def _merge(engine: Engine, spec: RollupSpec, state: ArchiveState, pending: list[
         # Manual work past the watermark is a no-op; automatic work there waits for it.
         waiting_by_job[job.job_id] = frozen + (later if job.trigger is not Trigger.MANUAL else [])
         if job.trigger is Trigger.MANUAL and later and not below and not frozen:
-            plan.events.append(job.next(state=JobState.COMPLETED, windows_processed=0, rows_processed=0,
-                                        finished_at=datetime.now(UTC), error=None))
-            plan.notes.append(f"{spec.name}: manual job {job.job_id} covers only open/unaggregated buckets: no-op")
+            plan.events.append(
+                job.next(
+                    state=JobState.COMPLETED,
+                    windows_processed=0,
+                    rows_processed=0,
+                    finished_at=datetime.now(UTC),
+                    error=None,
+                )
+            )
+            plan.notes.append(
+                f"{spec.name}: manual job {job.job_id} covers only open/unaggregated buckets: no-op"
+            )
             ready_by_job[job.job_id] = []
     contributors = [j for j in pending if ready_by_job[j.job_id]]
     if not contributors:
         return
     if len(contributors) == 1 and not waiting_by_job[contributors[0].job_id]:
         job = contributors[0]
-        plan.launches.append(Launch(spec.name, "recompute", job.trigger, ready_by_job[job.job_id], job.job_id))
+        plan.launches.append(
+            Launch(spec.name, "recompute", job.trigger, ready_by_job[job.job_id], job.job_id)
+        )
         return
     first = contributors[0]
     buckets = sorted({w for j in contributors for w in ready_by_job[j.job_id]})
@@ -144,16 +181,28 @@ def _merge(engine: Engine, spec: RollupSpec, state: ArchiveState, pending: list[
     if all(s is not None for s in scopes):
         union = frozenset().union(*scopes)  # type: ignore[arg-type]
         entities = union if len(union) <= ENTITY_SCOPE_LIMIT else None
-    merged = Job(spec.name, first.trigger, tuple(buckets), entities=entities, source_archive=first.source_archive,
-                 source_version=first.source_version, change_kind=first.change_kind,
-                 change_source=first.change_source)
+    merged = Job(
+        spec.name,
+        first.trigger,
+        tuple(buckets),
+        entities=entities,
+        source_archive=first.source_archive,
+        source_version=first.source_version,
+        change_kind=first.change_kind,
+        change_source=first.change_source,
+    )
     plan.events.append(merged)
     for job in contributors:
         rest = waiting_by_job[job.job_id]
         if rest:
             plan.events.append(job.next(windows=tuple(rest)))
         else:
-            plan.events.append(job.next(state=JobState.COALESCED, coalesced_into=merged.job_id,
-                                        finished_at=datetime.now(UTC)))
+            plan.events.append(
+                job.next(
+                    state=JobState.COALESCED,
+                    coalesced_into=merged.job_id,
+                    finished_at=datetime.now(UTC),
+                )
+            )
     plan.launches.append(Launch(spec.name, "recompute", merged.trigger, buckets, merged.job_id))
     plan.notes.append(f"{spec.name}: coalesced {len(contributors)} job(s) into {merged.job_id}")

@@ -48,11 +48,15 @@ def plan_forward(
     return launches
 
 
-def _source_changed(engine: Engine, spec: RollupSpec, snapshot: LedgerSnapshot, open_start: datetime) -> bool:
+def _source_changed(
+    engine: Engine, spec: RollupSpec, snapshot: LedgerSnapshot, open_start: datetime
+) -> bool:
     done = [
         j
         for j in snapshot.for_rollup(spec.name)
-        if j.trigger in (Trigger.FORWARD, Trigger.OPEN_BUCKET) and j.state is JobState.COMPLETED and j.windows
+        if j.trigger in (Trigger.FORWARD, Trigger.OPEN_BUCKET)
+        and j.state is JobState.COMPLETED
+        and j.windows
     ]
     if not done:
         return True

@@ -1,0 +1,136 @@
+"""Shared fixtures: one Spark session per test session, and an isolated warehouse + Dagster home."""
+
+import os
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from resources.ledger import ChangeSource
+from resources.warehouse import Warehouse
+from resources.warehouse_resource import WarehouseResource
+from rollup_assets.definitions import build_definitions
+from rollup_assets.engine import Engine
+from rollup_assets.instance import ensure_pools
+from rollup_assets.operations import Operations
+from rollup_assets.partitions import Window, first_bucket_start, key_range_for, partitions_def_for
+from rollup_assets.query import query_arrow
+from rollup_assets.runner import execute, partition_range_tags, tick_until_quiet
+from rollup_assets.specs import Catalog, load_catalog
+from tests.oracle import raw_frame
+
+TESTS = Path(__file__).parent
+os.environ.setdefault("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(TESTS).parts
+        tier = parts[0] if len(parts) > 1 else ""
+        if tier in ("spark", "integration", "system"):
+            item.add_marker(getattr(pytest.mark, tier))
+        if tier in ("integration", "system"):
+            item.add_marker(pytest.mark.spark)
+        if "soak" in item.keywords and "soak" not in config.getoption("-m", default=""):
+            item.add_marker(pytest.mark.skip(reason="soak variant: run with `make soak`"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from resources.spark import build_session
+
+    session = build_session(
+        master="local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.ui.enabled": "false",
+        },
+    )
+    yield session
+    session.stop()
+
+
+@dataclass
+class World:
+    """An isolated installation: warehouse, Dagster instance, definitions and engine."""
+
+    root: Path
+    catalog: Catalog
+    engine: Engine
+    defs: dg.Definitions
+    instance: dg.DagsterInstance
+
+    @property
+    def ops(self) -> Operations:
+        return Operations(self.engine, actor="test")
+
+    def ingest(self, table: pa.Table, archive: str = "energy_raw", source: str = "Pipeline") -> int:
+        path = self.root / f"batch-{datetime.now().timestamp()}.parquet"
+        pq.write_table(table, path)
+        return self.engine.raw.ingest(
+            self.catalog.archive(archive), path, ChangeSource(source)
+        ).version
+
+    def activate_all(self, now: datetime) -> None:
+        for name in self.catalog.names():
+            self.ops.activate(name, now=now)
+
+    def materialize(self, rollup: str, start_key: str, end_key: str, config: dict | None = None):
+        run = execute(
+            self.defs,
+            self.instance,
+            f"{rollup}_job",
+            partition_range_tags(start_key, end_key),
+            config,
+        )
+        assert run is not None
+        return run
+
+    def backfill(self, spans: list[Window] | None = None, rollup: str = "energy_hourly") -> list:
+        """Materialize the closed partitions of `rollup` (within `spans`, default: all), then let
+        chain propagation bring every level above up to date."""
+        spec = self.catalog.rollup(rollup)
+        mark = self.engine.states.get(rollup).watermark
+        for span in spans or [Window(first_bucket_start(spec), mark)]:
+            buckets = [w for w in self.engine.buckets_in(spec, [span]) if w.end <= mark]
+            keys = key_range_for(partitions_def_for(spec), buckets)
+            run = self.materialize(rollup, keys.start, keys.end)
+            assert run.success, run.error
+        return self.tick(sensors=("retroactive_write_sensor",))
+
+    def tick(self, now: datetime | None = None, sensors: tuple[str, ...] | None = None) -> list:
+        kwargs = {"sensors": sensors} if sensors else {}
+        reports = tick_until_quiet(self.defs, self.instance, now, **kwargs)
+        failed = [r for rep in reports for r in rep.runs if not r.success]
+        assert not failed, [f"{r.job_name}: {r.error}" for r in failed]
+        return reports
+
+    def query(self, archive: str, **kw) -> pa.Table:
+        return query_arrow(self.engine, archive, **kw)
+
+    def raw(self) -> pd.DataFrame:
+        return raw_frame(self.engine.raw.read_arrow(self.catalog.raw["energy_raw"]))
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> World:
+    wh = tmp_path / "warehouse"
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(wh))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    catalog = load_catalog()
+    defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        ensure_pools(instance, catalog)
+        yield World(tmp_path, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
+
+
+def days(first: date, n: int) -> list[date]:
+    return [date.fromordinal(first.toordinal() + i) for i in range(n)]
