@@ -86,15 +86,17 @@ def execute(
     error = None
     if not result.success:
         failures = [e for e in result.all_events if e.is_step_failure or e.is_failure]
-        error = next(
-            (
-                str(e.event_specific_data.error.message).strip()
-                for e in failures
-                if getattr(e.event_specific_data, "error", None)
-            ),
-            "run failed",
-        )
+        infos = [getattr(e.event_specific_data, "error", None) for e in failures]
+        error = next((_root_cause(i) for i in infos if i is not None), "run failed")
     return RunReport(job_name, result.run_id, result.success, tags, error)
+
+
+def _root_cause(info) -> str:  # noqa: ANN001 - dagster SerializableErrorInfo
+    """The innermost error of a Dagster error chain, as 'Type: message'."""
+    while getattr(info, "cause", None) is not None:
+        info = info.cause
+    message = info.message.strip().split(": ", 1)[-1] if info.cls_name else info.message.strip()
+    return f"{info.cls_name}: {message}" if info.cls_name else message
 
 
 def tick(
