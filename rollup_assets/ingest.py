@@ -7,7 +7,8 @@ reason. Conversion is streamed in chunks, so a large file is never held several 
 Rules: required columns present and non-null; values convertible to the declared type; no NaN
 in required columns (NaN in an optional double column means "missing" and becomes null); no
 infinities; timestamps parseable (ISO-8601 strings or timestamp columns; naive means UTC, offsets
-are converted); no duplicate keys inside one batch; no columns the spec does not declare.
+are converted) and within years 1 to 9999 in UTC; no duplicate keys inside one batch; no columns
+the spec does not declare, none twice. In a CSV file only an empty cell is missing ("NA" is text).
 """
 
 import datetime as dt
@@ -44,6 +45,9 @@ _OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
 _TRUE = {"true", "t", "1", "yes"}
 _FALSE = {"false", "f", "0", "no"}
 CHUNK_ROWS = 262_144
+# The instants Python, Spark and Delta readers can all represent.
+_MIN_TS = pa.scalar(dt.datetime(1, 1, 1, tzinfo=dt.UTC), TS)
+_MAX_TS = pa.scalar(dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC), TS)
 
 
 def key_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> list[str]:
@@ -101,6 +105,9 @@ class BatchReader:
                     read_options=pcsv.ReadOptions(block_size=1 << 24),
                     convert_options=pcsv.ConvertOptions(
                         column_types=dict.fromkeys(self._csv_header(), pa.string()),
+                        # Only an empty cell is missing: Arrow's default list would turn text
+                        # such as "NA" or "null" into nulls, and "NaN" must reach the NaN check.
+                        null_values=[""],
                         strings_can_be_null=True,
                     ),
                 )
@@ -123,6 +130,11 @@ class BatchReader:
     # -- conversion --------------------------------------------------------------------------
 
     def _check_columns(self, names: list[str]) -> None:
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise IngestValidationError(
+                self.spec.name, None, f"column(s) {twice} appear more than once in the header"
+            )
         declared = {c.name for c in self.spec.columns} | set(key_columns(self.spec))
         unknown = [n for n in names if n not in declared]
         if unknown:
@@ -143,6 +155,9 @@ class BatchReader:
 
     def _convert(self, chunk: pa.Table, offset: int) -> pa.Table:
         self._check_columns(chunk.column_names)
+        for i, f in enumerate(chunk.schema):
+            if pa.types.is_dictionary(f.type):  # e.g. a pandas categorical: decode it
+                chunk = chunk.set_column(i, f.name, pc.cast(chunk[i], f.type.value_type))
         n = chunk.num_rows
         out: dict[str, pa.Array | pa.ChunkedArray] = {}
         out[ENTITY_COLUMN] = self._entity(chunk[ENTITY_COLUMN], offset)
@@ -184,33 +199,48 @@ class BatchReader:
 
     def _timestamp(self, name: str, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
         self._fail_first(pc.is_null(col), offset, f"{name} is null")
+        if pa.types.is_date(col.type):
+            col = pc.cast(pc.cast(col, pa.date32()), pa.timestamp("s"))
         if pa.types.is_timestamp(col.type):
             if col.type.tz is None:
-                return pc.assume_timezone(pc.cast(col, pa.timestamp("us")), "UTC")
-            return pc.cast(col, TS)
-        if pa.types.is_date(col.type):
-            return pc.assume_timezone(pc.cast(pc.cast(col, pa.date32()), pa.timestamp("us")), "UTC")
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+                out = pc.assume_timezone(
+                    self._instant(name, col, pa.timestamp("us"), offset), "UTC"
+                )
+            else:
+                out = self._instant(name, col, TS, offset)
+        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+            has_offset = pc.match_substring_regex(text, _OFFSET)
+            aware = self._instant(name, pc.if_else(has_offset, text, None), TS, offset)
+            naive = self._instant(
+                name, pc.if_else(has_offset, None, text), pa.timestamp("us"), offset
+            )
+            out = pc.if_else(has_offset, aware, pc.assume_timezone(naive, "UTC"))
+        else:
             raise IngestValidationError(
                 self.spec.name,
                 0,
                 f"{name} must be a timestamp or an ISO-8601 string, not {col.type}",
             )
-        text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
-        has_offset = pc.match_substring_regex(text, _OFFSET)
+        outside = pc.or_(pc.less(out, _MIN_TS), pc.greater(out, _MAX_TS))
+        self._fail_first(outside, offset, f"{name} is outside years 1 to 9999 (UTC)")
+        return out
+
+    def _instant(
+        self, name: str, col: pa.ChunkedArray, target: pa.DataType, offset: int
+    ) -> pa.ChunkedArray:
+        """`col` cast to a microsecond timestamp; the first value that does not fit is an error."""
         try:
-            aware = pc.cast(pc.if_else(has_offset, text, None), TS)
-            naive = pc.assume_timezone(
-                pc.cast(pc.if_else(has_offset, None, text), pa.timestamp("us")), "UTC"
-            )
-            return pc.if_else(has_offset, aware, naive)
+            return pc.cast(col, target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            for i, value in enumerate(text.to_pylist()):
-                if not _parses_as_instant(value):
-                    raise IngestValidationError(
-                        self.spec.name, offset + i, f"{name} {value!r} is not an ISO-8601 timestamp"
-                    ) from None
-            raise
+            pass
+        i = _first_uncastable(col, target)
+        shown = pc.cast(col.slice(i, 1), pa.string())[0].as_py()
+        if pa.types.is_string(col.type):
+            reason = f"{name} {shown!r} is not an ISO-8601 timestamp (e.g. 2025-01-01T00:15:00Z)"
+        else:
+            reason = f"{name} {shown} does not fit a UTC timestamp in microseconds"
+        raise IngestValidationError(self.spec.name, offset + i, reason)
 
     def _value(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
         target = ARROW_TYPES[c.type]
@@ -263,9 +293,10 @@ class BatchReader:
                 kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(
                     c.type, c.type.value
                 )
-                raise IngestValidationError(
-                    self.spec.name, offset + i, f"{c.name} value {value!r} is not {kind}"
-                ) from None
+                reason = f"{c.name} value {value!r} is not {kind}"
+                if not pa.types.is_string(src):
+                    reason = f"{c.name} value {value!r} does not fit {c.type.value} exactly"
+                raise IngestValidationError(self.spec.name, offset + i, reason) from None
         raise IngestValidationError(
             self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}"
         )
@@ -279,12 +310,12 @@ class BatchReader:
         lo = hi = None
         days: set[dt.date] = set()
         for chunk in self._raw_chunks():
-            t = self._convert(chunk, offset)
+            try:
+                t = self._convert(chunk, offset)
+            except IngestValidationError as err:
+                raise self._first_offence(err, chunk, offset, keys) from None
             time_col = key_columns(self.spec)[1]
-            k = t.select(key_columns(self.spec))
-            keys.append(
-                k.append_column("__row", pa.array(range(offset, offset + t.num_rows), pa.int64()))
-            )
+            keys.append(self._keys(t, offset))
             if t.num_rows:
                 a, b = pc.min_max(t[time_col]).values()
                 lo = a.as_py() if lo is None else min(lo, a.as_py())
@@ -294,21 +325,41 @@ class BatchReader:
         if offset == 0 or lo is None or hi is None:
             raise IngestValidationError(self.spec.name, None, f"{self.path.name} holds no rows")
         allkeys = pa.concat_tables(keys)
-        names = key_columns(self.spec)
-        ordered = allkeys.sort_by([(c, "ascending") for c in [*names, "__row"]])
-        same = None
-        for c in names:
-            col = ordered[c]
-            eq = pc.equal(col.slice(1), col.slice(0, len(col) - 1))
-            same = eq if same is None else pc.and_(same, eq)
-        if same is not None and len(ordered) > 1 and pc.any(same).as_py():
-            dup_rows = pc.filter(ordered["__row"].slice(1), same)
-            first = pc.min(dup_rows).as_py()
-            raise IngestValidationError(
-                self.spec.name, first, "duplicate key (entity_id, time) within the batch"
-            )
+        first = _first_duplicate(allkeys, key_columns(self.spec))
+        if first is not None:
+            raise self._duplicate(first)
         entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
         return BatchSummary(offset, lo, hi, sorted(days), entities)
+
+    def _keys(self, t: pa.Table, offset: int) -> pa.Table:
+        rows = pa.array(range(offset, offset + t.num_rows), pa.int64())
+        return t.select(key_columns(self.spec)).append_column("__row", rows)
+
+    def _duplicate(self, row: int) -> IngestValidationError:
+        return IngestValidationError(
+            self.spec.name, row, "duplicate key (entity_id, time) within the batch"
+        )
+
+    def _first_offence(
+        self, err: IngestValidationError, chunk: pa.Table, offset: int, keys: list[pa.Table]
+    ) -> IngestValidationError:
+        """The error of the first offending row of the batch, given `err` from `chunk`.
+
+        Checks run column by column, so a later check can flag an earlier row: re-check the rows
+        before `err` until they pass, then look for a duplicate key among them.
+        """
+        while err.row is not None and err.row > offset:
+            try:
+                prefix = self._convert(chunk.slice(0, err.row - offset), offset)
+            except IngestValidationError as earlier:
+                err = earlier
+                continue
+            keys = [*keys, self._keys(prefix, offset)]
+            break
+        if err.row is None or not keys:
+            return err
+        dup = _first_duplicate(pa.concat_tables(keys), key_columns(self.spec))
+        return self._duplicate(dup) if dup is not None and dup < err.row else err
 
     def chunks(self) -> Iterator[pa.RecordBatch]:
         """Second pass: the converted rows, chunk by chunk (call `validate()` first)."""
@@ -319,11 +370,29 @@ class BatchReader:
             yield from t.to_batches()
 
 
-def _parses_as_instant(value: str | None) -> bool:
-    if value is None:
-        return False
-    try:
-        dt.datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
-        return True
-    except ValueError:
-        return False
+def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:
+    """Index of the first value of `col` that does not cast to `target` (one must exist)."""
+    lo, hi = 0, len(col)  # col[:lo] casts, col[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pc.cast(col.slice(0, mid), target)
+            lo = mid
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            hi = mid
+    return lo
+
+
+def _first_duplicate(keys: pa.Table, names: list[str]) -> int | None:
+    """The smallest `__row` whose key an earlier row of `keys` already has, if any."""
+    if keys.num_rows < 2:
+        return None
+    ordered = keys.sort_by([(c, "ascending") for c in [*names, "__row"]])
+    same = None
+    for c in names:
+        col = ordered[c]
+        eq = pc.equal(col.slice(1), col.slice(0, len(col) - 1))
+        same = eq if same is None else pc.and_(same, eq)
+    if same is None or not pc.any(same).as_py():
+        return None
+    return pc.min(pc.filter(ordered["__row"].slice(1), same)).as_py()
