@@ -298,10 +298,32 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     except OSError as exc:
         raise SpecError(str(p), "readable spec file", f"cannot read spec file: {exc}") from exc
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
     return parse_catalog(doc or {}, origin=str(p))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (YAML requires unique keys;
+    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name).
+    Keys merged in with `<<:` may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
@@ -439,7 +461,7 @@ def _parse_rollup(name: str, body: Any) -> RollupSpec:
         source=str(b["source"]),
         alignment=alignment,
         size=_duration(name, "size", b["size"]) if b.get("size") is not None else None,
-        reference_time_zone=str(b.get("reference_time_zone") or "UTC"),
+        reference_time_zone=str(b.get("reference_time_zone", "UTC")),
         watermark_lag=_duration(name, "watermark_lag", b.get("watermark_lag", "0s")),
         refresh_open_bucket=refresh,
         start=_start(name, b.get("start")),

@@ -1,0 +1,589 @@
+"""Spec loading and validation: the shipped spec loads, and every rule rejects a spec breaking it.
+
+Every rejection must name the archive at fault and the rule it breaks, in the exception's fields
+and in its message.
+"""
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rollup_assets.errors import SpecError
+from rollup_assets.specs import (
+    DEFAULT_SPECS,
+    AggregateFunction,
+    Alignment,
+    Catalog,
+    ColumnType,
+    load_catalog,
+    parse_catalog,
+    specs_path,
+)
+
+OUTPUTS = ("energy_kwh_sum", "energy_kwh_count", "power_kw_avg", "voltage_v_min", "voltage_v_max")
+
+
+def raw_archives() -> dict[str, Any]:
+    return {
+        "meter": {
+            "columns": {
+                "kwh": {"type": "double", "required": True},
+                "pulses": "long",
+                "label": "string",
+                "online": "boolean",
+            }
+        }
+    }
+
+
+def agg(column: str = "kwh", function: str = "Sum", **extra: str) -> dict[str, str]:
+    return {"column": column, "function": function, **extra}
+
+
+def rollup(
+    source: str = "meter",
+    alignment: str = "FixedSize",
+    size: str | None = "1h",
+    zone: str = "Europe/Vienna",
+    start: str | None = "2024-01-01",
+    aggregations: list[dict[str, str]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "source": source,
+        "alignment": alignment,
+        "reference_time_zone": zone,
+        "aggregations": aggregations or [agg(), agg(function="Count")],
+        **extra,
+    }
+    if size is not None:
+        body["size"] = size
+    if start is not None:
+        body["start"] = start
+    return body
+
+
+def level(source: str, alignment: str, **kw: Any) -> dict[str, Any]:
+    """A rollup above another rollup: no size, start inherited."""
+    return rollup(source, alignment, **{"size": None, "start": None, **kw})
+
+
+def catalog(**rollups: dict[str, Any]) -> dict[str, Any]:
+    return {"raw_archives": raw_archives(), "rollups": rollups}
+
+
+def chain(**extra: dict[str, Any]) -> dict[str, Any]:
+    """hourly -> daily -> weekly / monthly -> yearly in Vienna, plus `extra` rollups."""
+    return catalog(
+        hourly=rollup(),
+        daily=level("hourly", "CalendarDay"),
+        weekly=level("daily", "Iso8601Week"),
+        monthly=level("daily", "CalendarMonth"),
+        yearly=level("monthly", "CalendarYear"),
+        **extra,
+    )
+
+
+def rejected(doc: dict[str, Any], archive: str, rule: str, *fragments: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    err = info.value
+    assert (err.archive, err.rule) == (archive, rule), str(err)
+    assert f"'{archive}'" in str(err) and f"[{rule}]" in str(err)
+    for fragment in fragments:
+        assert fragment in str(err)
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped spec
+
+
+def test_shipped_spec_loads_the_energy_chain() -> None:
+    cat = load_catalog(DEFAULT_SPECS)
+    assert list(cat.raw) == ["energy_raw"]
+    raw = cat.raw["energy_raw"]
+    assert [(c.name, c.type, c.required) for c in raw.columns] == [
+        ("energy_kwh", ColumnType.DOUBLE, True),
+        ("power_kw", ColumnType.DOUBLE, False),
+        ("voltage_v", ColumnType.DOUBLE, False),
+    ]
+    expected = {
+        "energy_hourly": ("energy_raw", Alignment.FIXED_SIZE, timedelta(hours=1)),
+        "energy_daily": ("energy_hourly", Alignment.CALENDAR_DAY, None),
+        "energy_weekly": ("energy_daily", Alignment.ISO8601_WEEK, None),
+        "energy_monthly": ("energy_daily", Alignment.CALENDAR_MONTH, None),
+        "energy_yearly": ("energy_monthly", Alignment.CALENDAR_YEAR, None),
+    }
+    assert len(cat.rollups) == 5
+    assert {n: (r.source, r.alignment, r.size) for n, r in cat.rollups.items()} == expected
+    for r in cat.rollups.values():
+        assert r.output_names == OUTPUTS
+        assert r.reference_time_zone == "Europe/Vienna"
+        assert r.start == datetime(2024, 1, 1)
+        assert r.watermark_lag == timedelta(minutes=5)
+        assert r.refresh_open_bucket is True
+        assert [a.function for a in r.aggregations] == [
+            AggregateFunction.SUM,
+            AggregateFunction.COUNT,
+            AggregateFunction.AVG,
+            AggregateFunction.MIN,
+            AggregateFunction.MAX,
+        ]
+    # Rollups come in dependency order, sources first.
+    names = list(cat.rollups)
+    for r in cat.rollups.values():
+        if r.source in cat.rollups:
+            assert names.index(r.source) < names.index(r.name)
+    assert cat.chain_root("energy_yearly").name == "energy_hourly"
+    assert cat.base_source("energy_weekly").name == "energy_raw"
+
+
+def test_shipped_spec_stores_avg_as_sum_and_count() -> None:
+    hourly = load_catalog(DEFAULT_SPECS).rollups["energy_hourly"]
+    assert [(s.name, s.partial, s.type) for s in hourly.stored_columns] == [
+        ("energy_kwh_sum", "sum", ColumnType.DOUBLE),
+        ("energy_kwh_count", "count", ColumnType.LONG),
+        ("power_kw_avg__sum", "sum", ColumnType.DOUBLE),
+        ("power_kw_avg__count", "count", ColumnType.LONG),
+        ("voltage_v_min", "min", ColumnType.DOUBLE),
+        ("voltage_v_max", "max", ColumnType.DOUBLE),
+    ]
+
+
+def test_rollups_specs_env_var_points_to_another_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(catalog(hourly=rollup(zone="UTC"))))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(other))
+    assert specs_path() == other
+    cat = load_catalog()
+    assert cat.origin == str(other)
+    assert list(cat.rollups) == ["hourly"] and list(cat.raw) == ["meter"]
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(catalog(hourly=rollup(source="nowhere"))))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(broken))
+    with pytest.raises(SpecError) as info:
+        load_catalog()
+    assert (info.value.archive, info.value.rule) == ("hourly", "known source")
+
+    monkeypatch.delenv("ROLLUPS_SPECS")
+    assert specs_path() == DEFAULT_SPECS
+    assert "energy_hourly" in load_catalog().rollups
+
+
+# ---------------------------------------------------------------------------------------------
+# Valid edge cases
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(catalog(q=rollup(size="15m")), id="15m-in-vienna"),
+        pytest.param(catalog(q=rollup(size="PT15M")), id="iso-duration"),
+        pytest.param(catalog(h=rollup(size="2h", zone="UTC")), id="2h-in-utc"),
+        pytest.param(catalog(h=rollup(size="1d", zone="UTC")), id="1d-in-utc"),
+        pytest.param(catalog(h=rollup(size="30m", zone="Asia/Kolkata")), id="30m-in-kolkata"),
+        pytest.param(catalog(h=rollup(size="15m", zone="Asia/Kathmandu")), id="15m-in-kathmandu"),
+        pytest.param(
+            catalog(h=rollup(size="30m", zone="Australia/Lord_Howe")), id="30m-dst-lord-howe"
+        ),
+        pytest.param(chain(), id="week-over-day-year-over-month"),
+        pytest.param(
+            catalog(h=rollup(), y=level("h", "CalendarYear"), m=level("h", "CalendarMonth")),
+            id="year-and-month-over-hours",
+        ),
+        pytest.param(
+            catalog(
+                h=rollup(zone="UTC"), h2=rollup("h", size="2h", zone="UTC", start="2024-06-01")
+            ),
+            id="2h-over-1h-later-start",
+        ),
+        pytest.param(catalog(d=rollup(alignment="CalendarDay", size=None)), id="day-over-raw"),
+        pytest.param(chain(weekly2=level("weekly", "Iso8601Week")), id="week-over-week"),
+        pytest.param(
+            catalog(h=rollup(aggregations=[agg("label", "Count"), agg("online", "Count")])),
+            id="count-of-string-and-boolean",
+        ),
+        pytest.param(
+            catalog(h=rollup(aggregations=[agg("pulses", f) for f in ("Sum", "Min", "Avg")])),
+            id="long-column",
+        ),
+        pytest.param(
+            catalog(
+                h=rollup(aggregations=[agg(function="Avg")]),
+                d=level("h", "CalendarDay", aggregations=[agg(function="Count")]),
+            ),
+            id="count-from-avg-partials",
+        ),
+        pytest.param(
+            catalog(h=rollup(aggregations=[agg(target="total"), agg(function="Max")])), id="target"
+        ),
+        pytest.param(catalog(h=rollup(start="2024-01-01T00:30:00")), id="start-mid-bucket"),
+        pytest.param({"raw_archives": raw_archives()}, id="no-rollups"),
+    ],
+)
+def test_valid_specs_load(doc: dict[str, Any]) -> None:
+    cat = parse_catalog(doc)
+    assert isinstance(cat, Catalog)
+    assert list(cat.raw) == ["meter"]
+    assert set(cat.rollups) == set(doc.get("rollups", {}))
+
+
+def test_rollup_over_a_time_range_archive_with_a_period() -> None:
+    doc = {
+        "time_range_archives": {
+            "tariff": {"period": "15m", "columns": {"price": {"type": "double", "required": True}}}
+        },
+        "rollups": {
+            "tariff_hourly": rollup("tariff", aggregations=[agg("price", "Avg")]),
+            "tariff_daily": level(
+                "tariff_hourly", "CalendarDay", aggregations=[agg("price", "Avg")]
+            ),
+        },
+    }
+    cat = parse_catalog(doc)
+    assert cat.time_range["tariff"].period == timedelta(minutes=15)
+    assert cat.base_source("tariff_daily").name == "tariff"
+    assert cat.rollups["tariff_daily"].output_names == ("price_avg",)
+
+
+def test_levels_inherit_the_chain_start_and_keep_a_later_one() -> None:
+    doc = chain(later=level("daily", "CalendarMonth", start="2024-03-01"))
+    cat = parse_catalog(doc)
+    assert {r.start for n, r in cat.rollups.items() if n != "later"} == {datetime(2024, 1, 1)}
+    assert cat.rollups["later"].start == datetime(2024, 3, 1)
+
+
+def test_missing_zone_means_utc() -> None:
+    body = rollup()
+    del body["reference_time_zone"]
+    assert parse_catalog(catalog(h=body)).rollups["h"].reference_time_zone == "UTC"
+
+
+# ---------------------------------------------------------------------------------------------
+# One failing spec per rule
+
+
+def test_unknown_source() -> None:
+    rejected(catalog(h=rollup(source="missing")), "h", "known source", "'missing'")
+
+
+def test_unknown_column() -> None:
+    rejected(catalog(h=rollup(aggregations=[agg("kw")])), "h", "known column", "'kw'")
+
+
+def test_column_the_source_rollup_does_not_aggregate() -> None:
+    doc = catalog(h=rollup(), d=level("h", "CalendarDay", aggregations=[agg(function="Max")]))
+    rejected(doc, "d", "known column", "Max(kwh)")
+
+
+def test_aggregating_the_entity_or_time_column_is_unknown() -> None:
+    rejected(catalog(h=rollup(aggregations=[agg("ts", "Count")])), "h", "known column")
+
+
+def test_self_source_is_a_cycle() -> None:
+    rejected(catalog(h=rollup(source="h")), "h", "no cycles", "h -> h")
+
+
+def test_longer_cycle() -> None:
+    doc = catalog(
+        a=level("c", "CalendarDay"), b=level("a", "CalendarDay"), c=level("b", "CalendarDay")
+    )
+    rejected(doc, "a", "no cycles", "a -> c -> b -> a")
+
+
+def test_cycle_hanging_off_a_valid_chain() -> None:
+    doc = catalog(h=rollup(), d=level("h", "CalendarDay"), x=level("y", "CalendarDay"))
+    doc["rollups"]["y"] = level("x", "CalendarDay")
+    rejected(doc, "x", "no cycles", "x -> y -> x")
+
+
+@pytest.mark.parametrize(
+    ("doc", "archive", "fragment"),
+    [
+        pytest.param(catalog(h=rollup(), q=rollup("h", size="15m")), "q", "finer", id="finer"),
+        pytest.param(
+            catalog(h=rollup(size="2h", zone="UTC"), q=rollup("h", size="3h", zone="UTC")),
+            "q",
+            "not an integer multiple",
+            id="not-a-multiple",
+        ),
+        pytest.param(
+            chain(m2=level("weekly", "CalendarMonth")), "m2", "ISO weeks", id="week-month"
+        ),
+        pytest.param(chain(y2=level("weekly", "CalendarYear")), "y2", "ISO weeks", id="week-year"),
+        pytest.param(chain(d2=level("monthly", "CalendarDay")), "d2", "finer", id="day-over-month"),
+        pytest.param(chain(w2=level("monthly", "Iso8601Week")), "w2", "finer", id="week-month"),
+        pytest.param(chain(m2=level("yearly", "CalendarMonth")), "m2", "finer", id="month-year"),
+        pytest.param(
+            chain(f=rollup("daily", size="1h", start=None)), "f", "length varies", id="fixed-day"
+        ),
+        pytest.param(
+            {
+                "time_range_archives": {"t": {"period": "7m", "columns": {"x": "double"}}},
+                "rollups": {"h": rollup("t", aggregations=[agg("x")])},
+            },
+            "h",
+            "not an integer multiple",
+            id="hour-over-7m-ranges",
+        ),
+        pytest.param(
+            {
+                "time_range_archives": {"t": {"period": "1d", "columns": {"x": "double"}}},
+                "rollups": {"d": rollup("t", "CalendarDay", size=None, aggregations=[agg("x")])},
+            },
+            "d",
+            "local midnight in Europe/Vienna",
+            id="vienna-day-over-utc-days",
+        ),
+    ],
+)
+def test_bucket_that_does_not_nest_in_its_source(
+    doc: dict[str, Any], archive: str, fragment: str
+) -> None:
+    rejected(doc, archive, "bucket nests in source", fragment)
+
+
+@pytest.mark.parametrize(
+    ("size", "zone", "offset"),
+    [
+        ("2h", "Europe/Vienna", "1:00:00"),
+        ("1h", "Asia/Kolkata", "5:30:00"),
+        ("30m", "Asia/Kathmandu", "5:45:00"),
+        ("1h", "Australia/Lord_Howe", "10:30:00"),  # half-hour DST
+        ("1d", "Europe/Vienna", "1:00:00"),
+        ("3h", "America/New_York", "-1 day, 19:00:00"),
+    ],
+)
+def test_fixed_size_not_offset_invariant_in_the_zone(size: str, zone: str, offset: str) -> None:
+    rejected(
+        catalog(h=rollup(size=size, zone=zone)), "h", "offset-invariant FixedSize", zone, offset
+    )
+
+
+@pytest.mark.parametrize("size", ["2d", "25h", "1w"])
+def test_fixed_size_longer_than_a_day(size: str) -> None:
+    rejected(catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size", "longer than a day")
+
+
+@pytest.mark.parametrize("size", ["7m", "45m", "90m", "5h", "7h", "30s", "0s", "90s"])
+def test_fixed_size_must_divide_an_hour_or_a_day(size: str) -> None:
+    rejected(catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size")
+
+
+def test_fixed_size_needs_a_size() -> None:
+    rejected(catalog(h=rollup(size=None)), "h", "FixedSize needs size")
+
+
+def test_size_only_applies_to_fixed_size() -> None:
+    rejected(chain(d2=level("hourly", "CalendarDay", size="1d")), "d2", "size", "only applies")
+
+
+def test_zones_differ_along_one_chain() -> None:
+    doc = chain()
+    doc["rollups"]["monthly"]["reference_time_zone"] = "Europe/Berlin"  # same offsets, still no
+    rejected(doc, "monthly", "one zone per chain", "Europe/Berlin", "'daily'")
+
+
+@pytest.mark.parametrize("function", ["Sum", "Min", "Max", "Avg"])
+@pytest.mark.parametrize("column", ["label", "online"])
+def test_aggregation_on_a_non_numeric_column(column: str, function: str) -> None:
+    doc = catalog(h=rollup(aggregations=[agg(column, function)]))
+    rejected(doc, "h", "numeric aggregation", f"{function}({column})", "only Count")
+
+
+@pytest.mark.parametrize(
+    "aggregations",
+    [
+        [agg(), agg()],
+        [agg(target="x"), agg(function="Max", target="x")],
+        [agg(function="Count"), agg("pulses", target="kwh_count")],
+        [agg(function="Avg"), agg(function="Min", target="KWH_AVG".lower())],
+    ],
+    ids=["same-twice", "same-target", "target-equals-default", "target-equals-avg"],
+)
+def test_duplicate_target_names(aggregations: list[dict[str, str]]) -> None:
+    rejected(catalog(h=rollup(aggregations=aggregations)), "h", "unique target names")
+
+
+@pytest.mark.parametrize("target", ["bucket_start", "entity_id", "Total", "a__b", "1st", "a b"])
+def test_unusable_target_names(target: str) -> None:
+    doc = catalog(h=rollup(aggregations=[agg(target=target)]))
+    rejected(doc, "h", "target name", repr(target))
+
+
+@pytest.mark.parametrize("name", ["Hourly", "energy-hourly", "a__b", "9lives", "x" * 64])
+def test_bad_archive_names(name: str) -> None:
+    rejected(catalog(**{name: rollup()}), name, "archive name")
+
+
+def test_raw_and_rollup_names_are_unique() -> None:
+    rejected(catalog(meter=rollup(source="meter")), "meter", "unique names", "raw", "rollup")
+
+
+@pytest.mark.parametrize("column", ["ts", "entity_id", "day", "bucket_start", "generation"])
+def test_reserved_column_names(column: str) -> None:
+    doc = {"raw_archives": {"meter": {"columns": {column: "double"}}}}
+    rejected(doc, "meter", "column name", "reserved")
+
+
+@pytest.mark.parametrize("column", ["Power", "kw-h", "a__b"])
+def test_bad_column_names(column: str) -> None:
+    doc = {"raw_archives": {"meter": {"columns": {column: "double"}}}}
+    rejected(doc, "meter", "column name", "lower-case")
+
+
+@pytest.mark.parametrize(
+    ("columns", "rule"),
+    [
+        ({"x": "float"}, "column type"),
+        ({"x": {"type": "double", "required": "yes"}}, "column declaration"),
+        ({"x": {"type": "double", "nullable": True}}, "column declaration"),
+        ({"x": ["double"]}, "column declaration"),
+        ({}, "has value columns"),
+    ],
+)
+def test_bad_column_declarations(columns: dict[str, Any], rule: str) -> None:
+    rejected({"raw_archives": {"meter": {"columns": columns}}}, "meter", rule)
+
+
+@pytest.mark.parametrize("zone", ["Mars/Olympus_Mons", "", "CET+1", "europe/vienna", "../etc"])
+def test_invalid_zone(zone: str) -> None:
+    rejected(catalog(h=rollup(zone=zone)), "h", "reference_time_zone", "IANA")
+
+
+def test_missing_start_on_a_chain_root() -> None:
+    rejected(catalog(h=rollup(start=None)), "h", "start", "first rollup of a chain")
+
+
+def test_start_before_the_source_starts() -> None:
+    doc = chain()
+    doc["rollups"]["daily"]["start"] = "2023-12-31"
+    rejected(doc, "daily", "start", "before source 'hourly'")
+
+
+@pytest.mark.parametrize(
+    "start", ["yesterday", "2024-13-01", "2024-01-01T00:00:00+01:00", "2024-01-01Z"]
+)
+def test_unusable_start(start: str) -> None:
+    rejected(catalog(h=rollup(start=start)), "h", "start")
+
+
+def test_unknown_rollup_keys() -> None:
+    rejected(catalog(h=rollup(timezone="UTC")), "h", "known keys", "'timezone'")
+
+
+def test_unknown_raw_archive_keys() -> None:
+    doc = {"raw_archives": {"meter": {"columns": {"x": "double"}, "partitioned_by": "day"}}}
+    rejected(doc, "meter", "known keys", "partitioned_by")
+
+
+def test_unknown_aggregation_keys() -> None:
+    rejected(catalog(h=rollup(aggregations=[agg(alias="x")])), "h", "aggregation", "alias")
+
+
+def test_unknown_top_level_keys() -> None:
+    doc = {**catalog(h=rollup()), "rollup": {}}
+    rejected(doc, "<memory>", "known top-level keys", "'rollup'")
+
+
+@pytest.mark.parametrize(
+    ("patch", "rule"),
+    [
+        ({"alignment": "Hourly"}, "alignment"),
+        ({"aggregations": []}, "has aggregations"),
+        ({"aggregations": [{"column": "kwh"}]}, "aggregation"),
+        ({"aggregations": [agg(function="Median")]}, "aggregation function"),
+        ({"aggregations": [agg(function="sum")]}, "aggregation function"),
+        ({"watermark_lag": "-5m"}, "watermark_lag"),
+        ({"watermark_lag": "soon"}, "watermark_lag"),
+        ({"size": "1 hour"}, "size"),
+        ({"refresh_open_bucket": "yes"}, "refresh_open_bucket"),
+        ({"source": ""}, "source is set"),
+    ],
+)
+def test_malformed_rollup_fields(patch: dict[str, Any], rule: str) -> None:
+    rejected(catalog(h={**rollup(), **patch}), "h", rule)
+
+
+def test_non_positive_period() -> None:
+    doc = {"time_range_archives": {"t": {"period": "0s", "columns": {"x": "double"}}}}
+    rejected(doc, "t", "period", "positive")
+
+
+def test_sections_and_bodies_must_be_mappings() -> None:
+    rejected({"rollups": ["h"]}, "<memory>", "rollups is a mapping")
+    rejected({"raw_archives": {"meter": ["x"]}}, "meter", "archive body is a mapping")
+
+
+# ---------------------------------------------------------------------------------------------
+# File-level failures
+
+
+def test_bad_yaml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollups:\n  h: {source: meter\n")
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == (str(path), "valid YAML")
+    assert str(path) in str(info.value) and "[valid YAML]" in str(info.value)
+
+
+def test_a_key_given_twice_is_rejected_not_dropped(tmp_path: Path) -> None:
+    text = DEFAULT_SPECS.read_text(encoding="utf-8")
+    duplicate = text + (
+        "  energy_daily:\n"
+        "    <<: *vienna\n"
+        "    source: energy_hourly\n"
+        "    alignment: CalendarMonth\n"
+    )
+    path = tmp_path / "twice.yaml"
+    path.write_text(duplicate, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == (str(path), "valid YAML")
+    assert "duplicate key 'energy_daily'" in str(info.value)
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
+    text = DEFAULT_SPECS.read_text(encoding="utf-8").replace(
+        "    description: Hourly energy per meter\n",
+        "    description: Hourly energy per meter\n    watermark_lag: 10m\n",
+    )
+    path = tmp_path / "override.yaml"
+    path.write_text(text, encoding="utf-8")
+    cat = load_catalog(path)
+    assert cat.rollups["energy_hourly"].watermark_lag == timedelta(minutes=10)
+    assert cat.rollups["energy_daily"].watermark_lag == timedelta(minutes=5)
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == (str(path), "readable spec file")
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- energy_raw\n")
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == (str(path), "top-level mapping")
+
+
+def test_file_errors_name_the_archive_inside(tmp_path: Path) -> None:
+    text = DEFAULT_SPECS.read_text(encoding="utf-8").replace(
+        "alignment: Iso8601Week", "alignment: Iso8601Week\n    size: 1h"
+    )
+    path = tmp_path / "sized.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == ("energy_weekly", "size")
