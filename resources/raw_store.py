@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -81,7 +82,10 @@ class RawStore:
     def ingest(
         self, spec: SourceSpec, path: str | Path, change_source: ChangeSource
     ) -> IngestResult:
-        """Validate the whole file, then upsert it in one MERGE commit. Raises IngestValidationError."""
+        """Validate the whole file, then upsert it in one MERGE commit.
+
+        Raises IngestValidationError, leaving the table untouched, if any row is invalid.
+        """
         reader = BatchReader(spec, path)
         summary = reader.validate()
         table = self.table(spec)
@@ -152,9 +156,13 @@ class RawStore:
                 ):
                     continue
             elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
-            if entities is not None and elo is not None and ehi is not None:
-                if not any(elo <= e <= ehi for e in entities):
-                    continue
+            if (
+                entities is not None
+                and elo is not None
+                and ehi is not None
+                and not any(elo <= e <= ehi for e in entities)
+            ):
+                continue
             out.append(f)
         return out
 
@@ -200,14 +208,19 @@ class RawStore:
         if table is None:
             return schema.empty_table()
         time_col = key_columns(spec)[1]
-        filters = []
-        if spans:
-            merged = merge_windows(list(spans))
-            filters += [(time_col, ">=", merged[0].start), (time_col, "<", merged[-1].end)]
-        if entities is not None:
-            filters.append(("entity_id", "in", sorted(entities)))
+        # One conjunction per merged window (OR-ed), so rows in gaps between spans stay out.
+        filters = [
+            [(time_col, ">=", w.start), (time_col, "<", w.end)]
+            for w in merge_windows(list(spans or []))
+        ]
         data = pa.table(table.to_pyarrow_table(filters=filters or None))
-        return data.select(schema.names).cast(schema)
+        data = data.select(schema.names).cast(schema)
+        if entities is not None:
+            # Filtered here, not pushed down: MERGE writes string_view files, whose statistics
+            # pyarrow cannot compare with a string `in` filter.
+            wanted = pa.array(sorted(entities), pa.string())
+            data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
+        return data
 
 
 def spark_data_schema(spec: SourceSpec) -> T.StructType:

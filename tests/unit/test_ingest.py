@@ -18,6 +18,7 @@ from resources.ledger import ChangeSource
 from resources.raw_store import RawStore
 from resources.warehouse import Warehouse
 from rollup_assets.errors import IngestValidationError
+from rollup_assets.partitions import Window
 from rollup_assets.specs import DEFAULT_SPECS, RawArchiveSpec, load_catalog, parse_catalog
 
 ENERGY = load_catalog(DEFAULT_SPECS).raw["energy_raw"]
@@ -734,3 +735,29 @@ def test_time_range_rows_must_start_before_they_end(tmp_path: Path) -> None:
     )
     hour = timedelta(hours=1)
     assert got == [(T0, T0 + hour, 0.2), (T0 + hour, T0 + 2 * hour, 0.3)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pruned reads
+
+
+def test_read_arrow_returns_only_rows_in_the_spans_and_entities(
+    store: RawStore, tmp_path: Path
+) -> None:
+    rows = readings(40)  # m1 and m2, 00:00 to 04:45 UTC
+    ingest(store, write_parquet(tmp_path / "b.parquet", as_arrow(rows)))
+    hour = timedelta(hours=1)
+    spans = [Window(T0 + 3 * hour, T0 + 4 * hour), Window(T0, T0 + hour)]  # a gap in between
+    for entities in (None, frozenset({"m2"}), frozenset({"m1", "nobody"})):
+        got = store.read_arrow(ENERGY, spans, entities).to_pylist()
+        want = [
+            r
+            for r in rows
+            if any(w.start <= r["ts"] < w.end for w in spans)
+            and (entities is None or r["entity_id"] in entities)
+        ]
+        key = lambda r: (r["entity_id"], r["ts"])  # noqa: E731
+        assert sorted(({**r, "ts": r["ts"].astimezone(UTC)} for r in got), key=key) == sorted(
+            want, key=key
+        )
+        assert got, entities
