@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rollup_assets.durations import format_duration, parse_duration
 from rollup_assets.errors import SpecError
 from rollup_assets.specs import (
     DEFAULT_SPECS,
@@ -520,6 +521,50 @@ def test_non_positive_period() -> None:
 def test_sections_and_bodies_must_be_mappings() -> None:
     rejected({"rollups": ["h"]}, "<memory>", "rollups is a mapping")
     rejected({"raw_archives": {"meter": ["x"]}}, "meter", "archive body is a mapping")
+
+
+# ---------------------------------------------------------------------------------------------
+# Durations (sizes, lags, periods)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("15m", timedelta(minutes=15)),
+        (" 5 min ", timedelta(minutes=5)),
+        ("1h", timedelta(hours=1)),
+        ("2d", timedelta(days=2)),
+        ("1w", timedelta(weeks=1)),
+        ("500ms", timedelta(milliseconds=500)),
+        ("PT15M", timedelta(minutes=15)),
+        ("pt1h", timedelta(hours=1)),
+        ("P1DT2H30M", timedelta(days=1, hours=2, minutes=30)),
+        ("PT0S", timedelta(0)),
+        (90, timedelta(seconds=90)),
+        (1.5, timedelta(seconds=1.5)),
+        (timedelta(hours=3), timedelta(hours=3)),
+    ],
+)
+def test_parse_duration(text: object, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", [True, -1, "", "1.5h", "PT", "P", "15 minutes", "-5m", None, "1h30m"]
+)
+def test_parse_duration_rejects(text: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(timedelta(0), "0s"), (timedelta(minutes=15), "15m"), (timedelta(hours=2), "2h"),
+     (timedelta(days=1), "1d"), (timedelta(seconds=90), "90s"), (timedelta(hours=36), "36h")],
+)  # fmt: skip
+def test_format_duration_round_trips(value: timedelta, text: str) -> None:
+    assert format_duration(value) == text
+    assert parse_duration(text) == value
 
 
 # ---------------------------------------------------------------------------------------------
