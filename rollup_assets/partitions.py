@@ -188,11 +188,11 @@ def first_bucket_start(spec: RollupSpec) -> datetime:
 def partitions_def_for(spec: RollupSpec) -> dg.TimeWindowPartitionsDefinition:
     """Partitions = buckets in the reference zone; `end_offset=1` makes the open bucket a key."""
     zone = ZoneInfo(spec.reference_time_zone)
-    fmt = _fmt(spec)
-    start_key = first_bucket_start(spec).astimezone(zone).strftime(fmt)
     return dg.TimeWindowPartitionsDefinition(
-        start=start_key,
-        fmt=fmt,
+        # An instant, not a formatted key: a key in the repeated hour of a DST fall-back day
+        # would be read as its first occurrence, one bucket too early.
+        start=first_bucket_start(spec).astimezone(zone),
+        fmt=_fmt(spec),
         cron_schedule=_cron(spec),
         timezone=spec.reference_time_zone,
         end_offset=1,

@@ -264,6 +264,20 @@ def test_first_partition_is_the_first_bucket_at_or_after_start() -> None:
     assert window_of_key(shipped, shipped.get_first_partition_key()).start == utc(2023, 12, 31, 23)
 
 
+@pytest.mark.parametrize(
+    ("size", "start"), [("1h", "2025-10-26T02:30:00"), ("15m", "2025-10-26T02:50:00")]
+)
+def test_first_partition_in_the_repeated_hour_of_a_fall_back_day(size: str, start: str) -> None:
+    """Local 02:30 is read as its first occurrence (00:30Z); the first bucket then starts at
+    01:00Z, i.e. the second 02:00, and the first partition must be that bucket."""
+    spec = make_spec("FixedSize", "Europe/Vienna", size, start=start)
+    assert first_bucket_start(spec) == utc(2025, 10, 26, 1)
+    pdef = partitions_def_for(spec)
+    first = pdef.get_first_partition_key()
+    assert first == "2025-10-26-02:00+0100"
+    assert window_of_key(pdef, first).start == utc(2025, 10, 26, 1)
+
+
 def test_the_open_bucket_is_the_last_key() -> None:
     pdef = partitions_def_for(SHIPPED["energy_hourly"])
     now = utc(2025, 3, 30, 10, 20)
