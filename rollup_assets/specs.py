@@ -295,7 +295,7 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     p = Path(path) if path is not None else specs_path()
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(p), "readable spec file", f"cannot read spec file: {exc}") from exc
     try:
         doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects

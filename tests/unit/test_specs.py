@@ -615,6 +615,15 @@ def test_missing_file_names_the_file(tmp_path: Path) -> None:
     assert (info.value.archive, info.value.rule) == (str(path), "readable spec file")
 
 
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("raw_archives:\n  zähler: {columns: {x: double}}\n".encode("latin-1"))
+    with pytest.raises(SpecError) as info:
+        load_catalog(path)
+    assert (info.value.archive, info.value.rule) == (str(path), "readable spec file")
+    assert "utf-8" in str(info.value)
+
+
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text("- energy_raw\n")
