@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from resources.ledger import ChangeSource
-from resources.raw_store import RawStore
+from resources.raw_store import IngestResult, RawStore
 from resources.warehouse import Warehouse
 from rollup_assets.errors import IngestValidationError
 from rollup_assets.partitions import Window
@@ -57,7 +57,9 @@ def write_parquet(path: Path, table: pa.Table) -> Path:
     return path
 
 
-def ingest(store: RawStore, path: Path, spec: RawArchiveSpec = ENERGY, source: str = "Pipeline"):
+def ingest(
+    store: RawStore, path: Path, spec: RawArchiveSpec = ENERGY, source: str = "Pipeline"
+) -> IngestResult:
     return store.ingest(spec, path, ChangeSource(source))
 
 
@@ -749,15 +751,18 @@ def test_read_arrow_returns_only_rows_in_the_spans_and_entities(
     hour = timedelta(hours=1)
     spans = [Window(T0 + 3 * hour, T0 + 4 * hour), Window(T0, T0 + hour)]  # a gap in between
     for entities in (None, frozenset({"m2"}), frozenset({"m1", "nobody"})):
-        got = store.read_arrow(ENERGY, spans, entities).to_pylist()
+        got = [
+            {**r, "ts": r["ts"].astimezone(UTC)}
+            for r in store.read_arrow(ENERGY, spans, entities).to_pylist()
+        ]
         want = [
             r
             for r in rows
             if any(w.start <= r["ts"] < w.end for w in spans)
             and (entities is None or r["entity_id"] in entities)
         ]
-        key = lambda r: (r["entity_id"], r["ts"])  # noqa: E731
-        assert sorted(({**r, "ts": r["ts"].astimezone(UTC)} for r in got), key=key) == sorted(
-            want, key=key
-        )
-        assert got, entities
+        assert want and sorted(got, key=_by_key) == sorted(want, key=_by_key)
+
+
+def _by_key(row: dict) -> tuple[str, datetime]:
+    return row["entity_id"], row["ts"]
