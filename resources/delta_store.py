@@ -47,7 +47,7 @@ from resources.genmap import (
     split_pointers,
     write_pointer_table,
 )
-from resources.warehouse import Warehouse, filesystem_for, spark_uri
+from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.aggregation import SPARK_TYPES
 from rollup_assets.partitions import Window, merge_windows
 from rollup_assets.specs import Alignment, ColumnType, RollupSpec
@@ -162,7 +162,7 @@ class RollupStore:
         if not files:
             return spark.createDataFrame([], spark_schema)
         root = self.uri(spec)
-        uris = [spark_uri(f"{root}/{urllib.parse.unquote(f['path'])}") for f in files]
+        uris = [spark_uri(data_file_uri(root, f["path"])) for f in files]
         df = spark.read.schema(spark_schema).parquet(*uris)
         if spans:
             cond = None

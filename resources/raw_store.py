@@ -8,7 +8,6 @@ value when the incoming one is null (COALESCE), so several producers can fill on
 
 import datetime as dt
 import logging
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pyspark.sql import types as T
 
 from resources.delta_io import TABLE_CONFIGURATION, file_actions, open_table
 from resources.ledger import ChangeSource
-from resources.warehouse import Warehouse, spark_uri
+from resources.warehouse import Warehouse, data_file_uri, spark_uri
 from rollup_assets.aggregation import SPARK_TYPES
 from rollup_assets.ingest import BatchReader, archive_schema, key_columns
 from rollup_assets.partitions import Window, as_utc, merge_windows
@@ -184,7 +183,7 @@ class RawStore:
             return spark.createDataFrame([], schema), table.version()
         root = self.uri(spec)
         df = spark.read.schema(schema).parquet(
-            *[spark_uri(f"{root}/{urllib.parse.unquote(f['path'])}") for f in files]
+            *[spark_uri(data_file_uri(root, f["path"])) for f in files]
         )
         time_col = key_columns(spec)[1]
         if spans:

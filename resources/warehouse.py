@@ -25,6 +25,32 @@ def _is_uri(root: str) -> bool:
     return "://" in root
 
 
+# Characters of a URI path kept literal when a root is brought to its percent-encoded form:
+# sub-delims, ':' and '@' (abfss://container@account...); everything else non-ASCII is encoded.
+URI_PATH_SAFE = "/:@!$&'()*+,;=~"
+
+
+def canonical_uri(uri: str) -> str:
+    """`uri` with its path percent-encoded exactly once, whether it was given encoded or raw.
+
+    delta-rs and pyarrow parse URIs (pyarrow rejects a raw space or `ä`), while Hadoop takes a
+    path string literally; one canonical, encoded spelling lets `spark_uri` decode it once.
+    """
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://{urllib.parse.quote(urllib.parse.unquote(rest), safe=URI_PATH_SAFE)}"
+
+
+def _file_uri_path(uri: str) -> str:
+    """The local path of a `file:` URI; a raw `#` or `?` is part of the name, not a fragment."""
+    rest = uri.removeprefix("file:")
+    if rest.startswith("//"):
+        host, _, tail = rest[2:].partition("/")
+        if host not in ("", "localhost"):
+            raise ValueError(f"warehouse root {uri!r}: a file URI must name a local path")
+        rest = "/" + tail
+    return urllib.parse.unquote(rest)
+
+
 @dataclass(frozen=True)
 class Warehouse:
     """A warehouse root plus the delta-rs storage options needed to reach it."""
@@ -34,9 +60,13 @@ class Warehouse:
 
     def __post_init__(self) -> None:
         root = self.root
-        if root.startswith("file://"):
-            root = urllib.parse.unquote(urllib.parse.urlparse(root).path)
-        if not _is_uri(root):
+        if root.startswith("file:"):
+            # A file URI stays a URI (file:/x, file:///x, encoded or not), so it takes the same
+            # path through delta-rs, pyarrow and Hadoop as an object-store root does.
+            root = Path(_file_uri_path(root)).resolve().as_uri()
+        elif _is_uri(root):
+            root = canonical_uri(root)
+        else:
             root = str(Path(root).expanduser().resolve())
         object.__setattr__(self, "root", root.rstrip("/") or "/")
 
@@ -46,7 +76,8 @@ class Warehouse:
 
     @property
     def is_local(self) -> bool:
-        return not _is_uri(self.root)
+        """A local directory (given as a path or a `file:` URI)."""
+        return not _is_uri(self.root) or self.root.startswith("file:")
 
     def join(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -71,23 +102,76 @@ class Warehouse:
 def filesystem_for(
     root: str, storage_options: dict[str, str] | None = None
 ) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem for a local path or URI, and the (decoded) path inside it.
+
+    Executors write data files through it, so it must reach the store with the same credentials
+    delta-rs uses: S3 and Azure storage options are mapped to pyarrow's; GCS (and any option
+    not mapped) relies on the environment, e.g. GOOGLE_APPLICATION_CREDENTIALS, AWS_PROFILE.
+    """
     if not _is_uri(root):
         return pafs.LocalFileSystem(), root
-    opts = storage_options or {}
+    opts = {k.lower(): v for k, v in (storage_options or {}).items()}
     scheme = root.split("://", 1)[0].lower()
+    path = urllib.parse.unquote(root.split("://", 1)[1])
     if scheme in ("s3", "s3a") and opts:
-        fs = pafs.S3FileSystem(
-            access_key=opts.get("AWS_ACCESS_KEY_ID") or opts.get("aws_access_key_id"),
-            secret_key=opts.get("AWS_SECRET_ACCESS_KEY") or opts.get("aws_secret_access_key"),
-            session_token=opts.get("AWS_SESSION_TOKEN") or opts.get("aws_session_token"),
-            region=opts.get("AWS_REGION") or opts.get("aws_region"),
-            endpoint_override=opts.get("AWS_ENDPOINT_URL") or opts.get("aws_endpoint_url"),
+        endpoint = _option(opts, "aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+        fs: pafs.FileSystem = pafs.S3FileSystem(
+            access_key=_option(opts, "aws_access_key_id", "access_key_id"),
+            secret_key=_option(opts, "aws_secret_access_key", "secret_access_key"),
+            session_token=_option(opts, "aws_session_token", "session_token", "token"),
+            region=_option(opts, "aws_region", "region", "aws_default_region"),
+            endpoint_override=endpoint,
+            scheme="http" if endpoint and endpoint.startswith("http://") else "https",
         )
-        return fs, root.split("://", 1)[1]
-    fs, path = pafs.FileSystem.from_uri(root.replace("s3a://", "s3://"))
-    return fs, path
+        return fs, path
+    if scheme in ("abfs", "abfss", "az", "adl", "azure") and opts:
+        _, path = pafs.FileSystem.from_uri(root)  # container/path, account from the host
+        account = (
+            _option(opts, "azure_storage_account_name", "account_name")
+            or (urllib.parse.urlparse(root).hostname or "").split(".", 1)[0]
+        )
+        fs = pafs.AzureFileSystem(
+            account,
+            account_key=_option(
+                opts, "azure_storage_account_key", "azure_storage_access_key", "account_key"
+            ),
+            sas_token=_option(
+                opts, "azure_storage_sas_key", "azure_storage_sas_token", "sas_token"
+            ),
+            client_id=_option(opts, "azure_storage_client_id", "azure_client_id", "client_id"),
+            client_secret=_option(
+                opts, "azure_storage_client_secret", "azure_client_secret", "client_secret"
+            ),
+            tenant_id=_option(opts, "azure_storage_tenant_id", "azure_tenant_id", "tenant_id"),
+        )
+        return fs, path
+    return pafs.FileSystem.from_uri(root.replace("s3a://", "s3://", 1))
+
+
+def _option(opts: dict[str, str], *names: str) -> str | None:
+    """The first of `names` set in delta-rs storage options (keys compared lower-case)."""
+    return next((opts[n] for n in names if opts.get(n)), None)
 
 
 def spark_uri(path: str) -> str:
-    """A path as Spark/Hadoop expects it: local paths become `file:` URIs (spaces kept literal)."""
-    return path if _is_uri(path) else "file://" + path
+    """A local path or canonical URI as Spark/Hadoop expects it.
+
+    Hadoop takes a path string literally (it never percent-decodes: `a%20b` names a directory
+    called `a%20b`), so a URI is decoded to the real names and a local path gets `file://`.
+    """
+    if not _is_uri(path):
+        return "file://" + path
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{urllib.parse.unquote(rest)}"
+
+
+def data_file_uri(table_uri: str, add_path: str) -> str:
+    """Where the file of a Delta add action lives, as `spark_uri` takes it.
+
+    `add_path` is relative and URI-encoded (Delta protocol; a partition value `a b` is the
+    directory `p=a%20b`, logged as `p=a%2520b`). Under a URI root it stays encoded, so
+    `spark_uri` decodes root and file together exactly once; under a local path it is decoded.
+    """
+    if _is_uri(table_uri):
+        return f"{table_uri}/{add_path}"
+    return f"{table_uri}/{urllib.parse.unquote(add_path)}"
