@@ -64,18 +64,28 @@ def build_session(
     app_name: str = "rollups",
     conf: dict[str, Any] | None = None,
 ) -> SparkSession:
-    """Create (or get) a session. `remote` (sc://host:port) selects Spark Connect."""
+    """Create (or get) a session. `remote` (sc://host:port) selects Spark Connect; with neither
+    `master` nor `remote` given, $ROLLUPS_SPARK_REMOTE, then $ROLLUPS_SPARK_MASTER, decide."""
     settings = {**flatten_conf(conf or {})}
+    if not master and not remote:
+        remote = os.environ.get("ROLLUPS_SPARK_REMOTE")
     if remote:
         builder = SparkSession.builder.remote(remote).appName(app_name)
+        ignored = sorted(k for k in settings if not k.startswith("spark.sql."))
+        if ignored:
+            # Cluster, executor and Python settings belong to the Connect server's own launch.
+            log.warning("Spark Connect: ignoring %s (set them on the server)", ", ".join(ignored))
         for k, v in {**settings, **REQUIRED_CONF}.items():
             if k.startswith("spark.sql."):
                 builder = builder.config(k, v)
         return builder.getOrCreate()
     require_java()
     master = master or os.environ.get("ROLLUPS_SPARK_MASTER") or "local[2]"
-    # Python workers run our mapInArrow writers: they need this interpreter and its packages.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Python workers run our mapInArrow writers: they need an interpreter with pyarrow and this
+    # package. Executors start the driver's $PYSPARK_PYTHON (a `spark.pyspark.python` conf only
+    # reaches spark-submit, not a session built in-process), so a configured one is exported.
+    python = settings.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     defaults = {
@@ -93,7 +103,17 @@ def apply_required_conf(spark: SparkSession) -> None:
         spark.conf.set(k, v)
 
 
-def active_session() -> SparkSession | None:
+def active_session(remote: str | None = None) -> SparkSession | None:
+    """The session this process already has: the Spark Connect one when `remote` is set (the
+    one `build_session(remote=...)` would return), else the classic one."""
+    if remote:
+        from pyspark.errors import PySparkRuntimeError
+        from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+        try:
+            return RemoteSparkSession.active()  # type: ignore[return-value]
+        except PySparkRuntimeError:
+            return None
     return SparkSession.getActiveSession()
 
 
@@ -108,7 +128,7 @@ class SparkResource(dg.ConfigurableResource):
     remote: str | None = Field(
         default=None,
         description="Spark Connect URL (sc://host:15002); takes precedence over `master`. "
-        "Defaults to $ROLLUPS_SPARK_REMOTE.",
+        "Defaults to $ROLLUPS_SPARK_REMOTE when `master` is not set either.",
     )
     app_name: str = Field(default="rollups", description="Application name shown in the Spark UI.")
     spark_config: dict[str, Any] = Field(
@@ -119,9 +139,14 @@ class SparkResource(dg.ConfigurableResource):
     _session: SparkSession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
 
+    def _remote(self) -> str | None:
+        if self.remote:
+            return self.remote
+        return None if self.master else os.environ.get("ROLLUPS_SPARK_REMOTE")
+
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        remote = self.remote or os.environ.get("ROLLUPS_SPARK_REMOTE")
-        existing = None if remote else active_session()
+        remote = self._remote()
+        existing = active_session(remote)
         if existing is not None:
             self._session, self._created = existing, False
             apply_required_conf(existing)
@@ -140,10 +165,8 @@ class SparkResource(dg.ConfigurableResource):
     def session(self) -> SparkSession:
         if self._session is None:
             # Used outside a Dagster run (CLI, tests): attach or build on demand.
-            self._session = active_session() or build_session(
-                master=self.master,
-                remote=self.remote or os.environ.get("ROLLUPS_SPARK_REMOTE"),
-                app_name=self.app_name,
-                conf=self.spark_config,
+            remote = self._remote()
+            self._session = active_session(remote) or build_session(
+                master=self.master, remote=remote, app_name=self.app_name, conf=self.spark_config
             )
         return self._session

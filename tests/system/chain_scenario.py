@@ -1,0 +1,99 @@
+"""The oracle chain scenario of `tests/integration/test_chain_oracle.py`, run in its own process
+against a Spark given by URL, so its session can never be the test session's local one.
+
+    python -m tests.system.chain_scenario --spark spark://host:port --root DIR --out result.json
+
+`--spark` is a master URL (spark://, local[N]) or a Spark Connect URL (sc://). The result JSON
+holds the oracle differences (empty: every level equals pandas), the error of the scenario if it
+raised, and what the session really ran on (master, application id, Spark Connect or not), so the
+caller can prove the work did not silently happen in a local session.
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import dagster as dg
+from pyspark.sql import SparkSession
+
+from resources.spark import build_session
+from resources.warehouse import Warehouse
+from resources.warehouse_resource import WarehouseResource
+from rollup_assets.definitions import build_definitions
+from rollup_assets.engine import Engine
+from rollup_assets.instance import ensure_pools
+from rollup_assets.specs import load_catalog
+from tests.conftest import World
+from tests.integration import test_chain_oracle as chain
+from tests.oracle import compare_all
+
+
+def session_for(url: str, conf: dict[str, str]) -> SparkSession:
+    """The session, chosen the way a deployment chooses it: through the environment, which the
+    runs' `SparkResource` reads too (and must attach to this session, not stop it)."""
+    os.environ["ROLLUPS_SPARK_REMOTE" if url.startswith("sc://") else "ROLLUPS_SPARK_MASTER"] = url
+    return build_session(conf=conf)
+
+
+def describe(spark: SparkSession) -> dict:
+    """Where the session computes, read through SQL only (no sparkContext under Spark Connect)."""
+    from pyspark import SparkContext
+
+    return {
+        "connect": type(spark).__module__.startswith("pyspark.sql.connect"),
+        # Under Spark Connect this process must not have started a JVM of its own.
+        "client_jvm": SparkContext._active_spark_context is not None,
+        "master": spark.conf.get("spark.master", None),
+        "app_id": spark.conf.get("spark.app.id", None),
+        "rows": spark.range(0, 1000, numPartitions=4).count(),
+    }
+
+
+def run(spark_url: str, root: Path, warehouse_root: str, conf: dict[str, str]) -> dict:
+    home = root / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["ROLLUPS_WAREHOUSE"] = warehouse_root
+    os.environ["DAGSTER_HOME"] = str(home)
+    spark = session_for(spark_url, conf)
+    result: dict = {"session": describe(spark), "error": None, "problems": None}
+    catalog = load_catalog()
+    defs = build_definitions(catalog, WarehouseResource(root=warehouse_root))
+    try:
+        with dg.instance_for_test(temp_dir=str(home)) as instance:
+            ensure_pools(instance, catalog)
+            world = World(root, catalog, Engine(catalog, Warehouse(warehouse_root)), defs, instance)
+            try:
+                chain.test_every_level_equals_pandas(world)
+            except Exception:  # reported, then judged by the caller
+                result["error"] = traceback.format_exc()
+            result["problems"] = compare_all(world.query, world.raw(), world.catalog)
+            result["runs"] = [(r.job_name, r.status.value) for r in instance.get_runs()]
+        try:  # the runs attached to this session: had one stopped it, this would raise
+            result["session_after"] = describe(spark)
+        except Exception:
+            result["error"] = f"{result['error'] or ''}{traceback.format_exc()}"
+    finally:
+        spark.stop()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spark", required=True, help="master URL or sc:// Spark Connect URL")
+    parser.add_argument("--root", required=True, type=Path, help="scratch directory")
+    parser.add_argument("--warehouse", help="warehouse root (default: <root>/warehouse)")
+    parser.add_argument("--out", required=True, type=Path, help="where to write the result")
+    parser.add_argument("--conf", action="append", default=[], help="key=value Spark conf")
+    args = parser.parse_args(argv)
+    conf = dict(kv.split("=", 1) for kv in args.conf)
+    warehouse = args.warehouse or str(args.root / "warehouse")
+    result = run(args.spark, args.root, warehouse, conf)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    return 0 if result["error"] is None and result["problems"] == [] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
