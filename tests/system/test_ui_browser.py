@@ -1,0 +1,274 @@
+"""The Dagster UI in a real browser: `dagster dev` on a free port, driven by headless Chromium.
+
+A temporary Dagster home and warehouse get a few days of materialized rollups first (the sensors'
+own runs, recorded in that home's storage), then the test checks what a user would look at: the
+asset graph draws every declared archive and rollup, a rollup's partitions page counts the
+materialized partitions the instance recorded and shows one with its metadata, and both sensors
+are running and ticking. Screenshots land in test-artifacts/ui/; set
+ROLLUPS_UPDATE_DOCS_SCREENSHOT=1 to also refresh docs/images/ui-asset-graph.png.
+
+The last test shows that the graph check can fail: with a rollup removed from the spec file, the
+same check reports that rollup missing.
+"""
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+import yaml
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from resources.warehouse import Warehouse
+from resources.warehouse_resource import WarehouseResource
+from rollup_assets.definitions import build_definitions
+from rollup_assets.engine import Engine
+from rollup_assets.factory import group_name
+from rollup_assets.instance import DAGSTER_YAML, ensure_pools
+from rollup_assets.partitions import iso_utc
+from rollup_assets.sample_data import day_batch
+from rollup_assets.specs import Catalog, load_catalog, specs_path
+from tests.conftest import World, days
+from tests.system.ui import (
+    DagsterDev,
+    chromium,
+    dagster_dev,
+    drawn_graph_nodes,
+    graph_node_xpath,
+    screenshot,
+    screenshot_on_failure,
+    start_dagster_dev,
+    wait_for,
+    wait_for_graph_nodes,
+    wait_until,
+    wait_until_still,
+    xpath_literal,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "ui"
+DOCS_SCREENSHOT = REPO / "docs" / "images" / "ui-asset-graph.png"
+LOCATION = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"][0]["python_module"][
+    "location_name"
+]
+SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor")
+ENERGY_CHAIN = {"energy_raw", "energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"}
+# The rollups are activated at ACTIVATED and the forward lane closes buckets up to NOW. The
+# server's sensors see the same pinned clock (ROLLUPS_NOW), so they find nothing left to close and
+# launch no Spark runs while the browser looks around.
+ACTIVATED = datetime(2025, 3, 1, tzinfo=UTC)
+NOW = datetime(2025, 3, 7, 12, tzinfo=UTC)
+METERS = 3
+TIMEOUT_S = 90  # per page element: the 2-core CI machine is shared
+
+
+@dataclass
+class Demo:
+    home: Path
+    warehouse: Path
+    catalog: Catalog
+    daily_materialized: list[str]  # partition keys of energy_daily, as the instance recorded them
+
+
+def write_home(home: Path) -> Path:
+    """A persistent Dagster home, as `rollups setup` writes it, minus the newsletter dialog."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(DAGSTER_YAML + "nux:\n  enabled: false\n")
+    return home
+
+
+def server_env(home: Path, warehouse: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "ROLLUPS_WAREHOUSE": str(warehouse),
+        "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
+        "ROLLUPS_NOW": iso_utc(NOW),
+    }
+
+
+def assets_of(catalog: Catalog) -> list[str]:
+    return sorted([*catalog.raw, *catalog.time_range, *catalog.rollups])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_artifacts() -> None:
+    """No screenshot or log from an earlier run survives to be mistaken for this run's."""
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
+
+
+@dataclass
+class Undeclared:
+    server: DagsterDev
+    declared: list[str]  # what the reduced spec file declares
+    removed: str
+
+
+@pytest.fixture(scope="module")
+def without_yearly(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Undeclared]:
+    """`dagster dev` on an empty home whose spec file lacks energy_yearly (the negative case)."""
+    root = tmp_path_factory.mktemp("ui-without-yearly")
+    doc = yaml.safe_load(specs_path().read_text())
+    del doc["rollups"]["energy_yearly"]
+    specs = root / "rollups.yaml"
+    specs.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = server_env(write_home(root / "dagster_home"), root / "warehouse")
+    env["ROLLUPS_SPECS"] = str(specs)
+    server = start_dagster_dev(REPO, env, ARTIFACTS / "dagster-dev-without-yearly.log")
+    try:
+        yield Undeclared(server, assets_of(load_catalog(specs)), "energy_yearly")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, spark, without_yearly: Undeclared) -> Demo:
+    """A few days of readings for a few meters, every level materialized by the sensors' runs
+    in a real (file-backed) instance, so that a webserver on the same home sees the history.
+
+    The negative case's server (its own home and warehouse) boots meanwhile."""
+    root = tmp_path_factory.mktemp("ui-demo")
+    home, wh = write_home(root / "dagster_home"), root / "warehouse"
+    catalog = load_catalog()
+    assert set(assets_of(catalog)) >= ENERGY_CHAIN | {"energy_yearly"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(home))
+        mp.setenv("ROLLUPS_WAREHOUSE", str(wh))
+        defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            ensure_pools(instance, catalog)
+            world = World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
+            world.ops.activate("energy_raw", now=ACTIVATED)
+            readings = [day_batch(d, METERS) for d in days(date(2025, 2, 28), 8)]
+            world.ingest(pa.concat_tables(readings), source="Import")
+            world.activate_all(ACTIVATED)
+            world.tick(NOW)
+            materialized = {
+                name: sorted(instance.get_materialized_partitions(dg.AssetKey(name)))
+                for name in catalog.rollups
+            }
+    assert all(materialized.values()), materialized
+    return Demo(home, wh, catalog, materialized["energy_daily"])
+
+
+@pytest.fixture(scope="module")
+def ui(demo: Demo) -> Iterator[DagsterDev]:
+    env = server_env(demo.home, demo.warehouse)
+    with dagster_dev(REPO, env, ARTIFACTS / "dagster-dev.log") as server:
+        yield server
+
+
+def test_asset_graph_shows_every_rollup(ui: DagsterDev, browser: WebDriver, demo: Demo) -> None:
+    expected = assets_of(demo.catalog)
+    with screenshot_on_failure(browser, ARTIFACTS / "failed-asset-graph.png"):
+        browser.get(f"{ui.url}/asset-groups")
+        wait_for_graph_nodes(browser, expected, TIMEOUT_S)
+        screenshot(browser, ARTIFACTS / "lineage.png")
+
+        # The chain's own group, with the side navigation folded away: the README picture.
+        hide = "//*[normalize-space(text())='Hide navigation']"
+        wait_for(browser, hide, TIMEOUT_S, "'Hide navigation' control").click()
+        group = group_name(demo.catalog, "energy_daily")
+        browser.get(f"{ui.url}/locations/{LOCATION}/asset-groups/{group}/lineage")
+        chain = sorted(a for a in expected if group_name(demo.catalog, a) == group)
+        assert set(chain) >= ENERGY_CHAIN
+        wait_for_graph_nodes(browser, chain, TIMEOUT_S)
+        # Full nodes carry live partition health ("n% filled"); wait for all of them to load.
+        filled = "//*[local-name()='foreignObject']//*[contains(text(), '% filled')]"
+        wait_for(browser, f"({filled})[{len(chain)}]", TIMEOUT_S, "partition health on each node")
+        wait_until_still(browser, graph_node_xpath("energy_daily"), TIMEOUT_S)
+        shot = screenshot(browser, ARTIFACTS / "asset-graph.png")
+    if os.environ.get("ROLLUPS_UPDATE_DOCS_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+
+def test_partitions_page_shows_materialized_partitions(
+    ui: DagsterDev, browser: WebDriver, demo: Demo
+) -> None:
+    """The count the page shows is the instance's own record, and a materialized partition
+    shows its status tag and the run's metadata."""
+    count = len(demo.daily_materialized)
+    key = demo.daily_materialized[len(demo.daily_materialized) // 2]
+    with screenshot_on_failure(browser, ARTIFACTS / "failed-partitions.png"):
+        browser.get(f"{ui.url}/assets/energy_daily?view=partitions&partition={key}")
+        label = f"Materialized ({count:,})"
+        try:
+            wait_for(browser, f"//label[normalize-space()='{label}']", TIMEOUT_S, label)
+        except AssertionError:
+            shown = browser.find_elements(By.XPATH, "//label[contains(., 'Materialized')]")
+            raise AssertionError(f"expected {label!r}; shown: {[e.text for e in shown]}") from None
+        header = (
+            f"//*[span//div[@title={xpath_literal(key)}]"
+            " and div/span[@data-tooltip='Materialized']]"
+        )
+        wait_for(browser, header, TIMEOUT_S, f"'Materialized' tag on partition {key}")
+        for field in ("generation", "rows", "trigger", "source_versions"):
+            wait_for(browser, f"//table//span[normalize-space()='{field}']", TIMEOUT_S, field)
+        screenshot(browser, ARTIFACTS / "partitions.png")
+
+
+def test_sensors_are_running(ui: DagsterDev, browser: WebDriver) -> None:
+    """Each sensor's switch is on and the daemon has evaluated it at least once."""
+    switch = "//tr[td[normalize-space()='Running']]//input[@type='checkbox']"
+    tick = "//tr[td[normalize-space()='Latest tick']]/td[2]//div[@title]"
+    for name in SENSORS:
+        with screenshot_on_failure(browser, ARTIFACTS / f"failed-{name}.png"):
+            browser.get(f"{ui.url}/locations/{LOCATION}/sensors/{name}")
+            wait_until(
+                browser,
+                lambda d: any(e.is_selected() for e in d.find_elements(By.XPATH, switch)),
+                TIMEOUT_S,
+                f"{name} switched on",
+            )
+            wait_for(browser, tick, TIMEOUT_S, f"tick of {name}")
+            screenshot(browser, ARTIFACTS / f"sensor-{name}.png")
+    with screenshot_on_failure(browser, ARTIFACTS / "failed-sensors.png"):
+        browser.get(f"{ui.url}/automation")
+        for name in SENSORS:
+            # The row's selection box is never ticked here, so a selected box is the switch.
+            row = f"//*[@data-index][.//a[@href='/locations/{LOCATION}/sensors/{name}']]"
+            wait_until(
+                browser,
+                lambda d, row=row: any(
+                    e.is_selected() for e in d.find_elements(By.XPATH, f"{row}//input")
+                ),
+                TIMEOUT_S,
+                f"{name} switched on in the automation list",
+            )
+        screenshot(browser, ARTIFACTS / "sensors.png")
+
+
+def test_graph_check_fails_for_an_undeclared_rollup(
+    without_yearly: Undeclared, browser: WebDriver
+) -> None:
+    """The graph check is not vacuous: a code location whose spec file lacks energy_yearly
+    draws the rest of the chain, no energy_yearly, and the same check reports it missing."""
+    server, declared, removed = (
+        without_yearly.server,
+        without_yearly.declared,
+        without_yearly.removed,
+    )
+    everything = sorted([*declared, removed])
+    server.wait_ready(120)
+    with screenshot_on_failure(browser, ARTIFACTS / "failed-without-yearly.png"):
+        browser.get(f"{server.url}/asset-groups")
+        wait_for_graph_nodes(browser, declared, TIMEOUT_S)
+        assert removed not in declared
+        assert drawn_graph_nodes(browser, everything) == declared
+        with pytest.raises(AssertionError, match=removed):
+            wait_for_graph_nodes(browser, everything, timeout_s=2)
+        screenshot(browser, ARTIFACTS / "lineage-without-yearly.png")
