@@ -151,9 +151,12 @@ def standalone_cluster(
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     cluster = StandaloneCluster(f"spark://{HOST}:{port}", f"http://{HOST}:{ui}", [])
     try:
-        # The master's REST submission server is off: it binds a fixed port (6066) by default.
+        # The master's REST submission server binds a fixed port (6066) by default: off. A
+        # port taken since `free_port` makes a process fail (and us report it), never move on.
         (scratch / "conf").mkdir(parents=True, exist_ok=True)
-        (scratch / "conf" / "spark-defaults.conf").write_text("spark.master.rest.enabled false\n")
+        (scratch / "conf" / "spark-defaults.conf").write_text(
+            "spark.master.rest.enabled false\nspark.port.maxRetries 0\n"
+        )
         master_args = ["--host", HOST, "--port", str(port), "--webui-port", str(ui)]
         master = launch(
             "master", [spark_class, "org.apache.spark.deploy.master.Master", *master_args], scratch
