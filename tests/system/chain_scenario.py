@@ -25,6 +25,7 @@ from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
 from rollup_assets.engine import Engine
 from rollup_assets.instance import ensure_pools
+from rollup_assets.query import query_spark
 from rollup_assets.specs import load_catalog
 from tests.conftest import World
 from tests.integration import test_chain_oracle as chain
@@ -70,6 +71,13 @@ def run(spark_url: str, root: Path, warehouse_root: str, conf: dict[str, str]) -
             except Exception:  # reported, then judged by the caller
                 result["error"] = traceback.format_exc()
             result["problems"] = compare_all(world.query, world.raw(), world.catalog)
+            # The Spark read path and `toArrow` against the delta-rs/Arrow one.
+            via_spark = query_spark(world.engine, spark, "energy_daily").toArrow()
+            via_arrow = world.query("energy_daily")
+            result["spark_query_rows"] = via_spark.num_rows
+            result["spark_query_equal"] = (
+                via_spark.select(via_arrow.column_names).to_pylist() == via_arrow.to_pylist()
+            )
             result["runs"] = [(r.job_name, r.status.value) for r in instance.get_runs()]
         try:  # the runs attached to this session: had one stopped it, this would raise
             result["session_after"] = describe(spark)
