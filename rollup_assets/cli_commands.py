@@ -252,6 +252,58 @@ def recompute(
     echo_data(_job_row(final), fmt)
 
 
+@main.command()
+@click.argument("rollup")
+@click.option(
+    "--from", "start", required=True, help="Check the partitions covering [--from, --to)."
+)
+@click.option("--to", "end", required=True)
+@click.option("--max-partitions", type=int, default=50, show_default=True)
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def check(rollup: str, start: str, end: str, max_partitions: int, fmt: str) -> None:
+    """Run the `matches_source` asset check, one partition per run (shown per partition in the UI)."""
+    from rollup_assets.factory import check_job_name
+    from rollup_assets.partitions import partitions_def_for
+    from rollup_assets.runner import check_evaluations, execute
+
+    spec = catalog().rollup(rollup)
+    a, b = time_range(start, end)
+    assert a is not None and b is not None
+    mark = engine().require_activated(spec).watermark
+    buckets = [
+        w for w in engine().buckets_in(spec, [Window(a, b)]) if mark is not None and w.end <= mark
+    ]
+    if not buckets:
+        raise InvalidTimeRangeError(f"no aggregated (closed) partition of '{rollup}' in that range")
+    if len(buckets) > max_partitions:
+        raise InvalidTimeRangeError(
+            f"{len(buckets)} partitions in range; narrow it or raise --max-partitions"
+        )
+    defs, instance = _spark_and_instance()
+    pdef = partitions_def_for(spec)
+    rows = []
+    for w in buckets:
+        key = pdef.get_partition_key_for_timestamp(w.start.timestamp())
+        run = execute(defs, instance, check_job_name(spec), {"dagster/partition": key})
+        assert run is not None
+        results = check_evaluations(instance, run.run_id)
+        passed = run.success and bool(results) and all(r["passed"] for r in results)
+        differing = sum(int(r["metadata"].get("differing_rows", 0)) for r in results)
+        rows.append(
+            {
+                "partition": key,
+                "passed": passed,
+                "differing_rows": differing,
+                "run_id": run.run_id,
+                "error": run.error,
+            }
+        )
+    echo_data(rows, fmt)
+    if not all(r["passed"] for r in rows):
+        raise SystemExit(1)
+
+
 # -- operator controls and lifecycle ------------------------------------------------------------
 
 

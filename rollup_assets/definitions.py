@@ -5,6 +5,7 @@ import dagster as dg
 from resources.spark import SparkResource
 from resources.warehouse_resource import WarehouseResource
 from rollup_assets.factory import (
+    build_check_job,
     build_raw_spec,
     build_rollup_asset,
     build_rollup_check,
@@ -27,7 +28,12 @@ def build_definitions(
             *[build_rollup_asset(spec, catalog) for spec in catalog.rollups.values()],
         ],
         asset_checks=[build_rollup_check(spec, catalog) for spec in catalog.rollups.values()],
-        jobs=[*rollup_jobs, *build_operator_jobs(catalog), maintenance_job],
+        jobs=[
+            *rollup_jobs,
+            *[build_check_job(spec) for spec in catalog.rollups.values()],
+            *build_operator_jobs(catalog),
+            maintenance_job,
+        ],
         sensors=build_sensors(catalog, rollup_jobs),
         schedules=[maintenance_schedule],
         resources={"spark": SparkResource(), "warehouse": warehouse or WarehouseResource()},

@@ -142,7 +142,7 @@ def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinitio
                 spec,
                 requested=requested,
                 now=now,
-                run_id=context.run_id,
+                run_id=context.run.run_id,
                 log_progress=say,
             )
         else:
@@ -160,7 +160,7 @@ def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinitio
                 say(f"job {tags.get(TAG_JOB)} already finished (coalesced or ended); nothing to do")
                 return
             outcome = run_recompute(
-                engine, spark.session, spec, job, run_id=context.run_id, log_progress=say
+                engine, spark.session, spec, job, run_id=context.run.run_id, log_progress=say
             )
         if outcome.note:
             say(outcome.note)
@@ -204,8 +204,22 @@ def build_rollup_job(spec: RollupSpec):  # noqa: ANN201 - an unresolved asset jo
     return dg.define_asset_job(
         name=job_name(spec),
         selection=dg.AssetSelection.assets(spec.name).without_checks(),
-        partitions_def=partitions_def_for(spec),
         description=f"Materialize partitions of {spec.name} (the sensors launch it; so can you).",
+        tags={TAG_ROLLUP: spec.name},
+    )
+
+
+def check_job_name(spec: RollupSpec) -> str:
+    return f"{spec.name}_check_job"
+
+
+def build_check_job(spec: RollupSpec):  # noqa: ANN201 - an unresolved asset job
+    """Runs `matches_source` on the selected partitions (one partition per run keeps the result
+    attributed to that partition in the UI)."""
+    return dg.define_asset_job(
+        name=check_job_name(spec),
+        selection=dg.AssetSelection.checks_for_assets(spec.name),
+        description=f"Verify partitions of {spec.name} against a fresh aggregation of its source.",
         tags={TAG_ROLLUP: spec.name},
     )
 

@@ -20,6 +20,8 @@ run_monitoring:
   poll_interval_seconds: 30
 telemetry:
   enabled: false
+nux:
+  enabled: false
 """
 
 

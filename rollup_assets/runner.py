@@ -99,6 +99,19 @@ def _root_cause(info) -> str:  # noqa: ANN001 - dagster SerializableErrorInfo
     return f"{info.cls_name}: {message}" if info.cls_name else message
 
 
+def check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dict]:
+    """The asset-check results a run recorded: passed flag, partition and plain metadata."""
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    out = []
+    for r in records:
+        data = r.event_log_entry.dagster_event.event_specific_data
+        meta = {k: getattr(v, "value", v) for k, v in (data.metadata or {}).items()}
+        out.append({"passed": data.passed, "partition": data.partition, "metadata": meta})
+    return out
+
+
 def tick(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,

@@ -127,6 +127,20 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
         new_cursor = json.dumps(
             {"health": digests, "detected": detection.cursors or cursor.get("detected", {})}
         )
+        events += [
+            dg.AssetObservation(
+                asset_key=c.archive,
+                metadata={
+                    "delta_version": c.version,
+                    "change_source": c.change_source or "unknown",
+                    "changed_rows": c.rows if c.rows is not None else -1,
+                    "min_ts": iso_utc(c.min_ts) if c.min_ts else "none",
+                    "max_ts": iso_utc(c.max_ts) if c.max_ts else "none",
+                    "dirty_rollups": ", ".join(c.dirty_rollups) or "none (appends)",
+                },
+            )
+            for c in detection.commits
+        ]
         requests = [run_request_for(catalog, launch) for launch in plan.launches]
         if not requests and not events:
             return dg.SkipReason(

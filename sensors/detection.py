@@ -48,12 +48,26 @@ class Changes:
 
 
 @dataclass(frozen=True)
+class CommitSummary:
+    """What one source commit changed, for the source asset's observations in Dagster."""
+
+    archive: str
+    version: int
+    change_source: str | None
+    rows: int | None  # changed rows from the feed; None when only file statistics were read
+    min_ts: datetime | None
+    max_ts: datetime | None
+    dirty_rollups: list[str]
+
+
+@dataclass(frozen=True)
 class Detection:
     jobs: list[Job]
     cursors: dict[str, int]
     versions_read: int
     rows_classified: int
     notes: list[str]
+    commits: list[CommitSummary] = field(default_factory=list)
 
 
 def classify(ts: datetime, consumed: datetime | None) -> ChangeKind:
@@ -114,6 +128,7 @@ def detect(
     jobs: list[Job] = []
     cursors: dict[str, int] = {}
     notes: list[str] = []
+    commits: list[CommitSummary] = []
     versions_read = rows_classified = 0
     catalog = engine.catalog
     for base in [*catalog.raw.values(), *catalog.time_range.values()]:
@@ -136,16 +151,32 @@ def detect(
             if changes is None:
                 continue
             rows_classified += changes.rows.num_rows if changes.rows is not None else 0
+            dirty = []
             for dep in deps:
                 job = _dirty_job(dep, base.name, changes, states[dep.name], engine)
                 if job is not None:
                     jobs.append(job)
+                    dirty.append(dep.name)
+            commits.append(_summary(base.name, changes, dirty))
         cursors[base.name] = end
         if end < latest:
             notes.append(
                 f"{base.name}: read versions {cursor + 1}..{end}, {latest - end} left for next tick"
             )
-    return Detection(jobs, cursors, versions_read, rows_classified, notes)
+    return Detection(jobs, cursors, versions_read, rows_classified, notes, commits)
+
+
+def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:
+    source = changes.change_source.value if changes.change_source else None
+    if changes.rows is not None:
+        n = changes.rows.num_rows
+        lo, hi = pc.min_max(changes.rows["ts"]).values() if n else (None, None)
+        return CommitSummary(
+            archive, changes.version, source, n, lo and lo.as_py(), hi and hi.as_py(), dirty
+        )
+    lo = min((r[0] for r in changes.ranges), default=None)
+    hi = max((r[1] for r in changes.ranges), default=None)
+    return CommitSummary(archive, changes.version, source, None, lo, hi, dirty)
 
 
 def _consumes(state: ArchiveState | None) -> bool:

@@ -114,6 +114,10 @@ def test_retroactive_rows_map_to_exact_buckets_and_entities(engine: Engine, tmp_
     )
     assert job.source_archive == "energy_raw" and job.source_version == v
     assert d.cursors == {"energy_raw": v}
+    [summary] = d.commits
+    assert (summary.version, summary.rows, summary.change_source) == (v, 3, "Manual")
+    assert summary.dirty_rollups == ["energy_hourly"]
+    assert summary.min_ts == T0 + timedelta(hours=3, minutes=15)
 
 
 def test_detection_is_value_agnostic(engine: Engine, tmp_path: Path) -> None:
