@@ -25,6 +25,7 @@ from rollup_assets.specs import Catalog, load_catalog
 from tests.oracle import raw_frame
 
 TESTS = Path(__file__).parent
+REPO_ARTIFACTS = TESTS.parent / "test-artifacts"
 os.environ.setdefault("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30")
 
 

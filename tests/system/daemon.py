@@ -1,0 +1,98 @@
+"""Starting and stopping a real `dagster-daemon` against a temporary Dagster home."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# The daemon launches each run as a subprocess with its own JVM; two at a time keeps a 2-core
+# machine responsive. Op-granularity pools (one per rollup, limit 1) serialize writers.
+DAEMON_YAML = """\
+concurrency:
+  pools:
+    default_limit: 1
+    granularity: op
+  runs:
+    max_concurrent_runs: 2
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+telemetry:
+  enabled: false
+"""
+
+
+def write_home(home: Path, storage_yaml: str = "") -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(DAEMON_YAML + storage_yaml)
+
+
+def daemon_env(home: Path, warehouse: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "ROLLUPS_WAREHOUSE": str(warehouse),
+        "ROLLUPS_SENSOR_INTERVAL_SECONDS": "5",
+        "ROLLUPS_SPARK_MASTER": "local[1]",
+        "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
+        "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+        **(extra or {}),
+    }
+
+
+@contextmanager
+def running_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """`dagster-daemon run` in its own process group; killed (group) on exit, whatever happened."""
+    # A background process inherits SIGINT as ignored; restore the default so it can be stopped.
+    launcher = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                launcher,
+                str(BIN / "dagster-daemon"),
+                "run",
+                "-w",
+                "workspace.yaml",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield proc
+        finally:
+            for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+                if proc.poll() is not None:
+                    break
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait)
+                except subprocess.TimeoutExpired:
+                    continue
+
+
+def wait_for(predicate, timeout: float, interval: float = 1.0, what: str = "condition"):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
