@@ -269,7 +269,7 @@ def commit(
     for attempt in range(attempts):
         table = open_table(uri, storage_options)
         p = plan(table)
-        actions = [*p.removes, *p.adds]
+        actions: list[AddAction | RemoveAction] = [*p.removes, *p.adds]
         if table is not None and not actions:
             return table.version()  # nothing to change: no empty commit
         try:
@@ -330,7 +330,10 @@ def _pv_string(v: object) -> str | None:
 
 
 def file_actions(table: DeltaTable) -> list[dict]:
-    """Every live file of the snapshot with its stats (`min.<col>`, `max.<col>`, `partition.<col>`)."""
+    """Every live file of the snapshot with its stats.
+
+    Keys: `min.<col>`, `max.<col>`, `partition.<col>`.
+    """
     return pa.table(table.get_add_actions(flatten=True)).to_pylist()
 
 

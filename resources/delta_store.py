@@ -10,8 +10,10 @@ did not move in between (a sweep only ever follows a flip, so an unchanged point
 that every active row is still in the snapshot); otherwise they retry.
 """
 
+import functools
 import json
 import logging
+import operator
 import time
 import urllib.parse
 import uuid
@@ -165,13 +167,11 @@ class RollupStore:
         uris = [spark_uri(data_file_uri(root, f["path"])) for f in files]
         df = spark.read.schema(spark_schema).parquet(*uris)
         if spans:
-            cond = None
-            for w in merge_windows(list(spans)):
-                c = (F.col("bucket_start") >= F.lit(w.start)) & (
-                    F.col("bucket_start") < F.lit(w.end)
-                )
-                cond = c if cond is None else cond | c
-            df = df.where(cond)
+            conds = [
+                (F.col("bucket_start") >= F.lit(w.start)) & (F.col("bucket_start") < F.lit(w.end))
+                for w in merge_windows(list(spans))
+            ]
+            df = df.where(functools.reduce(operator.or_, conds))
         if entities is not None:
             df = df.where(F.col("entity_id").isin(sorted(entities)))
         return resolve_active_spark(spark, df, snap.pointers)
@@ -293,7 +293,7 @@ class RollupStore:
         buckets: list[Window],
         metadata: dict[str, str],
     ) -> int:
-        """Forward lane: swap the generation-0 rows of `buckets` for the new files, in one commit."""
+        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit."""
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
             return pc.and_(
@@ -397,13 +397,21 @@ class RollupStore:
         out = []
         for f in files:
             lo, hi = f.get("min.bucket_start"), f.get("max.bucket_start")
-            if merged is not None and lo is not None and hi is not None:
-                if not any(lo < w.end and hi >= w.start for w in merged):
-                    continue
+            if (
+                merged is not None
+                and lo is not None
+                and hi is not None
+                and not any(lo < w.end and hi >= w.start for w in merged)
+            ):
+                continue
             elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
-            if entities is not None and elo is not None and ehi is not None:
-                if not any(elo <= e <= ehi for e in entities):
-                    continue
+            if (
+                entities is not None
+                and elo is not None
+                and ehi is not None
+                and not any(elo <= e <= ehi for e in entities)
+            ):
+                continue
             out.append(f)
         return out
 
@@ -482,7 +490,7 @@ class RollupStore:
         return removes, adds, dropped
 
 
-def _spark_schema(spec: RollupSpec, schema: pa.Schema):  # noqa: ANN202 - pyspark StructType
+def _spark_schema(spec: RollupSpec, schema: pa.Schema):
     from pyspark.sql import types as T
 
     types = {

@@ -10,7 +10,7 @@ one Delta commit: that commit is the moment readers switch to the new generation
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -61,7 +61,8 @@ def genmap_version(uri: str, storage_options: dict[str, str] | None = None) -> i
 
 
 def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """(global pointers: bucket_start, g_all), (entity pointers: bucket_start, entity_id, g_entity)."""
+    """(global pointers: bucket_start, g_all),
+    (entity pointers: bucket_start, entity_id, g_entity)."""
     is_global = pc.is_null(pointers["entity_id"])
     g = pointers.filter(is_global).group_by("bucket_start").aggregate([("generation", "max")])
     g = g.rename_columns(["bucket_start", "g_all"])
@@ -75,7 +76,7 @@ def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 
 def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
-    """For rows with (bucket_start, entity_id, generation): is each row's generation the active one?"""
+    """For rows with (bucket_start, entity_id, generation): is each row's generation active?"""
     n = rows.num_rows
     if n == 0:
         return pa.chunked_array([pa.array([], pa.bool_())])
@@ -123,7 +124,7 @@ def flipped_pointers(
         keep = pc.invert(superseded)
     kept = current.filter(keep)
     now = datetime.now(UTC)
-    ent_list: list[str | None] = [None] if entities is None else sorted(entities)
+    ent_list: list[str | None] = [None] if entities is None else list(sorted(entities))
     new = pa.Table.from_pylist(
         [
             {
@@ -150,7 +151,7 @@ def write_pointer_table(
     metadata: dict[str, str],
     storage_options: dict[str, str] | None = None,
 ) -> int:
-    """Replace the whole pointer table with `change(current)` in one commit (retrying on conflict)."""
+    """Replace the whole pointer table with `change(current)` in one commit (retried)."""
     fs, root = filesystem_for(uri, storage_options)
 
     def plan(snapshot: DeltaTable | None) -> CommitPlan:

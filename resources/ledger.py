@@ -243,7 +243,7 @@ class Ledger:
         now = datetime.now(UTC)
         rows = [j.as_row() for j in jobs]
         for source, version in (cursors or {}).items():
-            row = {name: None for name in LEDGER_SCHEMA.names}
+            row: dict[str, object] = {name: None for name in LEDGER_SCHEMA.names}
             row.update(
                 kind="cursor", source_archive=source, source_version=version, recorded_at=now
             )

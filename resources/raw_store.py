@@ -7,7 +7,9 @@ value when the incoming one is null (COALESCE), so several producers can fill on
 """
 
 import datetime as dt
+import functools
 import logging
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,11 +189,11 @@ class RawStore:
         )
         time_col = key_columns(spec)[1]
         if spans:
-            cond = None
-            for w in merge_windows(list(spans)):
-                c = (F.col(time_col) >= F.lit(w.start)) & (F.col(time_col) < F.lit(w.end))
-                cond = c if cond is None else cond | c
-            df = df.where(cond)
+            conds = [
+                (F.col(time_col) >= F.lit(w.start)) & (F.col(time_col) < F.lit(w.end))
+                for w in merge_windows(list(spans))
+            ]
+            df = df.where(functools.reduce(operator.or_, conds))
         if entities is not None:
             df = df.where(F.col("entity_id").isin(sorted(entities)))
         return df, table.version()

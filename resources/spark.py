@@ -45,12 +45,13 @@ def require_java() -> None:
         return
     if shutil.which("java") is None:
         raise JavaMissingError(
-            "Java 17 is required for Spark but no `java` was found (install a JDK 17 or set JAVA_HOME)"
+            "Java 17 is required for Spark but no `java` was found "
+            "(install a JDK 17 or set JAVA_HOME)"
         )
 
 
 def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
-    """Nested `{"spark": {"sql": {...}}}` dicts become dotted keys, exactly as PySparkResource does."""
+    """Nested `{"spark": {"sql": {...}}}` dicts become dotted keys, as PySparkResource does."""
     return {
         key: str(value).lower() if isinstance(value, bool) else str(value)
         for key, value in flatten_dict(conf)

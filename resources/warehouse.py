@@ -1,7 +1,7 @@
 """Where tables live: the warehouse root (a local directory or an object-store URI).
 
 Layout under the root:
-    raw/<archive>/                 raw and time-range archives (Delta, CDF on, partitioned by UTC day)
+    raw/<archive>/                 raw and time-range archives (Delta, CDF, by UTC day)
     rollups/<rollup>/              rollup rows at every generation (Delta)
     rollups/<rollup>__genmap/      the active-generation pointers of that rollup (Delta)
     _control/<table>/              archive state, ledger and job history (Delta)

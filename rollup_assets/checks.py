@@ -1,5 +1,7 @@
 """The asset check: a stored rollup equals a fresh aggregation of its source."""
 
+import functools
+import operator
 from dataclasses import dataclass, field
 
 from pyspark.sql import Column, SparkSession
@@ -30,7 +32,7 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
 def compare_with_source(
     engine: Engine, spark: SparkSession, spec: RollupSpec, spans: list[Window]
 ) -> CheckDiff:
-    """Compare the aggregated (closed) buckets in `spans`; buckets past the watermark are skipped."""
+    """Compare the aggregated (closed) buckets in `spans`; later buckets are skipped."""
     state = engine.states.get(spec.name)
     mark = state.watermark
     buckets = [w for w in engine.buckets_in(spec, spans) if mark is not None and w.end <= mark]
@@ -43,10 +45,10 @@ def compare_with_source(
     )
     f = fresh.select("entity_id", "bucket_start", *[F.col(n).alias(f"f__{n}") for n in names])
     joined = f.join(stored, on=["entity_id", "bucket_start"], how="full_outer")
-    same = None
-    for sc in spec.stored_columns:
-        c = _same(F.col(f"f__{sc.name}"), F.col(sc.name), sc.type)
-        same = c if same is None else same & c
+    same = functools.reduce(
+        operator.and_,
+        [_same(F.col(f"f__{sc.name}"), F.col(sc.name), sc.type) for sc in spec.stored_columns],
+    )
     bad = joined.where(~same)
     differing = bad.count()
     examples = []

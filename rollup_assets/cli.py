@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from rollup_assets.clock import parse_instant
 from rollup_assets.cli_format import render
+from rollup_assets.clock import parse_instant
 from rollup_assets.errors import InvalidTimeRangeError, RollupsError
 
 FORMATS = click.Choice(["table", "json", "csv"])
@@ -42,21 +42,21 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @cache
-def catalog():  # noqa: ANN201
+def catalog():
     from rollup_assets.specs import load_catalog
 
     return load_catalog()
 
 
 @cache
-def engine():  # noqa: ANN201
+def engine():
     from resources.warehouse import Warehouse
     from rollup_assets.engine import Engine
 
     return Engine(catalog(), Warehouse.from_env())
 
 
-def ops():  # noqa: ANN201
+def ops():
     from rollup_assets.operations import Operations
 
     return Operations(engine(), actor="cli")

@@ -1,4 +1,7 @@
-"""The clock of the forward lane. `ROLLUPS_NOW` (ISO-8601) pins it, for tests and `rollups tick --now`."""
+"""The clock of the forward lane.
+
+`ROLLUPS_NOW` (ISO-8601) pins it, for tests and `rollups tick --now`.
+"""
 
 import os
 from datetime import UTC, datetime

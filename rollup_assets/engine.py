@@ -64,7 +64,8 @@ class Engine:
     def require_same_schema(self, spec: ArchiveSpec, state: ArchiveState) -> None:
         if state.fingerprint and state.fingerprint != schema_fingerprint(spec):
             raise ArchiveSchemaImmutableError(
-                f"archive '{spec.name}' was activated with another schema-relevant spec; an activated "
+                f"archive '{spec.name}' was activated with another schema-relevant spec; "
+                "an activated "
                 "archive's columns, source, alignment, zone, start and aggregations are frozen. "
                 f"Declare a new archive (e.g. '{spec.name}_v2') or delete this one first."
             )

@@ -176,7 +176,8 @@ def build_rollup_check(spec: RollupSpec, catalog: Catalog) -> dg.AssetChecksDefi
         asset=spec.name,
         name=CHECK_NAME,
         partitions_def=pdef,
-        description="Every stored bucket of the selected partitions equals a fresh aggregation of the "
+        description="Every stored bucket of the selected partitions equals a fresh "
+        "aggregation of the "
         "source (reports the differing buckets and entities).",
     )
     def _check(
@@ -200,7 +201,7 @@ def build_rollup_check(spec: RollupSpec, catalog: Catalog) -> dg.AssetChecksDefi
     return _check
 
 
-def build_rollup_job(spec: RollupSpec):  # noqa: ANN201 - an unresolved asset job
+def build_rollup_job(spec: RollupSpec):
     return dg.define_asset_job(
         name=job_name(spec),
         selection=dg.AssetSelection.assets(spec.name).without_checks(),
@@ -213,7 +214,7 @@ def check_job_name(spec: RollupSpec) -> str:
     return f"{spec.name}_check_job"
 
 
-def build_check_job(spec: RollupSpec):  # noqa: ANN201 - an unresolved asset job
+def build_check_job(spec: RollupSpec):
     """Runs `matches_source` on the selected partitions (one partition per run keeps the result
     attributed to that partition in the UI)."""
     return dg.define_asset_job(

@@ -11,7 +11,10 @@ from rollup_assets.specs import Catalog
 class MaintenanceConfig(dg.Config):
     retention_hours: int = Field(
         default=DEFAULT_RETENTION_HOURS,
-        description="Vacuum keeps unreferenced files younger than this; keep it above the longest read or run.",
+        description=(
+            "Vacuum keeps unreferenced files younger than this; "
+            "keep it above the longest read or run."
+        ),
     )
 
 

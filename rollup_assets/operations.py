@@ -16,9 +16,9 @@ from rollup_assets.errors import (
     ArchiveNotActivatedError,
     InvalidArchiveStateTransitionError,
     InvalidTimeRangeError,
+    RollupsError,
     RollupSourceInUseError,
     RollupSourceMissingError,
-    RollupsError,
 )
 from rollup_assets.partitions import Bucketing, Window, as_utc, first_bucket_start, merge_windows
 from rollup_assets.specs import ArchiveSpec, RollupSpec, schema_fingerprint
@@ -192,13 +192,14 @@ class Operations:
         )
 
     def rewind(self, name: str, to: datetime) -> tuple[ArchiveState, int]:
-        """Move the watermark back to bucket boundary `to`. Destructive: see `RollupStore.rewind`."""
+        """Move the watermark back to bucket boundary `to`. Destructive: `RollupStore.rewind`."""
         spec = self.catalog.rollup(name)
         to = as_utc(to)
         state = self.engine.require_activated(spec)
         if not Bucketing.of(spec).is_boundary(to) or to < first_bucket_start(spec):
             raise InvalidTimeRangeError(
-                f"rewind target {to.isoformat()} is not a bucket boundary of '{name}' at or after its first partition"
+                f"rewind target {to.isoformat()} is not a bucket boundary of '{name}' "
+                "at or after its first partition"
             )
         if state.watermark is None or to > state.watermark:
             raise InvalidTimeRangeError(
@@ -229,7 +230,10 @@ class Operations:
         job = Job(name, Trigger.MANUAL, tuple(buckets), entities=entities)
         state = self.engine.states.get(name)
         if state.status is not ArchiveStatus.ACTIVATED:
-            reason = f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
+            reason = (
+                f"Archive is not activated (status {state.status.value}) - "
+                "activate it before recomputing"
+            )
             failed = job.next(state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC))
             self.engine.ledger.record([failed])
             raise ArchiveNotActivatedError(
@@ -260,7 +264,7 @@ class Health:
 RECOMPUTE_TRIGGERS = (Trigger.MANUAL, Trigger.PERIODIC, Trigger.CHAIN)
 
 
-def health(engine: Engine, name: str, snapshot=None, states=None) -> Health:  # noqa: ANN001
+def health(engine: Engine, name: str, snapshot=None, states=None) -> Health:
     snap = snapshot or engine.ledger.snapshot()
     state = (states or {}).get(name) or engine.states.get(name)
     jobs = [j for j in snap.for_rollup(name) if j.trigger in RECOMPUTE_TRIGGERS]
@@ -269,7 +273,7 @@ def health(engine: Engine, name: str, snapshot=None, states=None) -> Health:  # 
     ok = [j.finished_at for j in jobs if j.state is JobState.COMPLETED and j.finished_at]
     failed = sorted(
         (j for j in jobs if j.state is JobState.FAILED and j.finished_at),
-        key=lambda j: j.finished_at,
+        key=lambda j: j.finished_at or datetime.min.replace(tzinfo=UTC),
     )
     return Health(
         archive=name,

@@ -68,7 +68,10 @@ def run_recompute(
     t0 = time.monotonic()
     state = engine.states.get(spec.name)
     if state.status is not ArchiveStatus.ACTIVATED:
-        reason = f"Archive is not activated (status {state.status.value}) - activate it before recomputing"
+        reason = (
+            f"Archive is not activated (status {state.status.value}) - "
+            "activate it before recomputing"
+        )
         failed = job.next(
             state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC), run_id=run_id
         )
@@ -103,7 +106,10 @@ def run_recompute(
             )
         )
     if not ready:
-        note = "nothing to recompute: every bucket is at/after the watermark (open or not yet aggregated)"
+        note = (
+            "nothing to recompute: every bucket is at/after the watermark "
+            "(open or not yet aggregated)"
+        )
         if waiting:
             note = f"{len(waiting)} bucket(s) are frozen or past the watermark and stay pending"
         done = job.next(
@@ -133,11 +139,13 @@ def run_recompute(
         reclaimed = engine.rollups.reclaim(spec)
         if reclaimed:
             say(
-                f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run that died before its flip"
+                f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "
+                "that died before its flip"
             )
         scope = "all entities" if job.entities is None else f"{len(job.entities)} entit(y/ies)"
         say(
-            f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} at generation {generation}"
+            f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} "
+            f"at generation {generation}"
         )
         frame, versions = engine.partials(spark, spec, ready, job.entities)
         written = engine.rollups.write_rows(
@@ -176,7 +184,8 @@ def run_recompute(
         checkpoint("during_sweep")
         swept = engine.rollups.sweep(spec, ready, job.entities)
         say(
-            f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); swept {swept} superseded row(s)"
+            f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); "
+            f"swept {swept} superseded row(s)"
         )
         return RunOutcome(done, ready, written.rows, generation, version, versions, duration)
     except Exception as exc:
@@ -202,11 +211,13 @@ def _check_still_ours(engine: Engine, spec: RollupSpec, job: Job) -> None:
         )
     if state.watermark is None or any(w.end > state.watermark for w in job.windows):
         raise RecomputeAbortedError(
-            f"'{spec.name}' was rewound during the recompute; the forward lane now owns these buckets"
+            f"'{spec.name}' was rewound during the recompute; "
+            "the forward lane now owns these buckets"
         )
     if current is not None and current.state.terminal:
         raise RecomputeAbortedError(
-            f"job {job.job_id} was ended ({current.state.value}: {current.error}); nothing was flipped"
+            f"job {job.job_id} was ended ({current.state.value}: {current.error}); "
+            "nothing was flipped"
         )
 
 

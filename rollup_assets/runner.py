@@ -13,6 +13,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import dagster as dg
 
@@ -78,6 +79,12 @@ def execute(
         return None
     job = defs.resolve_job_def(job_name)
     tags = {**tags, TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
+    level = os.environ.get("ROLLUPS_RUN_LOG_LEVEL")
+    if level:  # the console logger of in-process runs (the event log keeps every record)
+        run_config = {
+            **(run_config or {}),
+            "loggers": {"console": {"config": {"log_level": level}}},
+        }
     if run_key:
         tags["dagster/run_key"] = run_key
     result = job.execute_in_process(
@@ -91,7 +98,7 @@ def execute(
     return RunReport(job_name, result.run_id, result.success, tags, error)
 
 
-def _root_cause(info) -> str:  # noqa: ANN001 - dagster SerializableErrorInfo
+def _root_cause(info) -> str:
     """The innermost error of a Dagster error chain, as 'Type: message'."""
     while getattr(info, "cause", None) is not None:
         info = info.cause
@@ -106,7 +113,10 @@ def check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dict]:
     ).records
     out = []
     for r in records:
-        data = r.event_log_entry.dagster_event.event_specific_data
+        event = r.event_log_entry.dagster_event
+        data: Any = event.event_specific_data if event is not None else None
+        if data is None:
+            continue
         meta = {k: getattr(v, "value", v) for k, v in (data.metadata or {}).items()}
         out.append({"passed": data.passed, "partition": data.partition, "metadata": meta})
     return out
@@ -140,12 +150,14 @@ def tick(
             if data.skip_message:
                 report.skips.append(f"{name}: {data.skip_message}")
             for request in data.run_requests or []:
+                if request.job_name is None:
+                    raise RuntimeError(f"sensor {name} requested a run without naming its job")
                 run = execute(
                     defs,
                     instance,
                     request.job_name,
                     dict(request.tags),
-                    request.run_config,
+                    dict(request.run_config),
                     request.run_key,
                 )
                 if run is not None:

@@ -1,4 +1,7 @@
-"""The validation rules a catalog must pass at load. Each failure is a `SpecError(archive, rule)`."""
+"""The validation rules a catalog must pass at load.
+
+Each failure is a `SpecError(archive, rule)`.
+"""
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
@@ -42,14 +45,16 @@ def validate_catalog(
                 raise SpecError(
                     name,
                     "archive name",
-                    "names are lower-case identifiers (a-z, 0-9, _; no '__'), at most 63 characters",
+                    "names are lower-case identifiers (a-z, 0-9, _; no '__'), "
+                    "at most 63 characters",
                 )
             if name in seen:
                 raise SpecError(
                     name, "unique names", f"declared both as {seen[name]} and as {kind}"
                 )
             seen[name] = kind
-    for spec in (*raw.values(), *time_range.values()):
+    values: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*raw.values(), *time_range.values()]
+    for spec in values:
         _check_value_columns(spec)
     for spec in time_range.values():
         if spec.period is not None and spec.period <= timedelta(0):
@@ -286,8 +291,10 @@ def _check_aggregations(spec: RollupSpec, source: ArchiveSpec) -> dict[str, Colu
                 raise SpecError(
                     spec.name,
                     "known column",
-                    f"{agg.function.value}({agg.column}) needs the {'/'.join(missing) or 'partials'} of "
-                    f"'{agg.column}' from source rollup '{source.name}', which does not aggregate it so",
+                    f"{agg.function.value}({agg.column}) needs the "
+                    f"{'/'.join(missing) or 'partials'} of "
+                    f"'{agg.column}' from source rollup '{source.name}', "
+                    "which does not aggregate it so",
                 )
         else:
             col = source.column(agg.column)

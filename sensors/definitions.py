@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+from typing import Any
 
 import dagster as dg
 
@@ -59,13 +60,14 @@ def _health_events(
     events, digests = [], {}
     for name in engine.catalog.rollups:
         h = health(engine, name, snap, states)
+        h_ranges = [str(w) for w in h.pending_recompute_ranges]
         plain = {
             "status": h.status,
             "watermark": iso_utc(h.watermark) if h.watermark else "none",
             "frozen_until": iso_utc(h.frozen_until) if h.frozen_until else "none",
             "recompute_in_progress": h.recompute_in_progress,
             "dirty_windows_pending": h.dirty_windows_pending,
-            "pending_recompute_ranges": [str(w) for w in h.pending_recompute_ranges],
+            "pending_recompute_ranges": h_ranges,
             "last_recompute_success_at": iso_utc(h.last_recompute_success_at)
             if h.last_recompute_success_at
             else "none",
@@ -74,9 +76,9 @@ def _health_events(
         digest = hashlib.sha1(json.dumps(plain, default=str, sort_keys=True).encode()).hexdigest()[
             :16
         ]
-        meta = {
+        meta: dict[str, Any] = {
             **plain,
-            "pending_recompute_ranges": dg.MetadataValue.json(plain["pending_recompute_ranges"]),
+            "pending_recompute_ranges": dg.MetadataValue.json(h_ranges),
         }
         digests[name] = digest
         if previous.get(name) != digest:

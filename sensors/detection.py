@@ -90,7 +90,7 @@ def read_changes(
     """What commit `version` of a source table changed, or None for a commit without data change."""
     uri = engine.raw.uri(spec)
     actions = read_commit(uri, version, engine.warehouse.storage_options)
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     if info.get("operation") in SKIPPED_OPERATIONS and not any("cdc" in a for a in actions):
         return None
     data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
@@ -98,7 +98,11 @@ def read_changes(
     if not data:
         return None
     source = info.get("rollups.change_source")
-    change_source = ChangeSource(source) if source in ChangeSource._value2member_map_ else None
+    change_source = (
+        ChangeSource(source)
+        if isinstance(source, str) and source in ChangeSource._value2member_map_
+        else None
+    )
     time_col = key_columns(spec)[1]
     estimate = sum(_num_records(next(iter(a.values()))) for a in data if "cdc" not in a)
     table = engine.raw.table(spec)
@@ -106,7 +110,7 @@ def read_changes(
         table is not None
         and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
     )
-    if cdf and estimate <= MAX_CDF_ROWS:
+    if cdf and table is not None and estimate <= MAX_CDF_ROWS:
         reader = table.load_cdf(
             starting_version=version, ending_version=version, columns=["entity_id", time_col]
         )
@@ -131,7 +135,11 @@ def detect(
     commits: list[CommitSummary] = []
     versions_read = rows_classified = 0
     catalog = engine.catalog
-    for base in [*catalog.raw.values(), *catalog.time_range.values()]:
+    bases: list[RawArchiveSpec | TimeRangeArchiveSpec] = [
+        *catalog.raw.values(),
+        *catalog.time_range.values(),
+    ]
+    for base in bases:
         deps = [d for d in catalog.first_levels(base.name) if _consumes(states.get(d.name))]
         table = engine.raw.table(base) if deps else None
         if table is None:
@@ -252,7 +260,8 @@ def _file_range(
         d0 = _parse(day + "T00:00:00Z")
         return d0, d0 + timedelta(days=1) - timedelta(microseconds=1), entity
     raise ValueError(
-        f"cannot tell which times commit {version} of '{spec.name}' changed: file {body.get('path')} "
+        f"cannot tell which times commit {version} of '{spec.name}' changed: "
+        f"file {body.get('path')} "
         "has neither time statistics nor a day partition"
     )
 

@@ -125,7 +125,8 @@ def _settle(
         plan.events += [failed, retry]
         pending.append(retry)
         plan.notes.append(
-            f"{spec.name}: job {job.job_id} died ({job.state.value}); queued again as {retry.job_id}"
+            f"{spec.name}: job {job.job_id} died ({job.state.value}); "
+            f"queued again as {retry.job_id}"
         )
     return pending, busy
 

@@ -46,7 +46,7 @@ class DagsterRunLookup:
         self.instance.report_run_failed(run, f"process {pid} running this run is gone")
         try:
             self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
-        except Exception:  # noqa: BLE001 - storage without pools: nothing to free
+        except Exception:
             log.debug("no concurrency slots to free for %s", run.run_id)
         return True
 

@@ -1,4 +1,5 @@
-"""A late correction is detected and propagated to exactly the affected partitions of every level."""
+"""A late correction is detected and propagated to exactly the affected partitions of
+every level."""
 
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
