@@ -6,6 +6,7 @@ is a Manual recompute of the selected partitions. The asset reports a materializ
 for the partitions it rewrote, with the generation, rows, trigger, source versions and duration.
 """
 
+import warnings
 from datetime import UTC
 
 import dagster as dg
@@ -102,6 +103,14 @@ def _materializations(
 
 
 def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
+    """The rollup's asset. `backfill_policy` and `allow_nonexistent_upstream_partitions` are beta
+    parameters used on purpose; their warnings would otherwise print on every load."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _rollup_asset(spec, catalog)
+
+
+def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
     pdef = partitions_def_for(spec)
 
     @dg.asset(
