@@ -1,0 +1,202 @@
+"""Scenario 2, late correction: late/corrected readings go in, the sensors recompute exactly what
+they affect at every level. Compared with a full rebuild and a dbt-style 7-day look-back."""
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from bench.baselines import differing, duck, lookback_refresh, oracle_windows
+from bench.context import Bench
+from bench.generate import NOW, PERIOD_END, Dataset, late_readings
+from bench.harness import BenchWorld, RunSpan
+from bench.metrics import measure, median, say
+from resources.ledger import ChangeSource
+from rollup_assets.query import query_arrow
+
+# The ISO week still open at NOW starts here (Monday 2025-12-29 00:00 Vienna): late readings
+# land before it, so every level's bucket is closed and the correction reaches all five.
+CLOSED_UNTIL = datetime(2025, 12, 28, 23, 0, tzinfo=UTC)
+LOOKBACK = timedelta(days=7)
+
+
+def raw_files(world: BenchWorld, version: int | None = None) -> list[str]:
+    return DeltaTable(
+        world.engine.raw.uri(world.catalog.raw["energy_raw"]), version=version
+    ).file_uris()
+
+
+def write_late(bench: Bench, dataset: Dataset, count: int, seed: int) -> tuple[pa.Table, Path]:
+    table = late_readings(dataset, count, seed, margin=PERIOD_END - CLOSED_UNTIL)
+    path = bench.work / f"late-{dataset.days}d-{count}-{seed}.parquet"
+    pq.write_table(table, path)
+    return table, path
+
+
+def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed: int) -> dict:
+    """Ingest `count` late readings, tick until quiet; what each level recomputed and read."""
+    table, path = write_late(bench, dataset, count, seed)
+    result = world.ingest(path, ChangeSource.MANUAL)
+    committed = world.commit_time(result.version)
+    with measure(bench.probe, f"correction of {count:,} reading(s): sensors + runs") as step:
+        world.tick(NOW)
+    jobs = world.recompute_jobs_since(committed)
+    runs = world.runs_since(step.started - 1)
+    levels: dict[str, dict] = {
+        name: {"windows": 0, "rows_written": 0, "rows_read": 0, "runs": 0, "entities": None}
+        for name in world.catalog.rollups
+    }
+    for job in jobs:
+        level = levels[job.rollup]
+        level["windows"] += job.windows_processed or 0
+        level["rows_written"] += job.rows_processed or 0
+        level["entities"] = "all" if job.entities is None else len(job.entities)
+    forward = {"runs": 0, "rows_read": 0}
+    for run in runs:
+        rows = _run_rows(bench, run)
+        if run.lane == "forward":
+            forward["runs"] += 1
+            forward["rows_read"] += rows
+        elif run.rollup in levels:
+            levels[run.rollup]["runs"] += 1
+            levels[run.rollup]["rows_read"] += rows
+    last = max((j.finished_at for j in jobs if j.finished_at), default=None)
+    latency = (last - committed).total_seconds() if last else None
+    recompute_rows = sum(v["rows_read"] for v in levels.values())
+    return {
+        "readings": count,
+        "raw_version": result.version,
+        "commit_to_last_level_s": None if latency is None else round(latency, 3),
+        "tick_loop": step.as_dict(),
+        "rows_read": step.rows_read["total"],
+        "recompute_rows_read": recompute_rows,
+        "windows_recomputed": sum(v["windows"] for v in levels.values()),
+        "levels": levels,
+        "forward_lane": forward,
+        "levels_recomputed": sorted({j.rollup for j in jobs}),
+        "_changes": table.select(["entity_id", "ts"]),
+    }
+
+
+def _run_rows(bench: Bench, run: RunSpan) -> int:
+    return bench.probe.rows_read(run.start, run.end)["total"]
+
+
+def left_wrong_by_lookback(
+    bench: Bench, world: BenchWorld, changes: pa.Table, before: int, after: int
+) -> dict[str, dict[str, int]]:
+    """Per level: windows whose true value the correction changed, and how many of those a
+    7-day look-back leaves wrong (those holding a change older than the look-back horizon)."""
+    con = duck()
+    horizon = pa.scalar(PERIOD_END - LOOKBACK, pa.timestamp("us", tz="UTC"))
+    out = {}
+    old, new = raw_files(world, before), raw_files(world, after)
+    for spec in world.catalog.rollups.values():
+        was = oracle_windows(spec, old, changes, con)
+        now = oracle_windows(spec, new, changes, con)
+        changed = differing(spec, now, was, con)
+        stale = pa.compute.sum(pa.compute.less(changed["first_change"], horizon)).as_py() or 0
+        out[spec.name] = {"changed": changed.num_rows, "left_wrong": int(stale)}
+    con.close()
+    return out
+
+
+def wrong_windows_ours(world: BenchWorld, changes: pa.Table) -> dict[str, int]:
+    """Per level: windows containing any of `changes` whose value, read through the query path,
+    differs from the oracle over the current raw data (0 = every correction landed)."""
+    con = duck()
+    files = raw_files(world)
+    out = {}
+    for spec in world.catalog.rollups.values():
+        expected = oracle_windows(spec, files, changes, con)
+        starts = expected["bucket_start"]
+        lo, hi = pa.compute.min_max(starts).values()
+        wrong = 0
+        for start, end in _months(lo.as_py(), hi.as_py()):
+            inside = pa.compute.and_(
+                pa.compute.greater_equal(starts, pa.scalar(start, starts.type)),
+                pa.compute.less(starts, pa.scalar(end, starts.type)),
+            )
+            chunk = expected.filter(inside)
+            if not chunk.num_rows:
+                continue
+            ents = pa.compute.unique(chunk["entity_id"]).to_pylist()
+            ours = query_arrow(world.engine, spec.name, start, end, ents)
+            wrong += differing(spec, chunk, ours, con).num_rows
+        out[spec.name] = wrong
+    con.close()
+    return out
+
+
+def _months(lo: datetime, hi: datetime) -> list[tuple[datetime, datetime]]:
+    lo, hi = lo.astimezone(UTC), hi.astimezone(UTC)
+    start = datetime(lo.year, lo.month, 1, tzinfo=UTC)
+    out = []
+    while start <= hi:
+        end = datetime(start.year + start.month // 12, start.month % 12 + 1, 1, tzinfo=UTC)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def one_reading_repeats(bench: Bench, world: BenchWorld, dataset: Dataset, seed: int) -> dict:
+    """`bench.repeats` single-reading corrections in a row: the first one's full record, plus
+    every repeat's latency and tick-loop time (their medians are the scaling figures)."""
+    cases, changes = [], []
+    for r in range(bench.repeats):
+        case = correct(bench, world, dataset, 1, seed=seed + 1000 * r)
+        changes.append(case.pop("_changes"))
+        cases.append(case)
+    first = cases[0]
+    first["repeats"] = {
+        "commit_to_last_level_s": [c["commit_to_last_level_s"] for c in cases],
+        "tick_loop_s": [c["tick_loop"]["seconds"] for c in cases],
+        "rows_read": [c["rows_read"] for c in cases],
+    }
+    first["median_commit_to_last_level_s"] = median(first["repeats"]["commit_to_last_level_s"])
+    first["median_tick_loop_s"] = median(first["repeats"]["tick_loop_s"])
+    first["_changes"] = changes
+    return first
+
+
+def run_corrections(bench: Bench, world: BenchWorld, dataset: Dataset, chain: Path) -> dict:
+    """Every late-reading count in turn on the backfilled world (one reading `bench.repeats`
+    times), then the look-back refresh, then one check that every level equals the oracle for
+    all windows the corrections touched."""
+    out: dict = {"cases": [], "lookback": {}}
+    all_changes: list[pa.Table] = []
+    for i, count in enumerate(bench.late_counts):
+        before = world.engine.raw.table(world.catalog.raw["energy_raw"]).version()
+        if count == 1:
+            case = one_reading_repeats(bench, world, dataset, seed=bench.seed + i)
+            changes = case.pop("_changes")
+            all_changes += changes
+            first_changes, after = changes[0], case["raw_version"]
+        else:
+            case = correct(bench, world, dataset, count, seed=bench.seed + i)
+            first_changes, after = case.pop("_changes"), case["raw_version"]
+            all_changes.append(first_changes)
+        with measure(bench.probe, "oracle: windows changed, and left wrong by a look-back", False):
+            case["windows_changed"] = left_wrong_by_lookback(
+                bench, world, first_changes, before, after
+            )
+        out["cases"].append(case)
+    horizon = PERIOD_END - LOOKBACK
+    files = raw_files(world)
+    recent = [f for f in files if _day_of(f) >= (horizon - timedelta(days=1)).date().isoformat()]
+    with measure(bench.probe, "dbt-style 7-day look-back refresh (bare PySpark)") as step:
+        lookback_refresh(
+            bench.spark, bench.catalog, recent, chain, bench.work / "lookback", horizon
+        )
+    out["lookback"] = step.as_dict()
+    with measure(bench.probe, "verify: every touched window equals the oracle", False):
+        out["wrong_windows_after"] = wrong_windows_ours(world, pa.concat_tables(all_changes))
+    say(f"windows still wrong after the automatic recompute: {out['wrong_windows_after']}")
+    return out
+
+
+def _day_of(uri: str) -> str:
+    part = next((p for p in uri.split("/") if p.startswith("day=")), "day=9999-12-31")
+    return part.removeprefix("day=")

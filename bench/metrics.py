@@ -1,0 +1,248 @@
+"""What the benchmark measures: elapsed time, peak memory, rows read, and progress lines.
+
+Rows read are counted where they are read, not estimated:
+  * by Spark executors: the `Input Metrics / Records Read` of every finished task, from the
+    session's event log (the same numbers the Spark UI shows);
+  * by the driver: every rollup-table Parquet file the delta-rs/Arrow side reads (sweeps, file
+    rewrites, the Arrow read path), counted by a wrapper around `RollupStore._read_file`.
+Both are timestamped, so a run's rows are those read between its start and end.
+"""
+
+import json
+import resource
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+
+from resources.delta_store import RollupStore
+from rollup_assets.specs import RollupSpec
+
+MB = 1024 * 1024
+_T0 = time.monotonic()
+
+
+def say(message: str) -> None:
+    """One progress line with the time since the benchmark started (the CLI's output)."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+class MemorySampler:
+    """Samples this process's RSS (the driver) and its children's (the Spark JVM) every
+    `interval` seconds in a daemon thread; `window()` yields the peaks of one step."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.process = psutil.Process()
+        self._lock = threading.Lock()
+        self._driver_peak = 0
+        self._jvm_peak = 0
+        self._jvm_ever = 0
+        self._children: list[psutil.Process] = []
+        self._listed = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-memory", daemon=True)
+
+    def start(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _sample(self) -> tuple[int, int]:
+        driver = self.process.memory_info().rss
+        now = time.monotonic()
+        if now - self._listed > 5.0:
+            # Listing children scans /proc; the JVM is a direct child, so do it rarely.
+            self._children = self.process.children()
+            self._listed = now
+        jvm = 0
+        for child in self._children:
+            try:
+                jvm += child.memory_info().rss
+            except psutil.Error:
+                continue
+        return driver, jvm
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            driver, jvm = self._sample()
+            with self._lock:
+                self._driver_peak = max(self._driver_peak, driver)
+                self._jvm_peak = max(self._jvm_peak, jvm)
+                self._jvm_ever = max(self._jvm_ever, jvm)
+
+    def reset(self) -> None:
+        driver, jvm = self._sample()
+        with self._lock:
+            self._driver_peak, self._jvm_peak = driver, jvm
+
+    def peaks(self) -> tuple[float, float]:
+        """(driver, children) peak RSS in MiB since the last reset."""
+        driver, jvm = self._sample()
+        with self._lock:
+            return max(self._driver_peak, driver) / MB, max(self._jvm_peak, jvm) / MB
+
+    def jvm_lifetime_peak(self) -> float:
+        """The children's (Spark JVM's) peak RSS in MiB since the sampler started."""
+        with self._lock:
+            return self._jvm_ever / MB
+
+
+def lifetime_peak_rss_mb() -> float:
+    """This process's peak RSS over its whole life (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / MB if sys.platform == "darwin" else peak / 1024
+
+
+class SparkEventLog:
+    """Finished tasks' input records, read incrementally from the session's event log."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._offset = 0
+        self._file: Path | None = None
+        self.tasks: list[tuple[float, int]] = []  # (finish time in epoch seconds, records read)
+
+    def _current(self) -> Path | None:
+        if self._file is None or not self._file.exists():
+            files = sorted(self.directory.glob("*"), key=lambda p: p.stat().st_mtime)
+            if files:
+                self._file = files[-1]
+                self._offset = 0
+        if self._file is not None and not self._file.exists():
+            # Spark renames `<app>.inprogress` to `<app>` when the session stops.
+            done = self._file.with_name(self._file.name.removesuffix(".inprogress"))
+            self._file = done if done.exists() else None
+        return self._file
+
+    def settle(self, quiet: float = 0.3, limit: float = 5.0) -> None:
+        """Wait until the listener bus has flushed (the log stops growing), then read it."""
+        deadline = time.monotonic() + limit
+        last = -1
+        while time.monotonic() < deadline:
+            path = self._current()
+            size = path.stat().st_size if path is not None and path.exists() else 0
+            if size == last:
+                break
+            last = size
+            time.sleep(quiet)
+        self._read()
+
+    def _read(self) -> None:
+        path = self._current()
+        if path is None:
+            return
+        with open(path, "rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        complete = chunk.rfind(b"\n") + 1
+        self._offset += complete
+        for line in chunk[:complete].splitlines():
+            if b'"SparkListenerTaskEnd"' not in line:
+                continue
+            event = json.loads(line)
+            metrics = event.get("Task Metrics") or {}
+            records = (metrics.get("Input Metrics") or {}).get("Records Read", 0)
+            finished = event.get("Task Info", {}).get("Finish Time", 0) / 1000.0
+            self.tasks.append((finished, int(records)))
+
+    def rows_between(self, start: float, end: float) -> int:
+        return sum(n for t, n in self.tasks if start <= t <= end)
+
+
+class DriverReads:
+    """Counts the rows of every rollup-table file the driver reads (installed once)."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[float, int]] = []
+        self._original: Callable | None = None
+
+    def install(self) -> None:
+        if self._original is not None:
+            return
+        original = RollupStore._read_file
+        reads = self.reads
+
+        def counted(store: RollupStore, spec: RollupSpec, f: dict) -> pa.Table:
+            table = original(store, spec, f)
+            reads.append((time.time(), table.num_rows))
+            return table
+
+        self._original = original
+        RollupStore._read_file = counted  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            RollupStore._read_file = self._original  # type: ignore[method-assign]
+            self._original = None
+
+    def rows_between(self, start: float, end: float) -> int:
+        return sum(n for t, n in self.reads if start <= t <= end)
+
+
+@dataclass
+class Probe:
+    """The instruments of one benchmark process."""
+
+    memory: MemorySampler
+    events: SparkEventLog
+    driver: DriverReads = field(default_factory=DriverReads)
+
+    def rows_read(self, start: float, end: float) -> dict[str, int]:
+        self.events.settle()
+        spark = self.events.rows_between(start, end)
+        driver = self.driver.rows_between(start, end)
+        return {"spark": spark, "driver": driver, "total": spark + driver}
+
+
+@dataclass
+class Step:
+    """Measurements of one timed step (filled in when the `measure` block ends)."""
+
+    name: str
+    started: float = 0.0
+    ended: float = 0.0
+    seconds: float = 0.0
+    driver_peak_mb: float = 0.0
+    jvm_peak_mb: float = 0.0
+    rows_read: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "seconds": round(self.seconds, 3),
+            "driver_peak_mb": round(self.driver_peak_mb, 1),
+            "jvm_peak_mb": round(self.jvm_peak_mb, 1),
+            "rows_read": self.rows_read,
+        }
+
+
+@contextmanager
+def measure(probe: Probe, name: str, rows: bool = True) -> Iterator[Step]:
+    """Time a step, track its peak memory and (optionally) the rows it read; print progress."""
+    step = Step(name)
+    say(f"{name} ...")
+    probe.memory.reset()
+    step.started = time.time()
+    t0 = time.monotonic()
+    yield step
+    step.seconds = time.monotonic() - t0
+    step.ended = time.time()
+    step.driver_peak_mb, step.jvm_peak_mb = probe.memory.peaks()
+    if rows:
+        step.rows_read = probe.rows_read(step.started, step.ended)
+    read = f", rows read {step.rows_read['total']:,}" if rows else ""
+    say(f"{name}: {step.seconds:.1f}s, driver peak {step.driver_peak_mb:.0f} MiB{read}")

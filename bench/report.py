@@ -1,0 +1,355 @@
+"""The results: goals judged from the measurements, a printed table, results.json and a plot."""
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: write files only
+import matplotlib.pyplot as plt
+
+GOALS = {
+    "backfill_overhead_vs_bare_spark": ("<=", 1.5, "x"),
+    "one_reading_rows_read_pct_of_full_rebuild": ("<=", 0.1, "%"),
+    "one_reading_daemon_latency_s": ("<=", 60.0, "s"),
+    "read_path_vs_plain_read": ("<=", 1.3, "x"),
+    "scaling_largest_vs_smallest_archive": ("<=", 1.2, "x"),
+    "peak_driver_memory_mb": ("<=", 2048.0, "MiB"),
+}
+
+
+def ours_peak_mb(results: dict) -> float | None:
+    """The driver's peak RSS (MiB) while our code ran, baselines and oracle excluded."""
+    sc = results["scenarios"]
+    peaks = []
+    if b := sc.get("backfill"):
+        ours = b["ours"]
+        peaks += [ours[k]["driver_peak_mb"] for k in ("ingest", "first_level", "chain", "forward")]
+    if c := sc.get("correction"):
+        peaks += [case["tick_loop"]["driver_peak_mb"] for case in c["cases"]]
+    if r := sc.get("read"):
+        peaks += [v["driver_peak_mb"] for v in r.values()]
+    return max(peaks) if peaks else None
+
+
+def judge(results: dict) -> list[dict]:
+    """Each goal with its measured value and met (True/False) or None when not measured."""
+    sc = results["scenarios"]
+    backfill, corr = sc.get("backfill"), sc.get("correction")
+    one = next((c for c in (corr or {}).get("cases", []) if c["readings"] == 1), None)
+    values: dict[str, tuple[float | None, str]] = {}
+    if backfill:
+        values["backfill_overhead_vs_bare_spark"] = (
+            backfill["overhead_vs_bare_spark"],
+            "first-level range run (Dagster + Delta commit + flip + sweep) / bare PySpark script",
+        )
+    if backfill and one:
+        full = backfill["ours"]["total"]["rows_read"]["total"]
+        values["one_reading_rows_read_pct_of_full_rebuild"] = (
+            100.0 * one["rows_read"] / full if full else None,
+            f"{one['rows_read']:,} rows (recompute runs {one['recompute_rows_read']:,}, "
+            f"open-bucket refreshes the rest) vs {full:,} for the full chain",
+        )
+    daemon = sc.get("daemon")
+    values["one_reading_daemon_latency_s"] = (
+        daemon["commit_to_last_level_s"] if daemon else None,
+        "raw commit -> last level's commit, real dagster-daemon"
+        if daemon
+        else "not run (--no-daemon)",
+    )
+    reads = sc.get("read")
+    if reads:
+        ratios = {k: v["ratio"] for k, v in reads.items()}
+        values["read_path_vs_plain_read"] = (
+            max(ratios.values()),
+            ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
+        )
+    scaling = sc.get("scaling")
+    if scaling:
+        pts = scaling["points"]
+        values["scaling_largest_vs_smallest_archive"] = (
+            scaling["ratio_largest_to_smallest"],
+            f"median commit->last level at D={pts[-1]['days']} vs D={pts[0]['days']}",
+        )
+    values["peak_driver_memory_mb"] = (
+        ours_peak_mb(results),
+        f"max driver RSS over our steps (ingest, backfill, corrections, reads); whole process "
+        f"incl. DuckDB/oracle {results['peak_driver_rss_mb']:.0f} MiB, Spark JVM "
+        f"{results['peak_jvm_rss_mb']:.0f} MiB; goal stated for SIZE=default, this run: "
+        f"{results['meta']['size']}",
+    )
+    goals = []
+    for name, (op, target, unit) in GOALS.items():
+        value, note = values.get(name, (None, "scenario not run"))
+        ok = None if value is None or math.isnan(value) else value <= target
+        goals.append(
+            {
+                "goal": name,
+                "target": f"{op} {target:g} {unit}",
+                "value": None if value is None else round(float(value), 4),
+                "unit": unit,
+                "met": ok,
+                "note": note,
+            }
+        )
+    return goals
+
+
+Num = int | float | None
+
+
+def _row(
+    scenario: str,
+    variant: str,
+    secs: Num,
+    rows: Num = None,
+    windows: Num = None,
+    peak: Num = None,
+    note: str = "",
+) -> dict:
+    return {
+        "scenario": scenario,
+        "variant": variant,
+        "wall_s": secs,
+        "rows_read": rows,
+        "windows": windows,
+        "peak_driver_mb": peak,
+        "note": note,
+    }
+
+
+def table_rows(results: dict) -> list[dict]:
+    sc = results["scenarios"]
+    rows = []
+    if b := sc.get("backfill"):
+        ours = b["ours"]
+        written = sum(v["windows"] for v in ours["levels"].values())
+        rows += [
+            _row(
+                "backfill",
+                "ingest (MERGE commits)",
+                ours["ingest"]["seconds"],
+                peak=ours["ingest"]["driver_peak_mb"],
+                note=f"{results['meta']['raw_rows']:,} rows",
+            ),
+            _row(
+                "backfill",
+                "ours: whole chain",
+                ours["total"]["seconds"],
+                ours["total"]["rows_read"]["total"],
+                written,
+                ours["total"]["driver_peak_mb"],
+                f"{b['chain_vs_bare_chain']:.2f}x bare chain",
+            ),
+            _row(
+                "backfill",
+                "ours: first level (1 range run)",
+                ours["first_level"]["seconds"],
+                ours["first_level"]["rows_read"]["total"],
+                ours["levels"]["energy_hourly"]["windows"],
+                ours["first_level"]["driver_peak_mb"],
+                f"{b['overhead_vs_bare_spark']:.2f}x bare",
+            ),
+            _row(
+                "backfill",
+                "bare PySpark: first level",
+                b["bare_spark_hourly"]["seconds"],
+                b["bare_spark_hourly"]["rows_read"]["total"],
+            ),
+            _row(
+                "backfill",
+                "DuckDB: first level",
+                b["duckdb_hourly"]["seconds"],
+                note=f"ours {b['duckdb_floor_ratio']:.2f}x",
+            ),
+            _row(
+                "backfill",
+                "bare PySpark: whole chain",
+                b["bare_spark_chain"]["seconds"],
+                b["bare_spark_chain"]["rows_read"]["total"],
+            ),
+        ]
+    if c := sc.get("correction"):
+        for case in c["cases"]:
+            changed = case["windows_changed"]
+            wrong = sum(v["left_wrong"] for v in changed.values())
+            latency = _fmt(case["commit_to_last_level_s"])
+            note = f"commit->last level {latency}s; look-back leaves {wrong} wrong"
+            rows.append(
+                _row(
+                    "correction",
+                    f"{case['readings']:,} reading(s), in-process",
+                    case["tick_loop"]["seconds"],
+                    case["rows_read"],
+                    case["windows_recomputed"],
+                    case["tick_loop"]["driver_peak_mb"],
+                    note,
+                )
+            )
+        if d := sc.get("daemon"):
+            rows.append(
+                _row(
+                    "correction",
+                    "1 reading, dagster-daemon",
+                    d["commit_to_last_level_s"],
+                    note=f"levels {len(d['levels_recomputed'])}/5",
+                )
+            )
+        if b:
+            rows.append(
+                _row(
+                    "correction",
+                    "(a) full rebuild = backfill chain",
+                    b["ours"]["total"]["seconds"],
+                    b["ours"]["total"]["rows_read"]["total"],
+                )
+            )
+        lb = c["lookback"]
+        rows.append(
+            _row(
+                "correction",
+                "(b) 7-day look-back (bare PySpark)",
+                lb["seconds"],
+                lb["rows_read"]["total"],
+                note="wrong windows: see cases",
+            )
+        )
+        rows.append(
+            _row(
+                "correction",
+                "ours: windows wrong after",
+                None,
+                note=", ".join(
+                    f"{k.removeprefix('energy_')} {v}" for k, v in c["wrong_windows_after"].items()
+                ),
+            )
+        )
+    if r := sc.get("read"):
+        for v in r.values():
+            rows.append(
+                _row(
+                    "read",
+                    f"{v['rollup']} {v['days']} d: query path",
+                    v["query_path_s"],
+                    v["rows"],
+                    peak=v["driver_peak_mb"],
+                    note=f"plain delta-rs {v['plain_read_s']:.3f}s, {v['ratio']:.2f}x",
+                )
+            )
+    if s := sc.get("scaling"):
+        for p in s["points"]:
+            rows.append(
+                _row(
+                    "scaling",
+                    f"1 reading, D = {p['days']}",
+                    p["median_tick_loop_s"],
+                    p["rows_read"],
+                    p["windows_recomputed"],
+                    note=f"median commit->last level {_fmt(p['median_commit_to_last_level_s'])}s",
+                )
+            )
+    return rows
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def render(results: dict) -> str:
+    cols = ["scenario", "variant", "wall_s", "rows_read", "windows", "peak_driver_mb", "note"]
+    body = [[_fmt(r[c]) for c in cols] for r in results["table"]]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    lines.append("")
+    for g in results["goals"]:
+        verdict = {True: "MET", False: "MISSED", None: "NOT MEASURED"}[g["met"]]
+        value = f"{_fmt(g['value'])} {g['unit']}"
+        lines.append(f"{verdict:12s} {g['goal']}: {value} (goal {g['target']}) - {g['note']}")
+    return "\n".join(lines)
+
+
+def _finite(value: object) -> object:
+    """NaN and infinities (a ratio over a zero) become null: JSON has no spelling for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite(results), indent=2, default=str, allow_nan=False)
+    path.write_text(text + "\n")
+
+
+def plot(results: dict, path: Path) -> None:
+    sc = results["scenarios"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    meta = results["meta"]
+    fig.suptitle(
+        f"rollups benchmark, {meta['meters']} meters x {meta['days']} days ({meta['size']})"
+    )
+    ax = axes[0][0]
+    if b := sc.get("backfill"):
+        labels = ["ours chain", "ours hourly", "bare Spark hourly", "DuckDB hourly", "bare chain"]
+        vals = [
+            b["ours"]["total"]["seconds"],
+            b["ours"]["first_level"]["seconds"],
+            b["bare_spark_hourly"]["seconds"],
+            b["duckdb_hourly"]["seconds"],
+            b["bare_spark_chain"]["seconds"],
+        ]
+        ax.bar(labels, vals, color=["C0", "C0", "C1", "C2", "C1"])
+        ax.tick_params(axis="x", labelrotation=20)
+    ax.set_title("1. backfill (s)")
+    ax = axes[0][1]
+    if c := sc.get("correction"):
+        n = [case["readings"] for case in c["cases"]]
+        ax.plot(n, [case["tick_loop"]["seconds"] for case in c["cases"]], "o-", label="ours")
+        if b:
+            ax.plot(n, [b["ours"]["total"]["seconds"]] * len(n), "--", label="full rebuild")
+        ax.plot(n, [c["lookback"]["seconds"]] * len(n), ":", label="7-day look-back (wrong!)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("late readings")
+        ax.legend()
+    ax.set_title("2. late correction (s)")
+    ax = axes[1][0]
+    if r := sc.get("read"):
+        labels = [f"{v['rollup'].removeprefix('energy_')} {v['days']}d" for v in r.values()]
+        x = range(len(labels))
+        ax.bar(
+            [i - 0.2 for i in x], [v["query_path_s"] for v in r.values()], 0.4, label="query path"
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [v["plain_read_s"] for v in r.values()],
+            0.4,
+            label="plain delta-rs",
+        )
+        ax.set_xticks(list(x), labels)
+        ax.legend()
+    ax.set_title("3. read (s)")
+    ax = axes[1][1]
+    if s := sc.get("scaling"):
+        d = [p["days"] for p in s["points"]]
+        ax.plot(d, [p["median_commit_to_last_level_s"] for p in s["points"]], "o-")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("archive days")
+    ax.set_title("4. one-reading correction vs archive size (s)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,84 @@
+"""`python -m bench` end to end on a tiny archive: it must produce well-formed results.
+
+Only the shape is asserted (keys, numeric values, every goal judged or marked not measured, a
+PNG written), never timings: those depend on the machine and are the benchmark's business.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GOALS = {
+    "backfill_overhead_vs_bare_spark",
+    "one_reading_rows_read_pct_of_full_rebuild",
+    "one_reading_daemon_latency_s",
+    "read_path_vs_plain_read",
+    "scaling_largest_vs_smallest_archive",
+    "peak_driver_memory_mb",
+}
+
+
+def numbers(value: object) -> list[float]:
+    """Every number nested in `value`."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in numbers(v)]
+    return []
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(900)
+def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--size=small",
+        "--meters=10",
+        "--days=7",
+        "--late-counts=1,20",
+        "--repeats=1",
+        # Scaling builds more archives and the daemon starts its own JVMs: both too slow here.
+        "--scenarios=backfill,correction,read",
+        f"--out={out}",
+        f"--work={tmp_path / 'work'}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    results = json.loads(out.read_text())
+    assert {"meta", "scenarios", "table", "goals", "peak_driver_rss_mb"} <= results.keys()
+    assert set(results["scenarios"]) == {"backfill", "correction", "read"}
+    assert results["meta"]["meters"] == 10 and results["meta"]["days"] == 7
+    assert all(math.isfinite(n) and n >= 0 for n in numbers(results["scenarios"]))
+
+    goals = {g["goal"]: g for g in results["goals"]}
+    assert set(goals) == GOALS
+    not_run = {"one_reading_daemon_latency_s", "scaling_largest_vs_smallest_archive"}
+    for name, goal in goals.items():
+        if name in not_run:
+            assert goal["met"] is None and goal["value"] is None, name
+        else:
+            assert isinstance(goal["value"], float | int), name
+            assert goal["met"] in (True, False), name
+
+    backfill = results["scenarios"]["backfill"]
+    assert backfill["ours"]["total"]["rows_read"]["total"] > 0
+    cases = results["scenarios"]["correction"]["cases"]
+    assert [c["readings"] for c in cases] == [1, 20]
+    assert all(row["variant"] for row in results["table"])
+    png = out.with_suffix(".png")
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The work directory (warehouse, Dagster home, Parquet) is cleaned up.
+    assert not (tmp_path / "work").exists()
