@@ -75,7 +75,39 @@ def echo_data(data: Any, fmt: str, columns: list[str] | None = None) -> None:
     click.echo(render(rows, fmt, columns))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineUsageError(click.ClickException):
+    """A usage error (missing option, bad choice, unknown command) shown as one stderr line."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class RollupsGroup(click.Group):
+    """Reports click's own usage errors as one line, like every other bad-input error."""
+
+    @staticmethod
+    def _one_line(exc: click.UsageError) -> click.ClickException:
+        if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+            return exc  # bare `rollups`: print the help
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        return _OneLineUsageError(exc.format_message() + hint)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise self._one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise self._one_line(exc) from None
+
+
+@click.group(cls=RollupsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Time-series rollups that stay correct (Dagster + Spark + Delta).
 
@@ -109,4 +141,8 @@ def validate(fmt: str) -> None:
 from rollup_assets import cli_commands  # noqa: E402,F401  (registers the remaining commands)
 
 if __name__ == "__main__":
-    main()
+    # `python -m rollup_assets.cli`: this module runs as __main__, but the sub-commands registered
+    # themselves on the importable `rollup_assets.cli.main`.
+    from rollup_assets.cli import main as registered
+
+    registered()

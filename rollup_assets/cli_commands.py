@@ -147,9 +147,10 @@ def render_rows(table, fmt: str) -> str:
 @click.option("--to", "end", required=True, help="End of the range (exclusive).")
 @click.option("--downstream", is_flag=True, help="Then bring every dependent level up to date.")
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
 def materialize(
-    rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...]
+    rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...], fmt: str
 ) -> None:
     """Materialize the partitions covering [--from, --to) through Dagster (a Manual recompute)."""
     from rollup_assets.factory import job_name
@@ -170,24 +171,40 @@ def materialize(
         )
     defs, instance = _spark_and_instance()
     keys = key_range_for(partitions_def_for(spec), closed)
-    click.echo(
-        f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))"
-    )
+    say = click.echo if fmt == "table" else (lambda _text: None)
+    say(f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))")
     config = {"ops": {rollup: {"config": {"entities": list(entities)}}}} if entities else None
     run = execute(
         defs, instance, job_name(spec), partition_range_tags(keys.start, keys.end), config
     )
     assert run is not None
-    click.echo(f"  run {run.run_id}: {'success' if run.success else 'FAILED: ' + str(run.error)}")
-    if not run.success:
-        raise SystemExit(1)
-    if downstream:
+    say(f"  run {run.run_id}: {'success' if run.success else 'FAILED: ' + str(run.error)}")
+    runs = [run]
+    if run.success and downstream:
         for report in tick_until_quiet(defs, instance, sensors=("retroactive_write_sensor",)):
             for r in report.runs:
-                click.echo(
+                runs.append(r)
+                say(
                     f"  {r.tags.get('rollups/rollup')}: run {r.run_id} "
                     f"{'success' if r.success else 'FAILED: ' + str(r.error)}"
                 )
+    if fmt != "table":
+        echo_data(
+            [
+                {
+                    "rollup": r.tags.get("rollups/rollup", rollup),
+                    "partitions": f"{r.tags.get('dagster/asset_partition_range_start')}.."
+                    f"{r.tags.get('dagster/asset_partition_range_end')}",
+                    "ok": r.success,
+                    "run_id": r.run_id,
+                    "error": r.error,
+                }
+                for r in runs
+            ],
+            fmt,
+        )
+    if not run.success:
+        raise SystemExit(1)
 
 
 @main.command()

@@ -91,6 +91,7 @@ class Operations:
         return self.engine.states.update(name, change, reason=verb, actor=self.actor)
 
     def enable(self, name: str, now: datetime | None = None) -> ArchiveState:
+        self.catalog.archive(name)  # an unknown name is reported as such, not as "Created"
         current = self.engine.states.get(name)
         if current.status not in (
             ArchiveStatus.DISABLED,
