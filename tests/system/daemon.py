@@ -88,7 +88,7 @@ def running_daemon(env: dict[str, str], log_path: Path) -> Iterator[subprocess.P
                     continue
 
 
-def wait_for(predicate, timeout: float, interval: float = 1.0, what: str = "condition"):  # noqa: ANN001, ANN201
+def wait_for(predicate, timeout: float, interval: float = 1.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
