@@ -10,6 +10,7 @@ import datetime as dt
 import functools
 import logging
 import operator
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -32,6 +34,7 @@ from rollup_assets.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
+MERGE_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,6 @@ class RawStore:
         """
         reader = BatchReader(spec, path)
         summary = reader.validate()
-        table = self.table(spec)
-        if table is None:
-            table = DeltaTable(self.uri(spec), storage_options=self.options or None)
         keys = key_columns(spec)
         days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
         predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
@@ -107,21 +107,35 @@ class RawStore:
             "rollups.max_ts": summary.max_ts.isoformat(),
             "rollups.file": Path(path).name,
         }
-        source = pa.RecordBatchReader.from_batches(reader.schema, reader.chunks())
-        merger = table.merge(
-            source,
-            predicate=predicate,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=CommitProperties(custom_metadata=metadata),
-        )
-        if updates:
-            merger = merger.when_matched_update(updates=updates)
-        merger.when_not_matched_insert_all().execute()
-        table.update_incremental()
+        for attempt in range(MERGE_ATTEMPTS):
+            table = self.table(spec)
+            if table is None:
+                table = DeltaTable(self.uri(spec), storage_options=self.options or None)
+            source = pa.RecordBatchReader.from_batches(reader.schema, reader.chunks())
+            merger = table.merge(
+                source,
+                predicate=predicate,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=CommitProperties(custom_metadata=metadata),
+            )
+            if updates:
+                merger = merger.when_matched_update(updates=updates)
+            try:
+                # `table` now stands at this commit's version (not refreshed past it).
+                merger.when_not_matched_insert_all().execute()
+                version = table.version()
+                break
+            except CommitFailedError as exc:
+                # A concurrent ingest added rows to the partitions this MERGE read: run the
+                # MERGE again on a fresh snapshot (the upsert then applies on top of it).
+                if attempt == MERGE_ATTEMPTS - 1:
+                    raise
+                log.debug("ingest into %s conflicted (%s); retrying", spec.name, exc)
+                time.sleep(0.02 * 2**attempt)
         return IngestResult(
             spec.name,
-            table.version(),
+            version,
             summary.rows,
             as_utc(summary.min_ts),
             as_utc(summary.max_ts),
