@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from resources.ledger import JobState
 from resources.warehouse_resource import WarehouseResource
 from rollup_assets import clock
 from rollup_assets.engine import Engine
@@ -26,13 +27,15 @@ from rollup_assets.specs import Catalog
 from sensors.detection import detect
 from sensors.drain import Launch, plan_drain
 from sensors.forward_plan import plan_forward
-from sensors.runs import DagsterRunLookup
+from sensors.runs import TAG_HOST, DagsterRunLookup, launcher_host
 
 log = logging.getLogger(__name__)
 INTERVAL = int(os.environ.get("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30"))
 
 
-def run_request_for(catalog: Catalog, launch: Launch, now_iso: str | None = None) -> dg.RunRequest:
+def run_request_for(
+    catalog: Catalog, launch: Launch, now_iso: str | None = None, host: str | None = None
+) -> dg.RunRequest:
     spec = catalog.rollup(launch.rollup)
     keys = key_range_for(partitions_def_for(spec), launch.buckets)
     tags = {
@@ -48,6 +51,8 @@ def run_request_for(catalog: Catalog, launch: Launch, now_iso: str | None = None
         run_key = f"recompute:{launch.job_id}"
     if now_iso:
         tags[TAG_NOW] = now_iso
+    if host:  # where the run worker will run: lets a later tick tell that it died
+        tags[TAG_HOST] = host
     return dg.RunRequest(job_name=job_name(spec), run_key=run_key, tags=tags)
 
 
@@ -86,6 +91,24 @@ def _health_events(
     return events, digests
 
 
+def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
+    """A recompute run killed after its job completed (while sweeping) never reports its end: its
+    Dagster run stays STARTED, keeps its pool slot (blocking every later run of the rollup), and
+    its superseded rows stay. Sweep them while the dead run still holds the slot (no other writer
+    of the rollup can be past its start), then reap the run. Dead runs of open jobs are left to
+    the drain, which recovers their jobs."""
+    snapshot = engine.ledger.snapshot()
+    for run in lookup.dead_runs("recompute"):
+        job = snapshot.jobs.get(run.tags.get(TAG_JOB, ""))
+        if job is None or not job.state.terminal:
+            continue
+        finished_work = job.state is JobState.COMPLETED and job.windows_processed
+        if finished_work and not snapshot.active(job.rollup):
+            spec = engine.catalog.rollup(job.rollup)
+            engine.rollups.sweep(spec, engine.buckets_in(spec, list(job.windows)), job.entities)
+        lookup.reap(run)
+
+
 def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefinition]:
     """The sensors, targeting the per-rollup jobs (one partitions definition each)."""
 
@@ -109,12 +132,9 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
             engine.ledger.record(detection.jobs, detection.cursors)
         for note in detection.notes:
             context.log.info(note)
-        plan = plan_drain(
-            engine,
-            engine.states.all(),
-            engine.ledger.snapshot(),
-            DagsterRunLookup(context.instance),
-        )
+        lookup = DagsterRunLookup(context.instance)
+        _finish_dead_runs(engine, lookup)
+        plan = plan_drain(engine, engine.states.all(), engine.ledger.snapshot(), lookup)
         engine.ledger.record(plan.events)
         for job in plan.sweeps:
             engine.rollups.sweep(
@@ -143,7 +163,8 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
             )
             for c in detection.commits
         ]
-        requests = [run_request_for(catalog, launch) for launch in plan.launches]
+        host = launcher_host(context.instance)
+        requests = [run_request_for(catalog, launch, host=host) for launch in plan.launches]
         if not requests and not events:
             return dg.SkipReason(
                 f"no retroactive writes ({detection.versions_read} new source version(s) read) "
@@ -172,7 +193,10 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
         if not launches:
             return dg.SkipReason(f"nothing closed or changed at {iso_utc(now)}")
         return dg.SensorResult(
-            run_requests=[run_request_for(catalog, launch, iso_utc(now)) for launch in launches]
+            run_requests=[
+                run_request_for(catalog, launch, iso_utc(now), launcher_host(context.instance))
+                for launch in launches
+            ]
         )
 
     return [retroactive_write_sensor, forward_aggregation_sensor]

@@ -57,6 +57,13 @@ def plan_drain(
     for spec in engine.catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
         pending, busy = _settle(engine, spec, snapshot, runs, states, plan)
+        # Jobs this plan already queued for the rollup (propagated by a job recovered one level
+        # down) drain in this tick too: a tick that launches nothing must mean nothing is ready.
+        pending += [
+            j
+            for j in plan.events
+            if j.rollup == spec.name and j.state is JobState.PENDING and j not in pending
+        ]
         if busy or not pending:
             continue
         if state.status is not ArchiveStatus.ACTIVATED:

@@ -31,24 +31,59 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def launcher_host(instance: dg.DagsterInstance) -> str | None:
+    """The host runs launched from here will run on, when it is known: the DefaultRunLauncher
+    starts each run worker on the host of the code server that evaluates the sensors."""
+    if isinstance(instance.run_launcher, dg.DefaultRunLauncher):
+        return socket.gethostname()
+    return None
+
+
 class DagsterRunLookup:
     def __init__(self, instance: dg.DagsterInstance) -> None:
         self.instance = instance
 
+    def _gone(self, run: dg.DagsterRun) -> bool:
+        """Is `run` unfinished although the process running it (on this host) is gone?"""
+        if run.status not in UNFINISHED or run.tags.get(TAG_HOST) != socket.gethostname():
+            return False
+        pid = run.tags.get(TAG_PID) or self._worker_pid(run)
+        return pid is not None and not _pid_alive(int(pid))
+
+    def _worker_pid(self, run: dg.DagsterRun) -> str | None:
+        """The pid a launched run worker reports first thing ("Started process for run")."""
+        records = self.instance.get_records_for_run(
+            run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT, limit=20
+        ).records
+        for r in records:
+            event = r.event_log_entry.dagster_event
+            meta = getattr(event.event_specific_data, "metadata", None) if event else None
+            if meta and "pid" in meta:
+                return str(meta["pid"].value)
+        return None
+
     def _reap_if_dead(self, run: dg.DagsterRun) -> bool:
         """A run executed in-process (`rollups tick`, CLI) whose process is gone never reports its
         end; mark it failed and release its pool slot so the work can be retried."""
-        pid, host = run.tags.get(TAG_PID), run.tags.get(TAG_HOST)
-        if run.status not in UNFINISHED or not pid or host != socket.gethostname():
+        if not self._gone(run):
             return False
-        if _pid_alive(int(pid)):
-            return False
+        self.reap(run)
+        return True
+
+    def dead_runs(self, lane: str) -> list[dg.DagsterRun]:
+        """Unfinished runs of `lane` whose process is gone (not reaped yet)."""
+        records = self.instance.get_run_records(
+            filters=dg.RunsFilter(tags={TAG_LANE: lane}, statuses=UNFINISHED)
+        )
+        return [r.dagster_run for r in records if self._gone(r.dagster_run)]
+
+    def reap(self, run: dg.DagsterRun) -> None:
+        pid = run.tags.get(TAG_PID) or self._worker_pid(run)
         self.instance.report_run_failed(run, f"process {pid} running this run is gone")
         try:
             self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         except Exception:
             log.debug("no concurrency slots to free for %s", run.run_id)
-        return True
 
     def runs_of_job(self, job_id: str) -> list[tuple[str, bool]]:
         records = self.instance.get_run_records(filters=dg.RunsFilter(tags={TAG_JOB: job_id}))
