@@ -1,0 +1,91 @@
+"""The daemon scenario of test_daemon.py with Dagster's storage in a real PostgreSQL server.
+
+A throwaway server (tests/system/postgres.py) holds run, event-log and schedule storage; the
+storage block is the one `rollups` writes from `$DAGSTER_PG_*` (rollup_assets/instance.py),
+including the password's `env:` indirection, which every process (test, daemon, code server,
+run workers) must resolve (trust authentication ignores the value itself). The same late write
+is corrected at every level by the real `dagster-daemon`; then the runs, their events and the
+sensor ticks are read back from PostgreSQL's own tables, and the home holds no SQLite file.
+"""
+
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from rollup_assets.instance import postgres_storage_yaml
+from tests.system.postgres import require_postgres, throwaway_postgres
+from tests.system.test_daemon import make_world, run_daemon_scenario
+
+
+def query(conn, sql: str) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+# The scenario's own deadlines (sensor heartbeat 120 s, correction wave 600 s) plus building the
+# chain exceed the suite-wide 600 s; on a shared 2-core machine the wave alone can take minutes.
+@pytest.mark.timeout(1500)
+def test_daemon_corrects_a_late_write_with_postgres_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark
+) -> None:
+    bin_dir = require_postgres()
+    with throwaway_postgres(bin_dir=bin_dir) as pg:
+        for var, value in {
+            "DAGSTER_PG_HOST": pg.hostname,
+            "DAGSTER_PG_PORT": str(pg.port),
+            "DAGSTER_PG_USERNAME": pg.username,
+            "DAGSTER_PG_DB": pg.db_name,
+            "DAGSTER_PG_PASSWORD": "resolved-through-env",
+        }.items():
+            monkeypatch.setenv(var, value)  # daemon_env passes os.environ on to the daemon
+        world = make_world(tmp_path, monkeypatch, postgres_storage_yaml())
+        instance = world.instance
+        try:
+            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+            assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
+            result = run_daemon_scenario(world, tmp_path, "postgres")
+            dagster_runs = {r.run_id: r.status.value for r in instance.get_runs()}
+        finally:
+            instance.dispose()
+
+        with psycopg2.connect(**pg.connect_kwargs()) as conn:
+            pg_runs = dict(query(conn, "SELECT run_id, status FROM runs"))
+            sensor_runs = query(
+                conn,
+                "SELECT r.pipeline_name, r.status FROM runs r JOIN run_tags t "
+                "ON t.run_id = r.run_id WHERE t.key = 'dagster/sensor_name'",
+            )
+            failures = query(
+                conn,
+                "SELECT run_id, event FROM event_logs WHERE dagster_event_type = 'RUN_FAILURE'",
+            )
+            events = query(
+                conn, "SELECT count(*), count(DISTINCT run_id) FROM event_logs WHERE run_id <> ''"
+            )[0]
+            ticks = dict(query(conn, "SELECT status, count(*) FROM job_ticks GROUP BY status"))
+            pools = dict(
+                query(
+                    conn,
+                    "SELECT concurrency_key, count(*) FROM concurrency_slots "
+                    "WHERE NOT deleted GROUP BY concurrency_key",
+                )
+            )
+        conn.close()
+
+    assert result["commit_to_last_level_commit_s"] > 0
+    # Every run Dagster knows of is a row in PostgreSQL, and the daemon's sensors launched some.
+    assert pg_runs == dagster_runs, (pg_runs, dagster_runs)
+    succeeded = {job for job, status in sensor_runs if status == "SUCCESS"}
+    assert {"energy_hourly_job", "energy_daily_job"} <= succeeded, sensor_runs
+    # The only failures allowed: runs still finishing when the scenario stopped the daemon (its
+    # process group, run workers included, gets SIGINT once every level is verified).
+    assert all("interrupted" in event for _, event in failures), failures
+    assert len(failures) == sum(status == "FAILURE" for status in pg_runs.values()), failures
+    assert events[1] >= len(pg_runs) and events[0] > 0, events
+    assert ticks.get("SUCCESS", 0) > 0, ticks  # sensor ticks: schedule storage
+    assert pools and set(pools.values()) == {1}, pools  # the per-rollup pools live there too
+    home = tmp_path / "home"
+    assert sorted(p.name for p in home.rglob("*.db")) == [], "SQLite storage was created"
