@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
+# Commits that rewrite or list files without changing any row (compaction, vacuum, checkpoints).
+NO_DATA = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "CHECKPOINT"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,25 @@ class RawStore:
 
     def table(self, spec: SourceSpec, version: int | None = None) -> DeltaTable | None:
         return open_table(self.uri(spec), self.options, version)
+
+    def changed_within(self, spec: SourceSpec, after: int, window: Window) -> bool:
+        """Could a commit after version `after` have changed rows placed in `window`? Exact for
+        this project's ingests (their commits record the batch's min and max time); any other
+        commit that may change data counts as reaching everywhere."""
+        table = self.table(spec)
+        if table is None or table.version() <= after:
+            return False
+        for commit in table.history(limit=table.version() - after):
+            if commit.get("version", after + 1) <= after or commit.get("operation") in NO_DATA:
+                continue
+            lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
+            if lo is None or hi is None:
+                return True
+            if dt.datetime.fromisoformat(lo) < window.end and window.start <= (
+                dt.datetime.fromisoformat(hi)
+            ):
+                return True
+        return False
 
     def ensure_table(self, spec: SourceSpec) -> int:
         """Create the (empty) table if it does not exist; return its version."""

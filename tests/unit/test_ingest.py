@@ -766,3 +766,23 @@ def test_read_arrow_returns_only_rows_in_the_spans_and_entities(
 
 def _by_key(row: dict) -> tuple[str, datetime]:
     return row["entity_id"], row["ts"]
+
+
+def test_changed_within_tells_which_commits_reach_a_window(store: RawStore, tmp_path: Path) -> None:
+    """The forward sensor skips an open-bucket refresh when new commits lie elsewhere in time."""
+    base = store.table(ENERGY).version()
+    first = ingest(store, write_parquet(tmp_path / "a.parquet", as_arrow(readings(8)))).version
+    late = [energy_row("m-late", T0 + timedelta(days=3, minutes=15 * i), 1.0) for i in range(4)]
+    ingest(store, write_parquet(tmp_path / "b.parquet", as_arrow(late)))
+    day0 = Window(T0, T0 + timedelta(days=1))
+    day3_hour = Window(T0 + timedelta(days=3), T0 + timedelta(days=3, hours=1))
+    day3_next_hour = Window(day3_hour.end, day3_hour.end + timedelta(hours=1))
+    assert store.changed_within(ENERGY, base, day0)
+    assert not store.changed_within(ENERGY, first, day0)  # only the day-3 batch came after
+    assert store.changed_within(ENERGY, first, day3_hour)
+    assert not store.changed_within(ENERGY, first, day3_next_hour)  # max ts is 00:45
+    assert not store.changed_within(ENERGY, store.table(ENERGY).version(), day3_hour)
+    # A commit by another writer, without the batch's time span, may touch anything.
+    before = store.table(ENERGY).version()
+    DeltaTable(store.uri(ENERGY)).delete("entity_id = 'm-late'")
+    assert store.changed_within(ENERGY, before, day0)
