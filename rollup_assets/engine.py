@@ -36,6 +36,7 @@ class RunOutcome:
     source_versions: dict[str, int] = field(default_factory=dict)
     duration_ms: int = 0
     note: str = ""
+    propagated: list[Job] = field(default_factory=list)  # pending jobs it queued one level up
 
 
 class Engine:

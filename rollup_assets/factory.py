@@ -16,10 +16,12 @@ from resources.ledger import Trigger
 from resources.spark import SparkResource
 from resources.warehouse_resource import WarehouseResource
 from rollup_assets import clock
+from rollup_assets.chain import Chain
 from rollup_assets.checks import compare_with_source
 from rollup_assets.durations import format_duration
 from rollup_assets.engine import Engine, RunOutcome
 from rollup_assets.forward import run_forward
+from rollup_assets.instance import pool_name
 from rollup_assets.partitions import Window, partitions_def_for
 from rollup_assets.recompute import run_recompute, start_job
 from rollup_assets.specs import Alignment, ArchiveSpec, Catalog, RollupSpec
@@ -39,10 +41,12 @@ class RollupRunConfig(dg.Config):
         default_factory=list,
         description="Recompute only these entity ids (empty: every entity).",
     )
-
-
-def pool_name(spec: RollupSpec) -> str:
-    return f"rollup_{spec.name}"
+    propagate_in_run: bool = Field(
+        default=True,
+        description="After writing this rollup, bring the rollups above it up to date in this "
+        "same run (chain propagation and their open buckets, level by level, each under its own "
+        "pool). Off: the sensors launch a run per level.",
+    )
 
 
 def job_name(spec: RollupSpec) -> str:
@@ -143,8 +147,8 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
         tw = context.partition_time_window
         requested = [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))]
         say = context.log.info
+        now = clock.parse_instant(tags[TAG_NOW], TAG_NOW) if TAG_NOW in tags else clock.now()
         if tags.get(TAG_LANE) == "forward":
-            now = clock.parse_instant(tags[TAG_NOW], TAG_NOW) if TAG_NOW in tags else clock.now()
             outcome = run_forward(
                 engine,
                 spark.session,
@@ -174,6 +178,14 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
         if outcome.note:
             say(outcome.note)
         yield from _materializations(spec, pdef, outcome, context.asset_key)
+        if outcome.buckets and config.propagate_in_run:
+            chain = Chain(
+                engine, spark.session, context.instance, context.run.run_id, now, log_progress=say
+            )
+            for above, result in chain.run(spec, outcome):
+                yield from _materializations(
+                    above, partitions_def_for(above), result, dg.AssetKey(above.name)
+                )
 
     return _rollup
 

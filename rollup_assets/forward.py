@@ -185,7 +185,8 @@ def run_forward(
         source_archive=src[0],
         source_version=src[1],
     )
-    engine.ledger.record([done, *engine.propagation_jobs(spec, buckets, None, version, states)])
+    propagated = engine.propagation_jobs(spec, buckets, None, version, states)
+    engine.ledger.record([done, *propagated])
     if closed:
         new_mark = closed[-1].end
         engine.states.update(
@@ -194,4 +195,4 @@ def run_forward(
             reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
             actor=run_id,
         )
-    return RunOutcome(done, buckets, written.rows, 0, version, versions, duration)
+    return RunOutcome(done, buckets, written.rows, 0, version, versions, duration, "", propagated)

@@ -17,7 +17,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from rollup_assets.specs import Catalog
+from rollup_assets.specs import Catalog, RollupSpec
 
 DAGSTER_YAML = """\
 # Written by `rollups` on first use; edit freely.
@@ -94,10 +94,13 @@ def ensure_home() -> Path:
     return home
 
 
+def pool_name(spec: RollupSpec) -> str:
+    """The rollup's Dagster pool: every run that writes the rollup holds its one slot."""
+    return f"rollup_{spec.name}"
+
+
 def ensure_pools(instance: dg.DagsterInstance, catalog: Catalog) -> None:
     """Give every rollup's pool an explicit limit of 1 (idempotent)."""
-    from rollup_assets.factory import pool_name
-
     storage = instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return

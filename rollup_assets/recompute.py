@@ -89,7 +89,8 @@ def run_recompute(
     frozen = [w for w in buckets if state.is_frozen(w.end)]
     # Past the watermark the forward lane owns the buckets. Automatic work there waits (a write
     # can race an in-flight forward run); a manual request there is simply a no-op.
-    later = [w for w in buckets if w not in ready and w not in frozen]
+    placed = {*ready, *frozen}  # a set: a year of hourly buckets is 8,760 of them
+    later = [w for w in buckets if w not in placed]
     waiting = frozen + (later if job.trigger in (Trigger.PERIODIC, Trigger.CHAIN) else [])
     events: list[Job] = []
     if waiting:
@@ -180,14 +181,17 @@ def run_recompute(
             finished_at=datetime.now(UTC),
             duration_ms=duration,
         )
-        engine.ledger.record([done, *engine.propagation_jobs(spec, ready, job.entities, version)])
+        propagated = engine.propagation_jobs(spec, ready, job.entities, version)
+        engine.ledger.record([done, *propagated])
         checkpoint("during_sweep")
         swept = engine.rollups.sweep(spec, ready, job.entities)
         say(
             f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); "
             f"swept {swept} superseded row(s)"
         )
-        return RunOutcome(done, ready, written.rows, generation, version, versions, duration)
+        return RunOutcome(
+            done, ready, written.rows, generation, version, versions, duration, "", propagated
+        )
     except Exception as exc:
         current = engine.ledger.job(job.job_id)
         if current is not None and not current.state.terminal:

@@ -102,10 +102,14 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
         job = snapshot.jobs.get(run.tags.get(TAG_JOB, ""))
         if job is None or not job.state.terminal:
             continue
-        finished_work = job.state is JobState.COMPLETED and job.windows_processed
-        if finished_work and not snapshot.active(job.rollup):
-            spec = engine.catalog.rollup(job.rollup)
-            engine.rollups.sweep(spec, engine.buckets_in(spec, list(job.windows)), job.entities)
+        # The run's own job, and those it took over in its chain (they name it as their run).
+        owned = [j for j in snapshot.jobs.values() if j.run_id == run.run_id and j is not job]
+        for done in [job, *owned]:
+            finished_work = done.state is JobState.COMPLETED and done.windows_processed
+            if finished_work and not snapshot.active(done.rollup):
+                spec = engine.catalog.rollup(done.rollup)
+                buckets = engine.buckets_in(spec, list(done.windows))
+                engine.rollups.sweep(spec, buckets, done.entities)
         lookup.reap(run)
 
 
@@ -186,7 +190,8 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
         ensure_pools(context.instance, catalog)
         engine = Engine(catalog, warehouse.get())
         now = clock.now()
-        in_flight = DagsterRunLookup(context.instance).in_flight("forward")
+        lookup = DagsterRunLookup(context.instance)
+        in_flight = lookup.in_flight("forward") | lookup.in_flight("recompute")
         launches = plan_forward(
             engine, engine.states.all(), engine.ledger.snapshot(), in_flight, now
         )

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class RunLookup(Protocol):
-    def runs_of_job(self, job_id: str) -> list[tuple[str, bool]]:
-        """(run_id, finished) of every Dagster run launched for a job."""
+    def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:
+        """(run_id, finished) of every Dagster run launched for a job, and of its owner run."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,9 @@ def _settle(
     for job in snapshot.for_rollup(spec.name):
         if job.state.terminal or job.trigger in (Trigger.FORWARD, Trigger.OPEN_BUCKET):
             continue
-        launched = runs.runs_of_job(job.job_id)
+        # A job a run took over in its own chain has no run launched for it: its owner counts.
+        owner = job.run_id if job.state.active else None
+        launched = runs.runs_of_job(job.job_id, owner)
         if any(not finished for _, finished in launched):
             busy = True
             continue
@@ -154,8 +156,9 @@ def _merge(
     for job in pending:
         buckets = engine.buckets_in(spec, list(job.windows))
         frozen = [w for w in buckets if state.is_frozen(w.end)]
-        below = [w for w in buckets if w not in frozen and mark is not None and w.end <= mark]
-        later = [w for w in buckets if w not in frozen and w not in below]
+        below = [w for w in buckets if not state.is_frozen(w.end) and mark and w.end <= mark]
+        placed = {*frozen, *below}
+        later = [w for w in buckets if w not in placed]
         ready_by_job[job.job_id] = below
         # Manual work past the watermark is a no-op; automatic work there waits for it.
         waiting_by_job[job.job_id] = frozen + (later if job.trigger is not Trigger.MANUAL else [])

@@ -1,17 +1,21 @@
 """Forward planning: which rollups have buckets to close or an open bucket to refresh.
 
-A rollup gets one forward run per tick at most, and none while one is in flight. The open bucket
-is refreshed when its source changed since the last forward run (or the open bucket moved on),
-so an idle chain costs nothing; a closing run always refreshes it too.
+A rollup gets one forward run per tick at most, and none while a run writing it or any level
+below it is in flight: that run carries its changes up the chain itself (rollup_assets/chain.py),
+and whatever it leaves is planned on a later tick. The open bucket is refreshed when its source
+changed inside it since the last forward run read it (a raw source: the time span each ingest
+commit records; a rollup source: its own completed jobs), or when the open bucket moved on, so
+an idle chain, or a correction far back, costs no refresh; a closing run always refreshes it.
 """
 
 from datetime import datetime
 
 from resources.control import ArchiveState, ArchiveStatus
 from resources.delta_io import open_table
-from resources.ledger import JobState, LedgerSnapshot, Trigger
+from resources.ledger import Job, JobState, LedgerSnapshot, Trigger
 from rollup_assets.engine import Engine
 from rollup_assets.forward import closed_buckets, open_bucket, source_limit
+from rollup_assets.partitions import Window
 from rollup_assets.specs import RollupSpec
 from sensors.drain import Launch
 
@@ -35,22 +39,40 @@ def plan_forward(
     launches = []
     for spec in engine.catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
-        if state.status is not ArchiveStatus.ACTIVATED or spec.name in in_flight:
+        if state.status is not ArchiveStatus.ACTIVATED or _busy(engine, spec, in_flight):
             continue
         closed = closed_buckets(spec, state, now, source_limit(engine, spec, states))
         ob = open_bucket(spec, state, now)
-        if ob is not None and not closed and not _source_changed(engine, spec, snapshot, ob.start):
+        if ob is not None and not closed and not _source_changed(engine, spec, snapshot, ob):
             ob = None
         buckets = [*closed, *([ob] if ob is not None and ob not in closed else [])]
         if buckets:
             trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
             launches.append(Launch(spec.name, "forward", trigger, buckets))
-    return launches
+    # A level below that is launched now carries its changes up into the levels above it.
+    starting = {launch.rollup for launch in launches}
+    return [
+        launch
+        for launch in launches
+        if not _busy(engine, engine.catalog.rollup(launch.rollup), starting - {launch.rollup})
+    ]
+
+
+def _busy(engine: Engine, spec: RollupSpec, in_flight: set[str]) -> bool:
+    """Does a run in flight write `spec` or a level below it in its chain?"""
+    name = spec.name
+    while name in engine.catalog.rollups:
+        if name in in_flight:
+            return True
+        name = engine.catalog.rollup(name).source
+    return False
 
 
 def _source_changed(
-    engine: Engine, spec: RollupSpec, snapshot: LedgerSnapshot, open_start: datetime
+    engine: Engine, spec: RollupSpec, snapshot: LedgerSnapshot, bucket: Window
 ) -> bool:
+    """Did the source change inside the open `bucket` since the last forward run read it?"""
+    open_start = bucket.start
     done = [
         j
         for j in snapshot.for_rollup(spec.name)
@@ -63,4 +85,31 @@ def _source_changed(
     last = max(done, key=lambda j: j.created_at)
     if not any(w.start <= open_start < w.end for w in last.windows):
         return True  # a new open bucket has never been refreshed
-    return last.source_version is None or last.source_version != source_version(engine, spec)
+    source = engine.catalog.archive(spec.source)
+    if isinstance(source, RollupSpec):
+        return _source_jobs_reach(snapshot, source.name, last, bucket)
+    current = source_version(engine, spec)
+    if last.source_version is None or current is None:
+        return True
+    if current == last.source_version:
+        return False
+    # A raw source: a correction far back (the recompute lane's work) leaves it alone.
+    return engine.raw.changed_within(source, last.source_version, bucket)
+
+
+def _source_jobs_reach(snapshot: LedgerSnapshot, source: str, last: Job, bucket: Window) -> bool:
+    """A rollup source changes only through its own jobs: did one that finished after `last`
+    started reading write into `bucket`? A job's end is recorded after its flip, so a flip that
+    raced the read still counts (run hosts are assumed to share a synchronized clock)."""
+    if last.started_at is None:
+        return True
+    since = last.started_at
+    return any(
+        j.rollup == source
+        and j.state is JobState.COMPLETED
+        and j.windows_processed
+        and j.finished_at is not None
+        and j.finished_at >= since
+        and any(w.start < bucket.end and bucket.start < w.end for w in j.windows)
+        for j in snapshot.jobs.values()
+    )

@@ -85,8 +85,12 @@ class DagsterRunLookup:
         except Exception:
             log.debug("no concurrency slots to free for %s", run.run_id)
 
-    def runs_of_job(self, job_id: str) -> list[tuple[str, bool]]:
-        records = self.instance.get_run_records(filters=dg.RunsFilter(tags={TAG_JOB: job_id}))
+    def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:
+        """(run id, finished) of every run launched for the job, and of `owner`, the run that
+        recorded it running, when that run took the job over in its chain (not launched for it)."""
+        records = list(self.instance.get_run_records(filters=dg.RunsFilter(tags={TAG_JOB: job_id})))
+        if owner and all(r.dagster_run.run_id != owner for r in records):
+            records += self.instance.get_run_records(filters=dg.RunsFilter(run_ids=[owner]))
         out = []
         for r in sorted(records, key=lambda r: r.create_timestamp):
             run = r.dagster_run

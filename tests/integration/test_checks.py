@@ -43,7 +43,12 @@ def test_check_passes_then_reports_a_stale_partition(world: World) -> None:
         for i in range(4)
     ]
     world.ingest(pa.Table.from_pylist(late))
-    run = world.materialize("energy_hourly", "2025-06-04-10:00", "2025-06-04-10:00")
+    run = world.materialize(
+        "energy_hourly",
+        "2025-06-04-10:00",
+        "2025-06-04-10:00",
+        {"ops": {"energy_hourly": {"config": {"propagate_in_run": False}}}},
+    )
     assert run.success
     stale = run_check(world, "energy_daily", "2025-06-04")
     assert not stale["passed"] and stale["metadata"]["differing_rows"] == 1

@@ -23,7 +23,9 @@ DAY_START = datetime(2025, 8, 13, 22, 0, tzinfo=UTC)
 
 
 def materialized_since(world: World, marker: int) -> dict[tuple[str, str], set[str]]:
-    """(rollup, lane) -> partition keys materialized after event `marker`."""
+    """(rollup, lane) -> partition keys materialized after event `marker`; the lane from the
+    materialization's trigger (a run can carry both lanes up the chain)."""
+    forward = {Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value}
     out: dict[tuple[str, str], set[str]] = defaultdict(set)
     for name in world.catalog.rollups:
         records = world.instance.fetch_materializations(
@@ -31,8 +33,10 @@ def materialized_since(world: World, marker: int) -> dict[tuple[str, str], set[s
             limit=10_000,
         ).records
         for r in records:
-            run = world.instance.get_run_by_id(r.run_id)
-            out[(name, run.tags.get("rollups/lane", "recompute"))].add(r.partition_key)
+            mat = r.asset_materialization
+            assert mat is not None
+            trigger = mat.metadata["trigger"].value
+            out[(name, "forward" if trigger in forward else "recompute")].add(r.partition_key)
     return out
 
 

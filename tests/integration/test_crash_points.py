@@ -37,8 +37,7 @@ from resources.warehouse import Warehouse
 from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
 from rollup_assets.engine import Engine
-from rollup_assets.factory import pool_name
-from rollup_assets.instance import DAGSTER_YAML, ensure_pools
+from rollup_assets.instance import DAGSTER_YAML, ensure_pools, pool_name
 from rollup_assets.partitions import Window, iso_utc
 from rollup_assets.sample_data import day_batch, meter_ids
 from rollup_assets.specs import load_catalog

@@ -9,6 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import dagster as dg
+
+from sensors.runs import UNFINISHED
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -96,3 +100,14 @@ def wait_for(predicate, timeout: float, interval: float = 1.0, what: str = "cond
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def settled(instance: dg.DagsterInstance, interval_s: float = 7.0) -> bool:
+    """No run queued or in flight, now and again after more than one sensor interval (5 s), so
+    the daemon had a tick to launch more and did not."""
+    for attempt in range(2):
+        if instance.get_run_records(filters=dg.RunsFilter(statuses=UNFINISHED), limit=1):
+            return False
+        if attempt == 0:
+            time.sleep(interval_s)
+    return True

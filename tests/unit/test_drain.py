@@ -23,8 +23,11 @@ class FakeRuns:
     def __init__(self, runs: dict[str, list[tuple[str, bool]]] | None = None) -> None:
         self.runs = runs or {}
 
-    def runs_of_job(self, job_id: str) -> list[tuple[str, bool]]:
-        return self.runs.get(job_id, [])
+    def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:
+        launched = list(self.runs.get(job_id, []))
+        if owner and all(run != owner for run, _ in launched):
+            launched += self.runs.get(owner, [])  # keyed by run id: the owner's own status
+        return launched
 
 
 @pytest.fixture
@@ -138,6 +141,21 @@ def test_one_recompute_at_a_time(engine: Engine) -> None:
     waiting = Job("energy_hourly", Trigger.PERIODIC, hours(2))
     engine.ledger.record([running, waiting])
     assert plan(engine, FakeRuns({running.job_id: [("run-1", False)]})).launches == []
+
+
+def test_a_job_taken_over_by_a_live_run_keeps_its_rollup_busy(engine: Engine) -> None:
+    # Chain propagation inside a run: no run was launched for the job; its owner is alive.
+    chained = Job(
+        "energy_hourly", Trigger.CHAIN, hours(1), state=JobState.RUNNING, run_id="owner-1"
+    )
+    waiting = Job("energy_hourly", Trigger.PERIODIC, hours(2))
+    engine.ledger.record([chained, waiting])
+    assert plan(engine, FakeRuns({"owner-1": [("owner-1", False)]})).launches == []
+    assert engine.ledger.job(chained.job_id).state is JobState.RUNNING
+    # Once the owner is gone without completing it, the job is failed and queued again.
+    p = plan(engine, FakeRuns({"owner-1": [("owner-1", True)]}))
+    assert engine.ledger.job(chained.job_id).state is JobState.FAILED
+    assert len(p.launches) == 1 and p.launches[0].buckets == list(hours(1, 2))
 
 
 def test_a_dead_job_is_failed_and_queued_again(engine: Engine) -> None:
