@@ -145,7 +145,11 @@ def render_rows(table, fmt: str) -> str:
 @click.argument("rollup")
 @click.option("--from", "start", required=True, help="Start of the range (ISO-8601).")
 @click.option("--to", "end", required=True, help="End of the range (exclusive).")
-@click.option("--downstream", is_flag=True, help="Then bring every dependent level up to date.")
+@click.option(
+    "--downstream",
+    is_flag=True,
+    help="Bring every level above up to date now, in the same run (without it, the sensors do).",
+)
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
@@ -173,7 +177,10 @@ def materialize(
     keys = key_range_for(partitions_def_for(spec), closed)
     say = click.echo if fmt == "table" else (lambda _text: None)
     say(f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))")
-    config = {"ops": {rollup: {"config": {"entities": list(entities)}}}} if entities else None
+    # With --downstream the run itself carries the change up the chain (then a tick drains what
+    # it could not take); without it the levels above are left to the sensors, as pending work.
+    op_config = {"entities": list(entities), "propagate_in_run": downstream}
+    config = {"ops": {rollup: {"config": op_config}}}
     run = execute(
         defs, instance, job_name(spec), partition_range_tags(keys.start, keys.end), config
     )

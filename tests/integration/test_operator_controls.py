@@ -342,6 +342,46 @@ def test_overlapping_corrections_coalesce_and_job_history(world: World) -> None:
         assert [r["bucket_start"] for r in got] == ["2025-06-09T10:00:00Z", "2025-06-09T11:00:00Z"]
 
 
+def materialized_in(world: World, run_id: str) -> set[str]:
+    events = world.instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    return {e.asset_materialization.asset_key.to_user_string() for e in events}
+
+
+def test_cli_materialize_leaves_the_levels_above_to_the_sensors_unless_downstream(
+    world: World,
+) -> None:
+    build(world, (HOURLY, DAILY))
+    late_write(world)
+    args = ["materialize", HOURLY, "--from", "2025-06-09T10:00Z", "--to", "2025-06-09T11:00Z"]
+    with cli_env(world) as runner, pytest.MonkeyPatch.context() as mp:
+        mp.setattr("rollup_assets.definitions.defs", world.defs)
+        mp.setattr("rollup_assets.instance.get_instance", lambda: world.instance)
+
+        res = runner.invoke(cli.main, [*args, "--format", "json"])
+        assert res.exit_code == 0, res.output
+        [run] = json.loads(res.stdout)
+        assert (run["rollup"], run["ok"]) == (HOURLY, True)
+        assert materialized_in(world, run["run_id"]) == {HOURLY}
+        assert problems(world, (HOURLY,)) == []
+        # The day above is stale and says so: a chain job waits for the sensors.
+        assert problems(world, (DAILY,)) != []
+        pending = world.engine.ledger.snapshot().pending(DAILY)
+        assert [(j.trigger, j.windows) for j in pending] == [(Trigger.CHAIN, (DAY_09,))]
+
+        res = runner.invoke(cli.main, [*args, "--downstream", "--format", "json"])
+        assert res.exit_code == 0, res.output
+        first = json.loads(res.stdout)[0]
+        assert first["ok"] and first["rollup"] == HOURLY
+        # The day was rewritten inside the materialize run itself.
+        assert materialized_in(world, first["run_id"]) == {HOURLY, DAILY}
+        assert problems(world, (HOURLY, DAILY)) == []
+        assert world.engine.ledger.snapshot().pending(DAILY) == []
+        assert world.engine.ledger.job(pending[0].job_id).state in (  # type: ignore[union-attr]
+            JobState.COMPLETED,
+            JobState.COALESCED,
+        )
+
+
 # -- lifecycle guards ---------------------------------------------------------------------------
 
 
