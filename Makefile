@@ -7,6 +7,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
 export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
 SIZE ?= default
+# Test worker processes for `make test`, each with its own Spark session (0: run in this process).
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo dev test test-fast lint fmt typecheck check-defs bench soak check-java clean
@@ -36,7 +38,7 @@ dev: install check-java ## Start the Dagster UI + daemon with a persistent DAGST
 	$(BIN)/dagster dev -w workspace.yaml
 
 test: install check-java lint typecheck check-defs ## Run the whole suite (lint, types, unit, spark, integration, system)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-fast: install ## Unit tests only (no JVM)
 	$(BIN)/pytest tests/unit
