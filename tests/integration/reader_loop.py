@@ -52,12 +52,19 @@ def same_rows(actual: Rows, expected: Rows) -> bool:
     )
 
 
+DUPLICATED = "__duplicated__"  # marks a window where one entity came back more than once
+
+
 def windows_of(table: pa.Table, columns: list[str]) -> dict[str, Rows]:
-    """bucket_start (ISO, UTC) -> entity -> values of `columns`."""
+    """bucket_start (ISO, UTC) -> entity -> values of `columns`. A window in which an entity has
+    two rows (e.g. an unflipped generation leaking into the read) gets the DUPLICATED entry, so it
+    can match neither value set."""
     out: dict[str, Rows] = {}
     for row in table.to_pylist():
-        key = row["bucket_start"].isoformat()
-        out.setdefault(key, {})[row["entity_id"]] = [row[c] for c in columns]
+        window = out.setdefault(row["bucket_start"].isoformat(), {})
+        if row["entity_id"] in window:
+            window.setdefault(DUPLICATED, []).append(row["entity_id"])
+        window[row["entity_id"]] = [row[c] for c in columns]
     return out
 
 
