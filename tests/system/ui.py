@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -214,9 +214,13 @@ def wait_for_graph_nodes(driver: WebDriver, assets: list[str], timeout_s: float)
 def wait_until(
     driver: WebDriver, condition: Callable[[WebDriver], T | None], timeout_s: float, what: str
 ) -> T:
-    """The first truthy value of `condition`; AssertionError naming `what` if none comes."""
+    """The first truthy value of `condition`; AssertionError naming `what` if none comes. An
+    element the page re-rendered between finding and inspecting it only means: look again."""
     try:
-        return WebDriverWait(driver, timeout_s).until(lambda d: condition(d) or False)
+        wait = WebDriverWait(
+            driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,)
+        )
+        return wait.until(lambda d: condition(d) or False)
     except TimeoutException:
         raise AssertionError(f"{driver.current_url} shows no {what} after {timeout_s} s") from None
 
@@ -240,7 +244,12 @@ def wait_until_still(driver: WebDriver, xpath: str, timeout_s: float) -> None:
         last = rects
         return still >= 3
 
-    WebDriverWait(driver, timeout_s, poll_frequency=0.3).until(settled)
+    WebDriverWait(
+        driver,
+        timeout_s,
+        poll_frequency=0.3,
+        ignored_exceptions=(StaleElementReferenceException,),
+    ).until(settled)
 
 
 @contextlib.contextmanager
