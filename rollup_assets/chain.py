@@ -25,7 +25,7 @@ from datetime import datetime
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from resources.control import ArchiveStatus
+from resources.control import ArchiveState, ArchiveStatus
 from resources.ledger import Job, JobState
 from rollup_assets.engine import Engine, RunOutcome
 from rollup_assets.errors import RecomputeAbortedError
@@ -55,17 +55,20 @@ def pool_slot(instance: dg.DagsterInstance, pool: str, run_id: str, step: str) -
 
 
 def forward_work(
-    engine: Engine, spec: RollupSpec, changed: list[Window], now: datetime
+    engine: Engine,
+    spec: RollupSpec,
+    changed: list[Window],
+    now: datetime,
+    states: dict[str, ArchiveState],
 ) -> list[Window]:
     """What the forward lane of `spec` has to do after its source changed in `changed`: buckets
     that may close now, and the open bucket if the change reached into it (or buckets close)."""
-    states = engine.states.all()
     state = states.get(spec.name)
     if state is None:
         return []
     closed = closed_buckets(spec, state, now, source_limit(engine, spec, states))
     ob = open_bucket(spec, state, now)
-    touched = ob is not None and any(w.start < ob.end and ob.start < w.end for w in changed)
+    touched = ob is not None and any(w.overlaps(ob) for w in changed)
     if ob is not None and (touched or closed) and ob not in closed:
         return [*closed, ob]
     return closed
@@ -116,13 +119,15 @@ class Chain:
             if not held:
                 self.say(f"{spec.name}: another run writes it; the sensors take it from here")
                 return
-            if self.engine.states.get(spec.name).status is not ArchiveStatus.ACTIVATED:
+            states = self.engine.states.all()
+            state = states.get(spec.name)
+            if state is None or state.status is not ArchiveStatus.ACTIVATED:
                 return  # pending work waits for activation
             for job in [j for j in propagated if j.rollup == spec.name]:
                 done = self._recompute(spec, job)
                 if done is not None:
                     yield done
-            forward = self._forward(spec, changed)
+            forward = self._forward(spec, changed, states)
             if forward is not None:
                 yield forward
 
@@ -141,10 +146,12 @@ class Chain:
             self.say(f"{spec.name}: {exc}")
             return None
 
-    def _forward(self, spec: RollupSpec, changed: list[Window]) -> RunOutcome | None:
+    def _forward(
+        self, spec: RollupSpec, changed: list[Window], states: dict[str, ArchiveState]
+    ) -> RunOutcome | None:
         if spec.name in self.lookup.in_flight("forward"):
             return None  # the forward sensor launched a run for it already
-        work = forward_work(self.engine, spec, changed, self.now)
+        work = forward_work(self.engine, spec, changed, self.now, states)
         if not work:
             return None
         return run_forward(

@@ -195,4 +195,6 @@ def run_forward(
             reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
             actor=run_id,
         )
-    return RunOutcome(done, buckets, written.rows, 0, version, versions, duration, "", propagated)
+    return RunOutcome(
+        done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
+    )

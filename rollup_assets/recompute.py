@@ -190,7 +190,14 @@ def run_recompute(
             f"swept {swept} superseded row(s)"
         )
         return RunOutcome(
-            done, ready, written.rows, generation, version, versions, duration, "", propagated
+            done,
+            ready,
+            written.rows,
+            generation,
+            version,
+            versions,
+            duration,
+            propagated=propagated,
         )
     except Exception as exc:
         current = engine.ledger.job(job.job_id)

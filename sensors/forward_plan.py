@@ -105,11 +105,10 @@ def _source_jobs_reach(snapshot: LedgerSnapshot, source: str, last: Job, bucket:
         return True
     since = last.started_at
     return any(
-        j.rollup == source
-        and j.state is JobState.COMPLETED
+        j.state is JobState.COMPLETED
         and j.windows_processed
         and j.finished_at is not None
         and j.finished_at >= since
-        and any(w.start < bucket.end and bucket.start < w.end for w in j.windows)
-        for j in snapshot.jobs.values()
+        and any(w.overlaps(bucket) for w in j.windows)
+        for j in snapshot.for_rollup(source)
     )
