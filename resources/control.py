@@ -92,15 +92,19 @@ class ArchiveStateStore:
         self.table = ControlTable(
             warehouse.control_path("archives"), STATE_SCHEMA, warehouse.storage_options
         )
+        self._parsed: tuple[pa.Table, dict[str, ArchiveState]] | None = None
 
     def all(self) -> dict[str, ArchiveState]:
         data = self.table.read()
-        if data.num_rows == 0:
-            return {}
+        parsed = self._parsed
+        if parsed is not None and parsed[0] is data:  # the same table version as last time
+            return dict(parsed[1])
         latest: dict[str, dict] = {}
         for row in data.sort_by([("archive", "ascending"), ("seq", "ascending")]).to_pylist():
             latest[row["archive"]] = row
-        return {name: _state_from_row(r) for name, r in latest.items()}
+        states = {name: _state_from_row(r) for name, r in latest.items()}
+        self._parsed = (data, states)
+        return dict(states)
 
     def get(self, archive: str) -> ArchiveState:
         return self.all().get(archive) or ArchiveState(archive)

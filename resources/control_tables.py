@@ -13,7 +13,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from resources.delta_io import TABLE_CONFIGURATION, open_table
+from resources.delta_io import TABLE_CONFIGURATION, LatestCache, open_table
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +29,26 @@ class ControlTable:
         self.uri = uri
         self.schema = schema
         self.storage_options = storage_options or {}
+        # Sensors, runs and queries read control tables far more often than anything writes
+        # them: a whole read of an unchanged table is served from memory.
+        self._latest = LatestCache(lambda t: self._conform(t.to_pyarrow_table()))
 
     def read(self, filter: str | None = None) -> pa.Table:
-        table = open_table(self.uri, self.storage_options)
-        if table is None:
-            return self.schema.empty_table()
-        data = pa.table(
-            table.to_pyarrow_table(filters=filter) if filter else table.to_pyarrow_table()
-        )
-        return data.select(self.schema.names).cast(self.schema)
+        """The table's rows at its latest version (only those matching `filter`, if given).
+
+        A whole read of the version this object read last returns the same Table object, so
+        callers may memoize what they derive from it.
+        """
+        if filter:
+            table = open_table(self.uri, self.storage_options)
+            if table is None:
+                return self.schema.empty_table()
+            return self._conform(table.to_pyarrow_table(filters=filter))
+        latest = self._latest.get(self.uri, self.storage_options)
+        return self.schema.empty_table() if latest is None else latest[0]
+
+    def _conform(self, data: pa.Table) -> pa.Table:
+        return pa.table(data).select(self.schema.names).cast(self.schema)
 
     def version(self) -> int | None:
         table = open_table(self.uri, self.storage_options)

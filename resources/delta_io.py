@@ -8,14 +8,17 @@ one transaction that carries per-file statistics. Nothing here collects table ro
 import datetime as dt
 import json
 import logging
+import threading
 import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
@@ -231,6 +234,72 @@ def open_table(
         return DeltaTable(uri, version=version, storage_options=storage_options or None)
     except TableNotFoundError:
         return None
+
+
+def commit_file(root: str, version: int) -> str:
+    return f"{root}/_delta_log/{version:020d}.json"
+
+
+def committed_after(
+    uri: str, version: int | None, storage_options: dict[str, str] | None = None
+) -> bool:
+    """Has the table at `uri` a commit after `version` (None: has it been created)?
+
+    One existence check of the next commit file, instead of opening the table again.
+    """
+    fs, root = filesystem_for(uri, storage_options)
+    info = fs.get_file_info(commit_file(root, 0 if version is None else version + 1))
+    return info.type != pafs.FileType.NotFound
+
+
+T = TypeVar("T")
+
+
+class LatestCache(Generic[T]):
+    """Something derived from a small Delta table's latest version, derived again only when the
+    table has moved.
+
+    A hit costs two file stats: the cached version's commit file is unchanged (the same table,
+    not one re-created at the location since) and no next commit exists. A Delta version never
+    changes once written, so a hit returns exactly what reading the table would.
+    """
+
+    def __init__(self, derive: Callable[[DeltaTable], T]) -> None:
+        self._derive = derive
+        self._entries: dict[str, tuple[int, tuple[int | None, int | None], T]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, uri: str, storage_options: dict[str, str] | None = None) -> tuple[T, int] | None:
+        """(derived value, version) of the table's latest version; None if there is no table."""
+        fs, root = filesystem_for(uri, storage_options)
+        with self._lock:
+            entry = self._entries.get(uri)
+        if entry is not None:
+            version, stamp, value = entry
+            if _stamp(fs, commit_file(root, version)) == stamp and not _exists(
+                fs, commit_file(root, version + 1)
+            ):
+                return value, version
+        table = open_table(uri, storage_options)
+        if table is None:
+            return None
+        version = table.version()
+        value = self._derive(table)
+        stamp = _stamp(fs, commit_file(root, version))
+        with self._lock:
+            self._entries[uri] = (version, stamp, value)
+        return value, version
+
+
+def _stamp(fs: pafs.FileSystem, path: str) -> tuple[int | None, int | None]:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None, None
+    return info.mtime_ns, info.size
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def nullable_schema(schema: pa.Schema) -> pa.Schema:

@@ -14,10 +14,12 @@ import functools
 import json
 import logging
 import operator
+import os
 import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,6 +37,7 @@ from resources.delta_io import (
     add_actions_from_rows,
     build_file_writer,
     commit,
+    committed_after,
     file_actions,
     open_table,
     remove_action,
@@ -44,7 +47,6 @@ from resources.genmap import (
     GENMAP_SCHEMA,
     active_mask,
     flipped_pointers,
-    genmap_version,
     read_pointers,
     split_pointers,
     write_pointer_table,
@@ -69,6 +71,8 @@ BOOKKEEPING = [
     ("source_versions", pa.string()),
 ]
 PART_COLUMN = "bucket_part"
+# Threads that read a rollup's files side by side (shared, so a query starts none).
+_READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
 
 
 def table_schema(spec: RollupSpec) -> pa.Schema:
@@ -137,7 +141,7 @@ class RollupStore:
         for _ in range(attempts):
             pointers, gv = read_pointers(self.genmap_uri(spec), self.options)
             table = open_table(self.uri(spec), self.options)
-            if genmap_version(self.genmap_uri(spec), self.options) == gv:
+            if not committed_after(self.genmap_uri(spec), gv, self.options):
                 return Snapshot(table, pointers, gv)
             time.sleep(0.005)
         raise RuntimeError(
@@ -182,30 +186,40 @@ class RollupStore:
         spans: Sequence[Window] | None = None,
         entities: frozenset[str] | None = None,
         snapshot: Snapshot | None = None,
+        columns: Sequence[str] | None = None,
     ) -> pa.Table:
+        """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
+        `generation` is added: the active generation is resolved from it)."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
+        if columns is not None:
+            wanted = [*columns, *(["generation"] if "generation" not in columns else [])]
+            schema = pa.schema([schema.field(c) for c in wanted])
         if snap.table is None:
             return schema.empty_table()
-        parts = []
-        for f in self.overlapping(file_actions(snap.table), spans, entities):
-            data = self._read_file(spec, f).select(schema.names).cast(schema)
+
+        def read(f: dict) -> pa.Table:
+            data = self._read_file(spec, f, schema.names).cast(schema)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
                 mask = em if mask is None else pc.and_(mask, em)
-            if mask is not None:
-                data = data.filter(mask)
-            parts.append(data)
-        if not parts:
+            return data if mask is None else data.filter(mask)
+
+        files = self.overlapping(file_actions(snap.table), spans, entities)
+        if not files:
             return schema.empty_table()
+        # Reading and decoding Parquet releases the GIL: files are read side by side.
+        parts = list(_READERS.map(read, files))
         rows = pa.concat_tables(parts)
         return rows.filter(active_mask(rows, snap.pointers))
 
-    def _read_file(self, spec: RollupSpec, f: dict) -> pa.Table:
+    def _read_file(
+        self, spec: RollupSpec, f: dict, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         fs, root = filesystem_for(self.uri(spec), self.options)
         with fs.open_input_file(f"{root}/{urllib.parse.unquote(f['path'])}") as fh:
-            return pq.read_table(fh)
+            return pq.read_table(fh, columns=list(columns) if columns is not None else None)
 
     # -- generation writes -------------------------------------------------------------------
 
@@ -457,7 +471,7 @@ class RollupStore:
         adds: list[AddAction] = []
         dropped = 0
         for f in select(file_actions(snapshot)):
-            rows = self._read_file(spec, f).select(schema.names).cast(schema)
+            rows = self._read_file(spec, f, schema.names).cast(schema)
             mask = pc.fill_null(drop(rows), False)
             n = pc.sum(mask.cast(pa.int64())).as_py() or 0
             if n == 0:

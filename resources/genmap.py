@@ -21,9 +21,9 @@ from deltalake.transaction import AddAction
 
 from resources.delta_io import (
     CommitPlan,
+    LatestCache,
     commit,
     file_actions,
-    open_table,
     remove_action,
     stats_from_metadata,
 )
@@ -44,20 +44,22 @@ GENMAP_SCHEMA = pa.schema(
 )
 
 
+def _conform(table: DeltaTable) -> pa.Table:
+    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
+
+
+# Every read of a rollup reads its pointers; an unchanged pointer table is served from memory.
+_POINTERS: LatestCache[pa.Table] = LatestCache(_conform)
+
+
 def read_pointers(
     uri: str, storage_options: dict[str, str] | None = None
 ) -> tuple[pa.Table, int | None]:
-    table = open_table(uri, storage_options)
-    if table is None:
+    """Every pointer of the pointer table at `uri`, and the version they were read at."""
+    latest = _POINTERS.get(uri, storage_options)
+    if latest is None:
         return GENMAP_SCHEMA.empty_table(), None
-    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(
-        GENMAP_SCHEMA
-    ), table.version()
-
-
-def genmap_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
-    table = open_table(uri, storage_options)
-    return None if table is None else table.version()
+    return latest
 
 
 def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:

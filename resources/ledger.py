@@ -221,9 +221,13 @@ class Ledger:
         self.table = ControlTable(
             warehouse.control_path("ledger"), LEDGER_SCHEMA, warehouse.storage_options
         )
+        self._parsed: tuple[pa.Table, LedgerSnapshot] | None = None
 
     def snapshot(self) -> LedgerSnapshot:
         data = self.table.read()
+        parsed = self._parsed
+        if parsed is not None and parsed[0] is data:  # the same table version as last time
+            return LedgerSnapshot(dict(parsed[1].jobs), dict(parsed[1].cursors))
         jobs: dict[str, Job] = {}
         cursors: dict[str, int] = {}
         rows = data.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
@@ -236,7 +240,8 @@ class Ledger:
             if prev is not None and prev.state.terminal:
                 continue  # the first terminal state sticks
             jobs[row["job_id"]] = _job_from_row(row)
-        return LedgerSnapshot(jobs, cursors)
+        self._parsed = (data, LedgerSnapshot(jobs, cursors))
+        return LedgerSnapshot(dict(jobs), dict(cursors))
 
     def record(self, jobs: Sequence[Job] = (), cursors: dict[str, int] | None = None) -> None:
         """Write job events and cursor moves in one commit."""

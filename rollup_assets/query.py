@@ -57,7 +57,8 @@ def query_arrow(
     engine.require_activated(spec)
     ents = frozenset(entities) if entities else None
     if isinstance(spec, RollupSpec):
-        rows = engine.rollups.read_arrow(spec, [span(start, end)], ents)
+        needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
+        rows = engine.rollups.read_arrow(spec, [span(start, end)], ents, columns=needed)
         return logical_arrow(rows, spec)
     data = engine.raw.read_arrow(spec, [span(start, end)], ents).drop_columns(["day"])
     time_col = data.column_names[1]

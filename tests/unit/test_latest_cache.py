@@ -1,0 +1,99 @@
+"""Reads served from memory must never be stale: a control table or pointer table read again
+after any commit (from this object or another writer) or after the table was re-created at the
+same location returns exactly what a fresh read would."""
+
+import shutil
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from resources.control_tables import ControlTable
+from resources.delta_io import LatestCache, committed_after
+from resources.genmap import GENMAP_SCHEMA, read_pointers, write_pointer_table
+
+SCHEMA = pa.schema([("name", pa.string()), ("n", pa.int64())])
+
+
+def rows(table: pa.Table) -> list[tuple[str, int]]:
+    return sorted(zip(table["name"].to_pylist(), table["n"].to_pylist(), strict=True))
+
+
+def test_unchanged_table_is_read_once_and_a_commit_by_another_writer_is_seen(tmp_path):
+    uri = str(tmp_path / "control")
+    reader, writer = ControlTable(uri, SCHEMA), ControlTable(uri, SCHEMA)
+    assert reader.read().num_rows == 0
+    writer.append([{"name": "a", "n": 1}])
+    first = reader.read()
+    assert rows(first) == [("a", 1)]
+    assert reader.read() is first  # unchanged: served from memory
+    writer.append([{"name": "b", "n": 2}])
+    assert rows(reader.read()) == [("a", 1), ("b", 2)]
+
+
+def test_a_table_recreated_at_the_same_location_is_read_afresh(tmp_path):
+    uri = str(tmp_path / "control")
+    table = ControlTable(uri, SCHEMA)
+    for i in range(3):
+        table.append([{"name": f"old{i}", "n": i}])
+    assert len(rows(table.read())) == 3
+    shutil.rmtree(uri)
+    # Fewer commits than before: the cached version's successor does not exist either.
+    write_deltalake(uri, pa.table({"name": ["new"], "n": [7]}, schema=SCHEMA))
+    assert rows(table.read()) == [("new", 7)]
+
+
+def test_a_deleted_table_reads_empty(tmp_path):
+    uri = str(tmp_path / "control")
+    table = ControlTable(uri, SCHEMA)
+    table.append([{"name": "a", "n": 1}])
+    assert table.read().num_rows == 1
+    shutil.rmtree(uri)
+    assert table.read().num_rows == 0
+
+
+def test_pointer_reads_follow_every_flip(tmp_path):
+    uri = str(tmp_path / "genmap")
+    assert read_pointers(uri) == (GENMAP_SCHEMA.empty_table(), None)
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    for generation in (1, 2, 3):
+        row = {
+            "bucket_start": t0,
+            "bucket_end": t0,
+            "entity_id": None,
+            "generation": generation,
+            "job_id": "j",
+            "run_id": "r",
+            "flipped_at": t0,
+        }
+        write_pointer_table(
+            uri, lambda cur, row=row: pa.Table.from_pylist([row], GENMAP_SCHEMA), metadata={}
+        )
+        pointers, version = read_pointers(uri)
+        assert pointers["generation"].to_pylist() == [generation]
+        assert version is not None and not committed_after(uri, version)
+    assert committed_after(uri, version - 1)
+
+
+def test_derived_values_are_recomputed_only_when_the_table_moves(tmp_path):
+    uri = str(tmp_path / "t")
+    calls = []
+
+    def derive(table):
+        calls.append(table.version())
+        return table.version()
+
+    cache = LatestCache(derive)
+    assert cache.get(uri) is None
+    write_deltalake(uri, pa.table({"name": ["a"], "n": [1]}, schema=SCHEMA))
+    assert cache.get(uri) == (0, 0)
+    assert cache.get(uri) == (0, 0)
+    write_deltalake(uri, pa.table({"name": ["b"], "n": [2]}, schema=SCHEMA), mode="append")
+    assert cache.get(uri) == (1, 1)
+    assert calls == [0, 1]
+
+
+@pytest.mark.parametrize("version", [None, 0])
+def test_committed_after_on_a_missing_table(tmp_path, version):
+    assert not committed_after(str(tmp_path / "none"), version)
