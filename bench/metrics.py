@@ -14,7 +14,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,8 +177,10 @@ class DriverReads:
         original = RollupStore._read_file
         reads = self.reads
 
-        def counted(store: RollupStore, spec: RollupSpec, f: dict) -> pa.Table:
-            table = original(store, spec, f)
+        def counted(
+            store: RollupStore, spec: RollupSpec, f: dict, columns: Sequence[str] | None = None
+        ) -> pa.Table:
+            table = original(store, spec, f, columns)
             reads.append((time.time(), table.num_rows))
             return table
 

@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.delta_io import (
+    ROW_GROUP_ROWS,
     WRITTEN_FILES_DDL,
     CommitPlan,
     add_actions_from_rows,
@@ -71,6 +72,10 @@ BOOKKEEPING = [
     ("source_versions", pa.string()),
 ]
 PART_COLUMN = "bucket_part"
+# A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and
+# larger than SWEEP_MIN_ROWS) to the maintenance sweep; see RollupStore.sweep.
+SWEEP_FACTOR = 8
+SWEEP_MIN_ROWS = 4_096
 # Threads that read a rollup's files side by side (shared, so a query starts none).
 _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
 
@@ -258,8 +263,9 @@ class RollupStore:
             .select(*table_schema(spec).names)
         )
         parts = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
+        # Entity-major inside each file: a recompute for a few entities reads their row groups.
         df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(
-            PART_COLUMN, "bucket_start", "entity_id"
+            PART_COLUMN, "entity_id", "bucket_start"
         )
         writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
         rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
@@ -331,10 +337,50 @@ class RollupStore:
     # -- sweeping ------------------------------------------------------------------------------
 
     def sweep(
-        self, spec: RollupSpec, buckets: Sequence[Window], entities: frozenset[str] | None
+        self,
+        spec: RollupSpec,
+        buckets: Sequence[Window],
+        entities: frozenset[str] | None,
+        *,
+        flipped: Written | None = None,
+        generation: int | None = None,
     ) -> int:
-        """Delete rows in `buckets` (for `entities`) that are not the active generation."""
+        """Delete rows in `buckets` (for `entities`) that are not the active generation.
+
+        After a recompute's flip, pass its `generation` and what it wrote (`flipped`): files
+        holding only that generation have nothing superseded and are not read, and a file much
+        larger than the change (more than `SWEEP_FACTOR` times the rows written and more than
+        `SWEEP_MIN_ROWS`) keeps its superseded rows, invisible to readers, until the
+        maintenance sweep: rewriting it would make a small correction cost what the archive
+        costs. Without them every file holding superseded rows in `buckets` is rewritten.
+        """
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        limit = None
+        if flipped is not None:
+            limit = max(SWEEP_MIN_ROWS, SWEEP_FACTOR * flipped.rows)
+
+        def select(files: list[dict]) -> list[dict]:
+            candidates = [
+                f
+                for f in self.overlapping(files, buckets, entities)
+                if not (
+                    generation is not None
+                    and f.get("min.generation") == generation
+                    and f.get("max.generation") == generation
+                )
+            ]
+            chosen = [
+                f for f in candidates if limit is None or (f.get("num_records") or 0) <= limit
+            ]
+            if len(chosen) < len(candidates):
+                log.info(
+                    "%s: %d file(s) larger than %d rows keep their superseded rows until the "
+                    "maintenance sweep",
+                    spec.name,
+                    len(candidates) - len(chosen),
+                    limit,
+                )
+            return chosen
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
             mask = pc.and_(
@@ -346,12 +392,7 @@ class RollupStore:
                 )
             return mask
 
-        return self._delete_rows(
-            spec,
-            lambda files: self.overlapping(files, buckets, entities),
-            drop,
-            {"rollups.operation": "sweep"},
-        )
+        return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
 
     def reclaim(self, spec: RollupSpec, protected: frozenset[int] = frozenset()) -> int:
         """Delete rows of generations no pointer references (left by runs that died before the
@@ -486,7 +527,7 @@ class RollupStore:
                 path.rsplit("/", 1)[0] + "/" if "/" in path else ""
             ) + f"part-{uuid.uuid4()}.snappy.parquet"
             with fs.open_output_stream(f"{root}/{rel}") as out:
-                pq.write_table(keep, out, compression="snappy", row_group_size=131_072)
+                pq.write_table(keep, out, compression="snappy", row_group_size=ROW_GROUP_ROWS)
             with fs.open_input_file(f"{root}/{rel}") as fh:
                 md = pq.ParquetFile(fh).metadata
                 size = fh.size()

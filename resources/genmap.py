@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -85,20 +86,26 @@ def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
     if pointers.num_rows == 0:
         return pc.equal(rows["generation"], 0)
     g, s = split_pointers(pointers)
-    keyed = pa.table(
-        {
-            "__i": pa.array(range(n), pa.int64()),
-            "bucket_start": rows["bucket_start"].cast(TS),
-            "entity_id": rows["entity_id"],
-            "generation": rows["generation"],
-        }
-    )
-    joined = keyed.join(g, "bucket_start", join_type="left outer")
-    joined = joined.join(s, ["bucket_start", "entity_id"], join_type="left outer").sort_by("__i")
-    active = pc.max_element_wise(
-        pc.fill_null(joined["g_all"], 0), pc.fill_null(joined["g_entity"], 0)
-    )
-    return pc.equal(joined["generation"], active)
+    starts = rows["bucket_start"].cast(TS)
+    # Global pointers: a lookup by bucket start, in row order (no join, no re-sort).
+    at = pc.index_in(starts, value_set=g["bucket_start"])
+    active = pc.fill_null(pc.take(g["g_all"], at), 0).to_numpy().copy()
+    if s.num_rows:
+        # Entity pointers cover few rows (the corrected entities): join just those rows.
+        candidates = pc.is_in(rows["entity_id"], value_set=pc.unique(s["entity_id"]))
+        picked = pc.indices_nonzero(candidates)
+        if len(picked):
+            keyed = pa.table(
+                {
+                    "__i": picked,
+                    "bucket_start": pc.take(starts, picked),
+                    "entity_id": pc.take(rows["entity_id"], picked),
+                }
+            ).join(s, ["bucket_start", "entity_id"], join_type="inner")
+            if keyed.num_rows:
+                i = keyed["__i"].to_numpy()
+                active[i] = np.maximum(active[i], keyed["g_entity"].to_numpy())
+    return pc.equal(rows["generation"], pa.array(active, pa.int64()))
 
 
 def flipped_pointers(

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from resources.delta_io import TABLE_CONFIGURATION, file_actions, open_table
+from resources.delta_io import ROW_GROUP_ROWS, TABLE_CONFIGURATION, file_actions, open_table
 from resources.ledger import ChangeSource
 from resources.warehouse import Warehouse, data_file_uri, spark_uri
 from rollup_assets.aggregation import SPARK_TYPES
@@ -138,6 +138,7 @@ class RawStore:
                 predicate=predicate,
                 source_alias="s",
                 target_alias="t",
+                writer_properties=WriterProperties(max_row_group_size=ROW_GROUP_ROWS),
                 commit_properties=CommitProperties(custom_metadata=metadata),
             )
             if updates:

@@ -362,12 +362,15 @@ class BatchReader:
         return self._duplicate(dup) if dup is not None and dup < err.row else err
 
     def chunks(self) -> Iterator[pa.RecordBatch]:
-        """Second pass: the converted rows, chunk by chunk (call `validate()` first)."""
+        """Second pass: the converted rows, chunk by chunk (call `validate()` first), each chunk
+        sorted by its key (entity, then time): the files a MERGE writes then hold each entity's
+        rows together, and a read for a few entities skips the other row groups."""
         offset = 0
+        order = [(k, "ascending") for k in key_columns(self.spec)]
         for chunk in self._raw_chunks():
             t = self._convert(chunk, offset)
             offset += t.num_rows
-            yield from t.to_batches()
+            yield from t.sort_by(order).to_batches()
 
 
 def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:

@@ -184,7 +184,9 @@ def run_recompute(
         propagated = engine.propagation_jobs(spec, ready, job.entities, version)
         engine.ledger.record([done, *propagated])
         checkpoint("during_sweep")
-        swept = engine.rollups.sweep(spec, ready, job.entities)
+        swept = engine.rollups.sweep(
+            spec, ready, job.entities, flipped=written, generation=generation
+        )
         say(
             f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); "
             f"swept {swept} superseded row(s)"
