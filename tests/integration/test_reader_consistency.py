@@ -251,8 +251,8 @@ def install_steps(
         step("flipped", spec.name)
         return version
 
-    def sweep(self, spec, buckets, entities):
-        n = orig_sweep(self, spec, buckets, entities)
+    def sweep(self, spec, buckets, entities, **kwargs):
+        n = orig_sweep(self, spec, buckets, entities, **kwargs)
         step("swept", spec.name)
         return n
 
