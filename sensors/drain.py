@@ -6,6 +6,10 @@ Per rollup, each tick:
     otherwise it is failed and its buckets are queued again;
   * nothing is launched while a recompute of the rollup is in flight, or while the rollup is not
     activated (pending work waits);
+  * nothing is launched either when every pending job was queued by chain propagation while a
+    run that writes the rollup's source is still in flight: that run carries the chain to this
+    level itself, and a run launched meanwhile would only take the level from it (a new process
+    and Spark session per level). When that run ends, whatever it left is launched;
   * the buckets of all pending jobs that are ready (below the watermark, not frozen) merge into
     one job; the jobs it absorbed are recorded as Coalesced, the rest keeps waiting.
 """
@@ -54,9 +58,13 @@ def plan_drain(
     engine: Engine, states: dict[str, ArchiveState], snapshot: LedgerSnapshot, runs: RunLookup
 ) -> DrainPlan:
     plan = DrainPlan()
+    settled = {
+        spec.name: _settle(engine, spec, snapshot, runs, states, plan)
+        for spec in engine.catalog.rollups.values()
+    }
     for spec in engine.catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
-        pending, busy = _settle(engine, spec, snapshot, runs, states, plan)
+        pending, busy = settled[spec.name]
         # Jobs this plan already queued for the rollup (propagated by a job recovered one level
         # down) drain in this tick too: a tick that launches nothing must mean nothing is ready.
         pending += [
@@ -66,6 +74,15 @@ def plan_drain(
         ]
         if busy or not pending:
             continue
+        since = _carried_since(spec, snapshot, runs)
+        if since is not None and all(
+            j.trigger is Trigger.CHAIN and j.created_at >= since for j in pending
+        ):
+            plan.notes.append(
+                f"{spec.name}: {len(pending)} pending job(s) wait for the run in flight on "
+                f"{spec.source}, which carries the chain"
+            )
+            continue
         if state.status is not ArchiveStatus.ACTIVATED:
             plan.notes.append(
                 f"{spec.name}: {len(pending)} pending job(s) wait ({state.status.value})"
@@ -73,6 +90,24 @@ def plan_drain(
             continue
         _merge(engine, spec, state, pending, plan)
     return plan
+
+
+def _carried_since(spec: RollupSpec, snapshot: LedgerSnapshot, runs: RunLookup) -> datetime | None:
+    """When the run now in flight on `spec`'s source (a rollup) started its source job; None
+    when no run is writing the source. The source's open jobs and its newest completed one
+    (whose run may still be carrying the chain above it) are the candidates."""
+    jobs = snapshot.for_rollup(spec.source)
+    if not jobs:
+        return None
+    done = [j for j in jobs if j.state is JobState.COMPLETED and j.run_id]
+    newest = max(done, key=lambda j: j.finished_at or j.created_at, default=None)
+    candidates = [j for j in jobs if not j.state.terminal] + ([newest] if newest else [])
+    starts = []
+    for job in candidates:
+        owner = job.run_id if job.run_id else None
+        if any(not finished for _, finished in runs.runs_of_job(job.job_id, owner)):
+            starts.append(job.started_at or job.created_at)
+    return min(starts, default=None)
 
 
 def _settle(

@@ -205,3 +205,40 @@ def test_a_job_that_died_after_its_flip_is_completed_and_propagated(engine: Engi
         j for j in engine.ledger.snapshot().for_rollup("energy_daily") if j.trigger is Trigger.CHAIN
     ]
     assert len(daily) == 1 and daily[0].state is JobState.PENDING
+
+
+def days(*offsets: int) -> tuple[Window, ...]:
+    return tuple(Window(T0 + o * 24 * H, T0 + (o + 1) * 24 * H) for o in offsets)
+
+
+def test_chain_jobs_wait_for_the_run_that_carries_them(engine: Engine) -> None:
+    # The run writing the source level completed its job and is still in flight: it carries the
+    # chain to the daily level itself, so the sensor launches nothing there meanwhile.
+    carried = Job(
+        "energy_hourly",
+        Trigger.PERIODIC,
+        hours(1),
+        state=JobState.COMPLETED,
+        run_id="run-1",
+        started_at=T0,
+        finished_at=T0,
+    )
+    chained = Job("energy_daily", Trigger.CHAIN, days(0))
+    engine.ledger.record([carried, chained])
+    waiting = plan(engine, FakeRuns({"run-1": [("run-1", False)]}))
+    assert waiting.launches == []
+    assert any("carries the chain" in n for n in waiting.notes), waiting.notes
+    # The run ended without taking the job: the next tick launches it.
+    ended = plan(engine, FakeRuns({"run-1": [("run-1", True)]}))
+    assert [lch.rollup for lch in ended.launches] == ["energy_daily"]
+
+
+def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(engine: Engine) -> None:
+    carried = Job(
+        "energy_hourly", Trigger.PERIODIC, hours(1), state=JobState.RUNNING, run_id="run-1"
+    )
+    chained = Job("energy_daily", Trigger.CHAIN, days(0))
+    manual = Job("energy_daily", Trigger.MANUAL, days(0))
+    engine.ledger.record([carried, chained, manual])
+    p = plan(engine, FakeRuns({"run-1": [("run-1", False)]}))
+    assert [lch.rollup for lch in p.launches] == ["energy_daily"]
