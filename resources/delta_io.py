@@ -252,8 +252,7 @@ def committed_after(
     One existence check of the next commit file, instead of opening the table again.
     """
     fs, root = filesystem_for(uri, storage_options)
-    info = fs.get_file_info(commit_file(root, 0 if version is None else version + 1))
-    return info.type != pafs.FileType.NotFound
+    return _exists(fs, commit_file(root, 0 if version is None else version + 1))
 
 
 T = TypeVar("T")

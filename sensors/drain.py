@@ -97,15 +97,12 @@ def _carried_since(spec: RollupSpec, snapshot: LedgerSnapshot, runs: RunLookup) 
     when no run is writing the source. The source's open jobs and its newest completed one
     (whose run may still be carrying the chain above it) are the candidates."""
     jobs = snapshot.for_rollup(spec.source)
-    if not jobs:
-        return None
     done = [j for j in jobs if j.state is JobState.COMPLETED and j.run_id]
     newest = max(done, key=lambda j: j.finished_at or j.created_at, default=None)
     candidates = [j for j in jobs if not j.state.terminal] + ([newest] if newest else [])
     starts = []
     for job in candidates:
-        owner = job.run_id if job.run_id else None
-        if any(not finished for _, finished in runs.runs_of_job(job.job_id, owner)):
+        if any(not finished for _, finished in runs.runs_of_job(job.job_id, job.run_id)):
             starts.append(job.started_at or job.created_at)
     return min(starts, default=None)
 
