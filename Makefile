@@ -43,9 +43,10 @@ test: install check-java lint typecheck check-defs ## Run the whole suite (lint,
 test-fast: install ## Unit tests only (no JVM)
 	$(BIN)/pytest tests/unit
 
-lint: install ## ruff format --check and ruff check
+lint: install ## ruff format --check, ruff check, and the layer contract (lint-imports)
 	$(BIN)/ruff format --check rollup_assets resources sensors tests bench
 	$(BIN)/ruff check rollup_assets resources sensors tests bench
+	$(BIN)/lint-imports
 
 fmt: install ## Format the code
 	$(BIN)/ruff format rollup_assets resources sensors tests bench

@@ -7,7 +7,6 @@ python -m bench --size default   # 1,000 meters x 365 days (35 M readings)
 import argparse
 import dataclasses
 import logging
-import os
 import shlex
 import sys
 import warnings
@@ -47,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
     if args.no_daemon:
         chosen = tuple(s for s in chosen if s != "daemon")
-    # As `make` exports it: one planned event per run, not one per partition of a range run.
-    os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
     # Dagster's preview/beta notices and per-step logs would bury the progress lines.
     warnings.filterwarnings("ignore", module="dagster")
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -10,7 +10,7 @@ from bench.context import Bench
 from bench.generate import NOW, Dataset
 from bench.harness import BenchWorld
 from bench.metrics import Step, measure
-from resources.ledger import ChangeSource
+from rollup_assets.model.jobs import ChangeSource
 
 
 def ingest_and_backfill(bench: Bench, world: BenchWorld, dataset: Dataset) -> dict:

@@ -15,8 +15,8 @@ import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rollup_assets.aggregation import bucket_start, source_time_column
-from rollup_assets.specs import AggregateFunction, Alignment, ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.compute.aggregation import bucket_start
+from rollup_assets.model.specs import AggregateFunction, Alignment, ArchiveSpec, Catalog, RollupSpec
 
 _MERGE = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
 _FIRST = {"sum": F.sum, "count": F.count, "min": F.min, "max": F.max}
@@ -48,7 +48,7 @@ def bare_level(rows: DataFrame, spec: RollupSpec, source: ArchiveSpec) -> DataFr
             aggs.append(_MERGE[sc.partial](col).alias(sc.name))
         else:
             aggs.append(_FIRST[sc.partial](F.col(sc.column)).alias(sc.name))
-    bucket = bucket_start(F.col(source_time_column(source)), spec).alias("bucket_start")
+    bucket = bucket_start(F.col(source.time_column), spec).alias("bucket_start")
     return rows.groupBy("entity_id", bucket).agg(*aggs)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from bench.metrics import Probe
-from rollup_assets.specs import Catalog
+from rollup_assets.model.specs import Catalog
 
 
 @dataclass(frozen=True)

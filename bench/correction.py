@@ -13,8 +13,8 @@ from bench.context import Bench
 from bench.generate import NOW, PERIOD_END, Dataset, late_readings
 from bench.harness import BenchWorld, RunSpan
 from bench.metrics import measure, median, say
-from resources.ledger import ChangeSource
-from rollup_assets.query import query_arrow
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.services.query import query_arrow
 
 # The ISO week still open at NOW starts here (Monday 2025-12-29 00:00 Vienna): late readings
 # land before it, so every level's bucket is closed and the correction reaches all five.

@@ -12,8 +12,8 @@ from bench.correction import write_late
 from bench.generate import NOW, Dataset
 from bench.harness import BenchWorld
 from bench.metrics import say
-from resources.ledger import ChangeSource
-from rollup_assets.partitions import iso_utc
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.windows import iso_utc
 from tests.system.daemon import daemon_env, running_daemon, wait_for
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rollup_assets.sample_data import SCHEMA, day_batch, meter_ids
+from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 
 # Every benchmark period ends here (exclusive, UTC), so the local (Vienna) year 2025 is closed
 # when the benchmark starts and a correction reaches all five levels, yearly included.

@@ -17,18 +17,22 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from bench.generate import Dataset
-from resources.ledger import ChangeSource, Job, JobState, Trigger
 from resources.raw_store import IngestResult
 from resources.spark import LOCAL_DEFAULTS, build_session
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.instance import ensure_pools
-from rollup_assets.operations import Operations
-from rollup_assets.partitions import Window, key_range_for, partitions_def_for
-from rollup_assets.runner import TickReport, execute, partition_range_tags, tick_until_quiet
-from rollup_assets.specs import Catalog, load_catalog
+from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.orchestration.runner import TickReport, execute, tick_until_quiet
+from rollup_assets.orchestration.tags import partition_range_tags
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.operations import Operations
 from tests.system.daemon import write_home
 
 FIRST_LEVEL = "energy_hourly"
@@ -131,9 +135,7 @@ class BenchWorld:
         spec = self.catalog.rollup(FIRST_LEVEL)
         mark = self.engine.states.get(FIRST_LEVEL).watermark
         assert mark is not None
-        buckets = [
-            w for w in self.engine.buckets_in(spec, [Window(dataset.start, mark)]) if w.end <= mark
-        ]
+        buckets = [w for w in buckets_in(spec, [Window(dataset.start, mark)]) if w.end <= mark]
         keys = key_range_for(partitions_def_for(spec), buckets)
         run = execute(
             self.defs,

@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 
-from resources.delta_store import RollupStore
-from rollup_assets.specs import RollupSpec
+from resources.rollup_store import RollupStore
+from rollup_assets.model.specs import RollupSpec
 
 MB = 1024 * 1024
 _T0 = time.monotonic()

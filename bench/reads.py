@@ -13,7 +13,7 @@ from bench.context import Bench
 from bench.generate import PERIOD_END
 from bench.harness import BenchWorld
 from bench.metrics import median, say
-from rollup_assets.query import query_arrow
+from rollup_assets.services.query import query_arrow
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -27,7 +27,7 @@ from bench.metrics import MemorySampler, Probe, SparkEventLog, lifetime_peak_rss
 from bench.reads import run_reads
 from bench.report import judge, plot, render, table_rows, write_json
 from bench.scaling import run_scaling
-from rollup_assets.specs import load_catalog
+from rollup_assets.model.spec_loader import load_catalog
 
 
 def machine() -> dict:

@@ -6,14 +6,13 @@ snapshot, and `app_id`/`version` turns an append into a compare-and-set.
 """
 
 import logging
-import time
 from collections.abc import Sequence
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from resources.delta_io import TABLE_CONFIGURATION, LatestCache, open_table
+from resources.delta_tables import TABLE_CONFIGURATION, LatestCache, open_table, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +49,6 @@ class ControlTable:
     def _conform(self, data: pa.Table) -> pa.Table:
         return pa.table(data).select(self.schema.names).cast(self.schema)
 
-    def version(self) -> int | None:
-        table = open_table(self.uri, self.storage_options)
-        return None if table is None else table.version()
-
     def append(
         self,
         rows: Sequence[dict],
@@ -71,7 +66,8 @@ class ControlTable:
             custom_metadata=metadata,
             app_transactions=[Transaction(cas[0], cas[1])] if cas else None,
         )
-        for attempt in range(attempts):
+
+        def attempt() -> None:
             table = open_table(self.uri, self.storage_options)
             if cas and table is not None:
                 done = table.transaction_version(cas[0])
@@ -86,14 +82,21 @@ class ControlTable:
                     commit_properties=props,
                     storage_options=self.storage_options or None,
                 )
-                return
             except (CommitFailedError, DeltaError) as exc:
-                conflict = (
-                    isinstance(exc, CommitFailedError) or "already exists" in str(exc).lower()
-                )
-                if not conflict or attempt == attempts - 1:
-                    raise
+                # Another writer carrying the same app id won the race: the caller decides again.
                 if cas and "concurrent transaction" in str(exc).lower():
                     raise CompareAndSetConflict(str(exc)) from exc
-                log.debug("append to %s conflicted (%s); retrying", self.uri, exc)
-                time.sleep(0.01 * 2**attempt)
+                raise
+
+        def retryable(exc: Exception) -> bool:
+            return isinstance(exc, CommitFailedError) or (
+                isinstance(exc, DeltaError) and "already exists" in str(exc).lower()
+            )
+
+        with_retries(
+            attempt,
+            retryable=retryable,
+            attempts=attempts,
+            what=f"append to {self.uri}",
+            delay=0.01,
+        )

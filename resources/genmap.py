@@ -3,33 +3,25 @@
 A pointer is `(bucket_start, bucket_end, entity_id, generation)`; `entity_id` null means every
 entity. The active generation of a row's (bucket, entity) is the newest pointer covering it,
 i.e. max(global pointer, entity pointer), and 0 when no pointer covers it (the forward lane).
-Generations only grow, so "newest" is "largest". Flipping rewrites the (small) pointer table in
-one Delta commit: that commit is the moment readers switch to the new generation.
+Generations only grow, so "newest" is "largest"; `active_mask` (Arrow) and `resolve_active_spark`
+(Spark) are the two readings of that rule. Flipping rewrites the (small) pointer table in one
+Delta commit: that commit is the moment readers switch to the new generation.
 """
 
-import json
-import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from resources.delta_io import (
-    CommitPlan,
-    LatestCache,
-    commit,
-    file_actions,
-    remove_action,
-    stats_from_metadata,
-)
+from resources.delta_files import write_parquet_file
+from resources.delta_tables import CommitPlan, LatestCache, commit, file_actions, remove_action
 from resources.warehouse import filesystem_for
-from rollup_assets.partitions import Window
+from rollup_assets.model.windows import Window
 
 TS = pa.timestamp("us", tz="UTC")
 GENMAP_SCHEMA = pa.schema(
@@ -164,30 +156,31 @@ def write_pointer_table(
     fs, root = filesystem_for(uri, storage_options)
 
     def plan(snapshot: DeltaTable | None) -> CommitPlan:
-        current = (
-            pa.table(snapshot.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
-            if snapshot is not None
-            else GENMAP_SCHEMA.empty_table()
-        )
+        current = _conform(snapshot) if snapshot is not None else GENMAP_SCHEMA.empty_table()
         new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
-        rel = f"part-{uuid.uuid4()}.snappy.parquet"
-        fs.create_dir(root, recursive=True)
-        with fs.open_output_stream(f"{root}/{rel}") as out:
-            pq.write_table(new, out, compression="snappy")
-        with fs.open_input_file(f"{root}/{rel}") as f:
-            md = pq.ParquetFile(f).metadata
-            size = f.size()
-        add = AddAction(
-            path=rel,
-            size=size,
-            partition_values={},
-            modification_time=int(time.time() * 1000),
-            data_change=True,
-            stats=json.dumps(stats_from_metadata(md)),
-        )
+        add = write_parquet_file(fs, root, "", new, row_group_rows=None)
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
         return CommitPlan(adds=[add], removes=removes)
 
     return commit(
         uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options
     )
+
+
+def resolve_active_spark(spark: SparkSession, rows: DataFrame, pointers: pa.Table) -> DataFrame:
+    """Keep rows whose generation is the active one for their (bucket, entity)."""
+    if pointers.num_rows == 0:
+        return rows.where(F.col("generation") == 0)
+    g, s = split_pointers(pointers)
+    out = rows
+    active = F.lit(0)
+    if g.num_rows:
+        out = out.join(F.broadcast(spark.createDataFrame(g)), on="bucket_start", how="left")
+        active = F.greatest(active, F.coalesce(F.col("g_all"), F.lit(0)))
+    if s.num_rows:
+        out = out.join(
+            F.broadcast(spark.createDataFrame(s)), on=["bucket_start", "entity_id"], how="left"
+        )
+        active = F.greatest(active, F.coalesce(F.col("g_entity"), F.lit(0)))
+    cols = rows.columns
+    return out.where(F.col("generation") == active).select(*cols)

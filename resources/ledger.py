@@ -1,67 +1,33 @@
-"""The ledger: recompute jobs (pending work and history) and change-detection cursors.
+"""The ledger table: recompute jobs (pending work and history) and change-detection cursors.
 
 One append-only Delta table holds two kinds of rows:
-  * `job`    - a snapshot of a job after each state change; the job's state is its newest
-               event, except that the first terminal state (Completed, Failed, Coalesced) sticks.
+  * `job`    - a snapshot of a job after each state change (folded by `model.jobs.fold`);
   * `cursor` - how far change detection has read a source table (its Delta version).
-Pending jobs *are* the pending recompute ranges. Because a detection commit writes its jobs and
-its cursor together, and a completing run writes `Completed` together with the jobs it causes
-for the level above, a crash between steps can neither lose nor duplicate work.
+Because a detection commit writes its jobs and its cursor together, and a completing run writes
+`Completed` together with the jobs it causes for the level above, a crash between steps can
+neither lose nor duplicate work.
 """
 
-import dataclasses
 import json
-import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 
 import pyarrow as pa
 
 from resources.control_tables import ControlTable
 from resources.warehouse import Warehouse
-from rollup_assets.partitions import Window, iso_utc, merge_windows
+from rollup_assets.model.jobs import (
+    ChangeKind,
+    ChangeSource,
+    Job,
+    JobState,
+    LedgerSnapshot,
+    Trigger,
+    fold,
+)
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 TS = pa.timestamp("us", tz="UTC")
-
-
-class Trigger(StrEnum):
-    FORWARD = "Forward"
-    OPEN_BUCKET = "OpenBucket"
-    MANUAL = "Manual"
-    PERIODIC = "Periodic"
-    CHAIN = "ChainPropagation"
-
-
-class JobState(StrEnum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SWAPPING = "Swapping"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    COALESCED = "Coalesced"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.COMPLETED, JobState.FAILED, JobState.COALESCED)
-
-    @property
-    def active(self) -> bool:
-        return self in (JobState.RUNNING, JobState.SWAPPING)
-
-
-class ChangeKind(StrEnum):
-    APPEND = "Append"
-    RETROACTIVE_MODIFY = "RetroactiveModify"
-
-
-class ChangeSource(StrEnum):
-    MANUAL = "Manual"
-    PIPELINE = "Pipeline"
-    IMPORT = "Import"
-
-
 LEDGER_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -91,70 +57,32 @@ LEDGER_SCHEMA = pa.schema(
 )
 
 
-def new_job_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-@dataclass(frozen=True)
-class Job:
-    rollup: str
-    trigger: Trigger
-    windows: tuple[Window, ...]
-    entities: frozenset[str] | None = None  # None: every entity
-    state: JobState = JobState.PENDING
-    job_id: str = field(default_factory=new_job_id)
-    seq: int = 0
-    generation: int | None = None
-    windows_processed: int | None = None
-    rows_processed: int | None = None
-    source_archive: str | None = None
-    source_version: int | None = None
-    change_kind: ChangeKind | None = None
-    change_source: ChangeSource | None = None
-    coalesced_into: str | None = None
-    run_id: str | None = None
-    error: str | None = None
-    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    duration_ms: int | None = None
-
-    def next(self, **changes: object) -> "Job":
-        """This job after a state change (the next event of it)."""
-        return dataclasses.replace(self, seq=self.seq + 1, **changes)  # type: ignore[arg-type]
-
-    @property
-    def span(self) -> Window | None:
-        if not self.windows:
-            return None
-        return Window(min(w.start for w in self.windows), max(w.end for w in self.windows))
-
-    def as_row(self) -> dict:
-        return {
-            "kind": "job",
-            "job_id": self.job_id,
-            "seq": self.seq,
-            "rollup": self.rollup,
-            "trigger": self.trigger.value,
-            "state": self.state.value,
-            "windows": encode_windows(self.windows),
-            "entities": None if self.entities is None else json.dumps(sorted(self.entities)),
-            "generation": self.generation,
-            "windows_processed": self.windows_processed,
-            "rows_processed": self.rows_processed,
-            "source_archive": self.source_archive,
-            "source_version": self.source_version,
-            "change_kind": self.change_kind.value if self.change_kind else None,
-            "change_source": self.change_source.value if self.change_source else None,
-            "coalesced_into": self.coalesced_into,
-            "run_id": self.run_id,
-            "error": self.error,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "duration_ms": self.duration_ms,
-            "recorded_at": datetime.now(UTC),
-        }
+def job_row(job: Job) -> dict:
+    return {
+        "kind": "job",
+        "job_id": job.job_id,
+        "seq": job.seq,
+        "rollup": job.rollup,
+        "trigger": job.trigger.value,
+        "state": job.state.value,
+        "windows": encode_windows(job.windows),
+        "entities": None if job.entities is None else json.dumps(sorted(job.entities)),
+        "generation": job.generation,
+        "windows_processed": job.windows_processed,
+        "rows_processed": job.rows_processed,
+        "source_archive": job.source_archive,
+        "source_version": job.source_version,
+        "change_kind": job.change_kind.value if job.change_kind else None,
+        "change_source": job.change_source.value if job.change_source else None,
+        "coalesced_into": job.coalesced_into,
+        "run_id": job.run_id,
+        "error": job.error,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_ms": job.duration_ms,
+        "recorded_at": datetime.now(UTC),
+    }
 
 
 def encode_windows(windows: Iterable[Window]) -> str:
@@ -199,23 +127,6 @@ def _job_from_row(row: dict) -> Job:
     )
 
 
-@dataclass(frozen=True)
-class LedgerSnapshot:
-    jobs: dict[str, Job]
-    cursors: dict[str, int]
-
-    def for_rollup(self, rollup: str) -> list[Job]:
-        return sorted(
-            (j for j in self.jobs.values() if j.rollup == rollup), key=lambda j: j.created_at
-        )
-
-    def pending(self, rollup: str) -> list[Job]:
-        return [j for j in self.for_rollup(rollup) if j.state is JobState.PENDING]
-
-    def active(self, rollup: str) -> list[Job]:
-        return [j for j in self.for_rollup(rollup) if j.state.active]
-
-
 class Ledger:
     def __init__(self, warehouse: Warehouse) -> None:
         self.table = ControlTable(
@@ -228,25 +139,18 @@ class Ledger:
         parsed = self._parsed
         if parsed is not None and parsed[0] is data:  # the same table version as last time
             return LedgerSnapshot(dict(parsed[1].jobs), dict(parsed[1].cursors))
-        jobs: dict[str, Job] = {}
-        cursors: dict[str, int] = {}
         rows = data.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
-        for row in rows:
-            if row["kind"] == "cursor":
-                src = row["source_archive"]
-                cursors[src] = max(cursors.get(src, -1), row["source_version"])
-                continue
-            prev = jobs.get(row["job_id"])
-            if prev is not None and prev.state.terminal:
-                continue  # the first terminal state sticks
-            jobs[row["job_id"]] = _job_from_row(row)
-        self._parsed = (data, LedgerSnapshot(jobs, cursors))
-        return LedgerSnapshot(dict(jobs), dict(cursors))
+        snapshot = fold(
+            (_job_from_row(r) for r in rows if r["kind"] != "cursor"),
+            ((r["source_archive"], r["source_version"]) for r in rows if r["kind"] == "cursor"),
+        )
+        self._parsed = (data, snapshot)
+        return LedgerSnapshot(dict(snapshot.jobs), dict(snapshot.cursors))
 
     def record(self, jobs: Sequence[Job] = (), cursors: dict[str, int] | None = None) -> None:
         """Write job events and cursor moves in one commit."""
         now = datetime.now(UTC)
-        rows = [j.as_row() for j in jobs]
+        rows = [job_row(j) for j in jobs]
         for source, version in (cursors or {}).items():
             row: dict[str, object] = {name: None for name in LEDGER_SCHEMA.names}
             row.update(

@@ -7,10 +7,7 @@ value when the incoming one is null (COALESCE), so several producers can fill on
 """
 
 import datetime as dt
-import functools
 import logging
-import operator
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,23 +17,28 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from resources.delta_io import ROW_GROUP_ROWS, TABLE_CONFIGURATION, file_actions, open_table
-from resources.ledger import ChangeSource
+from resources.batches import BatchReader
+from resources.delta_files import ROW_GROUP_ROWS
+from resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    TABLE_CONFIGURATION,
+    file_actions,
+    open_table,
+    prune_files,
+    with_retries,
+)
+from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, spark_uri
-from rollup_assets.aggregation import SPARK_TYPES
-from rollup_assets.ingest import BatchReader, archive_schema, key_columns
-from rollup_assets.partitions import Window, as_utc, merge_windows
-from rollup_assets.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec
+from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
+from rollup_assets.model.windows import Window, as_utc, merge_windows
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
-# Commits that rewrite or list files without changing any row (compaction, vacuum, checkpoints).
-NO_DATA = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "CHECKPOINT"})
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,10 @@ class RawStore:
         if table is None or table.version() <= after:
             return False
         for commit in table.history(limit=table.version() - after):
-            if commit.get("version", after + 1) <= after or commit.get("operation") in NO_DATA:
+            if (
+                commit.get("version", after + 1) <= after
+                or commit.get("operation") in NO_DATA_OPERATIONS
+            ):
                 continue
             lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
             if lo is None or hi is None:
@@ -99,10 +104,8 @@ class RawStore:
         return created.version()
 
     def drop(self, spec: SourceSpec) -> None:
-        fs, root = self.warehouse.filesystem()
-        path = f"{root}/raw/{spec.name}"
-        if fs.get_file_info(path).type.name != "NotFound":
-            fs.delete_dir(path)
+        """Delete the archive's table (a deleted archive)."""
+        self.warehouse.drop_table(self.uri(spec))
 
     def ingest(
         self, spec: SourceSpec, path: str | Path, change_source: ChangeSource
@@ -128,7 +131,8 @@ class RawStore:
             "rollups.max_ts": summary.max_ts.isoformat(),
             "rollups.file": Path(path).name,
         }
-        for attempt in range(MERGE_ATTEMPTS):
+
+        def merge() -> int:
             table = self.table(spec)
             if table is None:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
@@ -143,18 +147,18 @@ class RawStore:
             )
             if updates:
                 merger = merger.when_matched_update(updates=updates)
-            try:
-                # `table` now stands at this commit's version (not refreshed past it).
-                merger.when_not_matched_insert_all().execute()
-                version = table.version()
-                break
-            except CommitFailedError as exc:
-                # A concurrent ingest added rows to the partitions this MERGE read: run the
-                # MERGE again on a fresh snapshot (the upsert then applies on top of it).
-                if attempt == MERGE_ATTEMPTS - 1:
-                    raise
-                log.debug("ingest into %s conflicted (%s); retrying", spec.name, exc)
-                time.sleep(0.02 * 2**attempt)
+            # `table` now stands at this commit's version (not refreshed past it).
+            merger.when_not_matched_insert_all().execute()
+            return table.version()
+
+        # A concurrent ingest added rows to the partitions this MERGE read: run the MERGE again
+        # on a fresh snapshot (the upsert then applies on top of it).
+        version = with_retries(
+            merge,
+            retryable=lambda exc: isinstance(exc, CommitFailedError),
+            attempts=MERGE_ATTEMPTS,
+            what=f"ingest into {spec.name}",
+        )
         return IngestResult(
             spec.name,
             version,
@@ -175,33 +179,13 @@ class RawStore:
         entities: frozenset[str] | None,
     ) -> list[dict]:
         """Live files that may hold rows whose time falls in `spans` (partition day + stats)."""
-        time_col = key_columns(spec)[1]
-        merged = merge_windows(list(spans)) if spans else None
-        out = []
-        for f in file_actions(table):
-            day = f.get(f"partition.{DAY_COLUMN}")
-            lo, hi = f.get(f"min.{time_col}"), f.get(f"max.{time_col}")
-            if merged is not None:
-                if day is not None:
-                    d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
-                    if not any(w.start < d0 + dt.timedelta(days=1) and d0 < w.end for w in merged):
-                        continue
-                if (
-                    lo is not None
-                    and hi is not None
-                    and not any(lo < w.end and hi >= w.start for w in merged)
-                ):
-                    continue
-            elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
-            if (
-                entities is not None
-                and elo is not None
-                and ehi is not None
-                and not any(elo <= e <= ehi for e in entities)
-            ):
-                continue
-            out.append(f)
-        return out
+        return prune_files(
+            file_actions(table),
+            time_column=spec.time_column,
+            spans=spans,
+            entities=entities,
+            day_column=DAY_COLUMN,
+        )
 
     def read_spark(
         self,
@@ -213,7 +197,7 @@ class RawStore:
     ) -> tuple[DataFrame, int | None]:
         """Rows whose time falls in `spans` (and entity in `entities`), and the version read."""
         table = table or self.table(spec)
-        schema = spark_data_schema(spec)
+        schema = spark_schema(archive_data_schema(spec))
         if table is None:
             return spark.createDataFrame([], schema), None
         files = self.files_for(table, spec, spans, entities)
@@ -223,15 +207,7 @@ class RawStore:
         df = spark.read.schema(schema).parquet(
             *[spark_uri(data_file_uri(root, f["path"])) for f in files]
         )
-        time_col = key_columns(spec)[1]
-        if spans:
-            conds = [
-                (F.col(time_col) >= F.lit(w.start)) & (F.col(time_col) < F.lit(w.end))
-                for w in merge_windows(list(spans))
-            ]
-            df = df.where(functools.reduce(operator.or_, conds))
-        if entities is not None:
-            df = df.where(F.col("entity_id").isin(sorted(entities)))
+        df = rows_within(df, spec.time_column, spans, entities)
         return df, table.version()
 
     def read_arrow(
@@ -244,7 +220,7 @@ class RawStore:
         schema = archive_schema(spec)
         if table is None:
             return schema.empty_table()
-        time_col = key_columns(spec)[1]
+        time_col = spec.time_column
         # One conjunction per merged window (OR-ed), so rows in gaps between spans stay out.
         filters = [
             [(time_col, ">=", w.start), (time_col, "<", w.end)]
@@ -258,11 +234,3 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
         return data
-
-
-def spark_data_schema(spec: SourceSpec) -> T.StructType:
-    """Columns stored in a raw file (the `day` partition column lives in the path)."""
-    keys = [T.StructField("entity_id", T.StringType())]
-    keys += [T.StructField(c, T.TimestampType()) for c in key_columns(spec)[1:]]
-    values = [T.StructField(c.name, SPARK_TYPES[c.type]) for c in spec.columns]
-    return T.StructType([*keys, *values])

@@ -1,19 +1,14 @@
-"""The Spark resource: a local session by default, a cluster master URL, or a Spark Connect server.
+"""Spark sessions: a local session by default, a cluster master URL, or a Spark Connect server.
 
-It builds a session or attaches to the one already active in the process (tests, the in-process
-tick loop), applies the settings this project relies on, and stops only a session it created.
-Nothing here touches `sparkContext`, so Spark Connect works.
+A session is built (or the one already active in the process is attached to) with the settings
+this project relies on. Nothing here touches `sparkContext`, so Spark Connect works.
 """
 
 import logging
 import os
 import shutil
 import sys
-from typing import Any
 
-import dagster as dg
-from dagster_spark.utils import flatten_dict
-from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -50,26 +45,16 @@ def require_java() -> None:
         )
 
 
-def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
-    """Nested `{"spark": {"sql": {...}}}` dicts become dotted keys, as PySparkResource does."""
-    return {
-        key: str(value).lower() if isinstance(value, bool) else str(value)
-        for key, value in flatten_dict(conf)
-    }
-
-
 def build_session(
     *,
     master: str | None = None,
     remote: str | None = None,
     app_name: str = "rollups",
-    conf: dict[str, Any] | None = None,
+    conf: dict[str, str] | None = None,
 ) -> SparkSession:
-    """Create (or get) a session. `remote` (sc://host:port) selects Spark Connect; with neither
-    `master` nor `remote` given, $ROLLUPS_SPARK_REMOTE, then $ROLLUPS_SPARK_MASTER, decide."""
-    settings = {**flatten_conf(conf or {})}
-    if not master and not remote:
-        remote = os.environ.get("ROLLUPS_SPARK_REMOTE")
+    """Create (or get) a session: Spark Connect when `remote` (sc://host:port) is given, else
+    local Spark on `master` (default local[2]). `conf` holds flat Spark settings."""
+    settings = dict(conf or {})
     if remote:
         builder = SparkSession.builder.remote(remote).appName(app_name)
         ignored = sorted(k for k in settings if not k.startswith("spark.sql."))
@@ -81,7 +66,7 @@ def build_session(
                 builder = builder.config(k, v)
         return builder.getOrCreate()
     require_java()
-    master = master or os.environ.get("ROLLUPS_SPARK_MASTER") or "local[2]"
+    master = master or "local[2]"
     # Python workers run our mapInArrow writers: they need an interpreter with pyarrow and this
     # package. Executors start the driver's $PYSPARK_PYTHON (a `spark.pyspark.python` conf only
     # reaches spark-submit, not a session built in-process), so a configured one is exported.
@@ -116,58 +101,3 @@ def active_session(remote: str | None = None) -> SparkSession | None:
         except PySparkRuntimeError:
             return None
     return SparkSession.getActiveSession()
-
-
-class SparkResource(dg.ConfigurableResource):
-    """The Spark session a run computes with."""
-
-    master: str | None = Field(
-        default=None,
-        description="Spark master URL: local[N] (default local[2], or $ROLLUPS_SPARK_MASTER), "
-        "spark://host:7077, yarn, k8s://https://host:443.",
-    )
-    remote: str | None = Field(
-        default=None,
-        description="Spark Connect URL (sc://host:15002); takes precedence over `master`. "
-        "Defaults to $ROLLUPS_SPARK_REMOTE when `master` is not set either.",
-    )
-    app_name: str = Field(default="rollups", description="Application name shown in the Spark UI.")
-    spark_config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Extra Spark confs, flat (`spark.executor.memory`) or nested dicts.",
-    )
-
-    _session: SparkSession | None = PrivateAttr(default=None)
-    _created: bool = PrivateAttr(default=False)
-
-    def _remote(self) -> str | None:
-        if self.remote:
-            return self.remote
-        return None if self.master else os.environ.get("ROLLUPS_SPARK_REMOTE")
-
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        remote = self._remote()
-        existing = active_session(remote)
-        if existing is not None:
-            self._session, self._created = existing, False
-            apply_required_conf(existing)
-            return
-        self._session = build_session(
-            master=self.master, remote=remote, app_name=self.app_name, conf=self.spark_config
-        )
-        self._created = True
-
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._created and self._session is not None:
-            self._session.stop()
-        self._session, self._created = None, False
-
-    @property
-    def session(self) -> SparkSession:
-        if self._session is None:
-            # Used outside a Dagster run (CLI, tests): attach or build on demand.
-            remote = self._remote()
-            self._session = active_session(remote) or build_session(
-                master=self.master, remote=remote, app_name=self.app_name, conf=self.spark_config
-            )
-        return self._session

@@ -7,18 +7,13 @@ Layout under the root:
     _control/<table>/              archive state, ledger and job history (Delta)
 """
 
-import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-DEFAULT_ROOT = "./warehouse"
-
-
-def warehouse_root_from_env() -> str:
-    return os.environ.get("ROLLUPS_WAREHOUSE") or DEFAULT_ROOT
+from rollup_assets.settings import Settings
 
 
 def _is_uri(root: str) -> bool:
@@ -72,7 +67,8 @@ class Warehouse:
 
     @classmethod
     def from_env(cls) -> "Warehouse":
-        return cls(warehouse_root_from_env())
+        """The warehouse at $ROLLUPS_WAREHOUSE (default ./warehouse)."""
+        return cls(Settings.from_env().warehouse)
 
     @property
     def is_local(self) -> bool:
@@ -97,6 +93,12 @@ class Warehouse:
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow filesystem and the root path inside it."""
         return filesystem_for(self.root, self.storage_options)
+
+    def drop_table(self, uri: str) -> None:
+        """Delete the table at `uri` (a path under this root), files and log, if it exists."""
+        fs, path = filesystem_for(uri, self.storage_options)
+        if fs.get_file_info(path).type is not pafs.FileType.NotFound:
+            fs.delete_dir(path)
 
 
 def filesystem_for(

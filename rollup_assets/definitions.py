@@ -1,25 +1,33 @@
-"""The code location: one Definitions assembled explicitly from the declared specs."""
+"""The code location: one Definitions assembled explicitly from the declared specs.
+
+This module is the edge where the code location reads its configuration: `Settings.from_env()`
+once, when Dagster loads it; everything below receives what it needs.
+"""
 
 import dagster as dg
 
-from resources.spark import SparkResource
-from resources.warehouse_resource import WarehouseResource
-from rollup_assets.factory import (
-    build_check_job,
-    build_raw_spec,
-    build_rollup_asset,
-    build_rollup_check,
-    build_rollup_job,
-)
-from rollup_assets.maintenance_jobs import build_maintenance
-from rollup_assets.operator_jobs import build_operator_jobs
-from rollup_assets.specs import Catalog, load_catalog
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import iso_utc
+from rollup_assets.orchestration.assets import build_raw_spec, build_rollup_asset
+from rollup_assets.orchestration.checks import build_check_job, build_rollup_check
+from rollup_assets.orchestration.jobs import build_rollup_job
+from rollup_assets.orchestration.maintenance_jobs import build_maintenance
+from rollup_assets.orchestration.operator_jobs import build_operator_jobs
+from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
+from rollup_assets.settings import Settings
 from sensors.definitions import build_sensors
 
 
 def build_definitions(
-    catalog: Catalog, warehouse: WarehouseResource | None = None
+    catalog: Catalog,
+    warehouse: WarehouseResource | None = None,
+    *,
+    settings: Settings | None = None,
 ) -> dg.Definitions:
+    """Every asset, check, job, sensor and schedule of `catalog`, with resources from `settings`
+    (default: the environment); `warehouse` overrides the warehouse resource."""
+    settings = settings or Settings.from_env()
     rollup_jobs = [build_rollup_job(spec) for spec in catalog.rollups.values()]
     maintenance_job, maintenance_schedule = build_maintenance(catalog)
     return dg.Definitions(
@@ -34,12 +42,19 @@ def build_definitions(
             *build_operator_jobs(catalog),
             maintenance_job,
         ],
-        sensors=build_sensors(catalog, rollup_jobs),
+        sensors=build_sensors(
+            catalog, rollup_jobs, settings.sensor_interval_seconds, settings.limits
+        ),
         schedules=[maintenance_schedule],
-        resources={"spark": SparkResource(), "warehouse": warehouse or WarehouseResource()},
+        resources={
+            "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote),
+            "warehouse": warehouse or WarehouseResource(root=settings.warehouse),
+            "clock": ClockResource(now=iso_utc(settings.now) if settings.now else None),
+        },
         executor=dg.in_process_executor,
     )
 
 
-catalog = load_catalog()
-defs = build_definitions(catalog)
+_settings = Settings.from_env()
+catalog = load_catalog(_settings.specs)
+defs = build_definitions(catalog, settings=_settings)

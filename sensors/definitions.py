@@ -1,59 +1,55 @@
-"""The two sensors, as Dagster definitions.
+"""The two sensors, as Dagster definitions: thin shells around the planners.
 
-`retroactive_write_sensor` detects retroactive writes in source tables, records them in the
-ledger together with its cursor, and drains pending work into recompute runs.
-`forward_aggregation_sensor` closes buckets past each watermark and refreshes open buckets.
-Both only read Delta logs (delta-rs); neither starts Spark.
+`retroactive_write_sensor` detects retroactive writes in source tables (`detection`), records
+them in the ledger together with its cursor, and drains pending work into recompute runs
+(`drain`). `forward_aggregation_sensor` closes buckets past each watermark and refreshes open
+buckets (`forward_plan`). Each reads its snapshots (control tables, Delta logs, Dagster's runs),
+asks the planner, and records and requests what the plan says. Neither starts Spark.
 """
 
 import hashlib
 import json
 import logging
-import os
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
 
-from resources.ledger import JobState
-from resources.warehouse_resource import WarehouseResource
-from rollup_assets import clock
-from rollup_assets.engine import Engine
-from rollup_assets.factory import TAG_JOB, TAG_LANE, TAG_NOW, TAG_ROLLUP, TAG_TRIGGER, job_name
-from rollup_assets.faults import checkpoint
-from rollup_assets.instance import ensure_pools
-from rollup_assets.operations import health
-from rollup_assets.partitions import iso_utc, key_range_for, partitions_def_for
-from rollup_assets.specs import Catalog
-from sensors.detection import detect
+from resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets.model.jobs import JobState, Lane
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import iso_utc
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.jobs import job_name
+from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
+from rollup_assets.orchestration.resources import ClockResource, WarehouseResource
+from rollup_assets.orchestration.runs import DagsterRunLookup, launcher_host
+from rollup_assets.orchestration.tags import RunIntent, partition_range_tags
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.faults import checkpoint
+from rollup_assets.services.health import health
+from rollup_assets.settings import DetectionLimits
+from sensors.detection import DEFAULT_LIMITS, detect
 from sensors.drain import Launch, plan_drain
 from sensors.forward_plan import plan_forward
-from sensors.runs import TAG_HOST, DagsterRunLookup, launcher_host
 
 log = logging.getLogger(__name__)
-INTERVAL = int(os.environ.get("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30"))
 
 
 def run_request_for(
-    catalog: Catalog, launch: Launch, now_iso: str | None = None, host: str | None = None
+    catalog: Catalog, launch: Launch, now: datetime | None = None, host: str | None = None
 ) -> dg.RunRequest:
+    """A range run of the launch's buckets; `now` pins the run's clock, `host` says where its
+    worker will run (so a later tick can tell that it died)."""
     spec = catalog.rollup(launch.rollup)
     keys = key_range_for(partitions_def_for(spec), launch.buckets)
-    tags = {
-        "dagster/asset_partition_range_start": keys.start,
-        "dagster/asset_partition_range_end": keys.end,
-        TAG_ROLLUP: launch.rollup,
-        TAG_LANE: launch.lane,
-        TAG_TRIGGER: launch.trigger.value,
-    }
-    run_key = None
-    if launch.job_id:
-        tags[TAG_JOB] = launch.job_id
-        run_key = f"recompute:{launch.job_id}"
-    if now_iso:
-        tags[TAG_NOW] = now_iso
-    if host:  # where the run worker will run: lets a later tick tell that it died
-        tags[TAG_HOST] = host
-    return dg.RunRequest(job_name=job_name(spec), run_key=run_key, tags=tags)
+    intent = RunIntent(launch.rollup, launch.lane, launch.trigger, launch.job_id, now, host)
+    return dg.RunRequest(
+        job_name=job_name(spec),
+        run_key=f"recompute:{launch.job_id}" if launch.job_id else None,
+        tags={**partition_range_tags(keys.start, keys.end), **intent.tags()},
+    )
 
 
 def _health_events(
@@ -64,7 +60,7 @@ def _health_events(
     states = engine.states.all()
     events, digests = [], {}
     for name in engine.catalog.rollups:
-        h = health(engine, name, snap, states)
+        h = health(engine.catalog, name, snap, states)
         h_ranges = [str(w) for w in h.pending_recompute_ranges]
         plain = {
             "status": h.status,
@@ -98,8 +94,8 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
     of the rollup can be past its start), then reap the run. Dead runs of open jobs are left to
     the drain, which recovers their jobs."""
     snapshot = engine.ledger.snapshot()
-    for run in lookup.dead_runs("recompute"):
-        job = snapshot.jobs.get(run.tags.get(TAG_JOB, ""))
+    for run in lookup.dead_runs(Lane.RECOMPUTE):
+        job = snapshot.jobs.get(RunIntent.from_tags(run.tags, "").job_id or "")
         if job is None or not job.state.terminal:
             continue
         # The run's own job, and those it took over in its chain (they name it as their run).
@@ -108,27 +104,46 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
             finished_work = done.state is JobState.COMPLETED and done.windows_processed
             if finished_work and not snapshot.active(done.rollup):
                 spec = engine.catalog.rollup(done.rollup)
-                buckets = engine.buckets_in(spec, list(done.windows))
-                engine.rollups.sweep(spec, buckets, done.entities)
+                engine.rollups.sweep(spec, buckets_in(spec, list(done.windows)), done.entities)
         lookup.reap(run)
 
 
-def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefinition]:
-    """The sensors, targeting the per-rollup jobs (one partitions definition each)."""
+def _flipped_jobs(engine: Engine) -> frozenset[str]:
+    """Ids of the jobs in Swapping state whose pointers are in their rollup's pointer table."""
+    swapping = {
+        j.rollup for j in engine.ledger.snapshot().jobs.values() if j.state is JobState.SWAPPING
+    }
+    return frozenset(
+        job_id
+        for name in swapping
+        for job_id in engine.rollups.flipped_jobs(engine.catalog.rollup(name))
+    )
+
+
+def build_sensors(
+    catalog: Catalog,
+    rollup_jobs: list,
+    interval_seconds: int = 30,
+    limits: DetectionLimits = DEFAULT_LIMITS,
+) -> list[dg.SensorDefinition]:
+    """The sensors, targeting the per-rollup jobs (one partitions definition each), evaluated
+    every `interval_seconds`."""
 
     @dg.sensor(
         name="retroactive_write_sensor",
         jobs=rollup_jobs,
-        minimum_interval_seconds=INTERVAL,
+        minimum_interval_seconds=interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Detects late and corrected writes in source tables (Delta change data feed), "
         "records dirty buckets, coalesces them and launches at most one recompute per rollup.",
     )
-    def retroactive_write_sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
+    def retroactive_write_sensor(
+        context: dg.SensorEvaluationContext, warehouse: WarehouseResource, clock: ClockResource
+    ):
         ensure_pools(context.instance, catalog)
-        engine = Engine(catalog, warehouse.get())
-        states = engine.states.all()
-        detection = detect(engine, states, engine.ledger.snapshot())
+        engine = warehouse.engine(catalog)
+        feed = ChangeFeed(engine.raw, limits.max_cdf_rows)
+        detection = detect(catalog, engine.states.all(), engine.ledger.snapshot(), feed, limits)
         checkpoint("sensor_planned")
         if detection.jobs or detection.cursors:
             # The jobs and the cursor move together: a crash before this commit re-reads the same
@@ -138,14 +153,18 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
             context.log.info(note)
         lookup = DagsterRunLookup(context.instance)
         _finish_dead_runs(engine, lookup)
-        plan = plan_drain(engine, engine.states.all(), engine.ledger.snapshot(), lookup)
+        plan = plan_drain(
+            catalog,
+            engine.states.all(),
+            engine.ledger.snapshot(),
+            lookup,
+            _flipped_jobs(engine),
+            limits.entity_scope_limit,
+        )
         engine.ledger.record(plan.events)
         for job in plan.sweeps:
-            engine.rollups.sweep(
-                catalog.rollup(job.rollup),
-                engine.buckets_in(catalog.rollup(job.rollup), list(job.windows)),
-                job.entities,
-            )
+            spec = catalog.rollup(job.rollup)
+            engine.rollups.sweep(spec, buckets_in(spec, list(job.windows)), job.entities)
         for note in plan.notes:
             context.log.info(note)
         cursor = json.loads(context.cursor) if context.cursor else {}
@@ -168,7 +187,9 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
             for c in detection.commits
         ]
         host = launcher_host(context.instance)
-        requests = [run_request_for(catalog, launch, host=host) for launch in plan.launches]
+        # A pinned clock (tests, `rollups tick --now`) travels with the runs it requests.
+        now = clock.current() if clock.pinned else None
+        requests = [run_request_for(catalog, launch, now, host) for launch in plan.launches]
         if not requests and not events:
             return dg.SkipReason(
                 f"no retroactive writes ({detection.versions_read} new source version(s) read) "
@@ -179,27 +200,32 @@ def build_sensors(catalog: Catalog, rollup_jobs: list) -> list[dg.SensorDefiniti
     @dg.sensor(
         name="forward_aggregation_sensor",
         jobs=rollup_jobs,
-        minimum_interval_seconds=INTERVAL,
+        minimum_interval_seconds=interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Closes buckets past each rollup's watermark (once `end <= now - lag` and the "
         "source level has closed them) and refreshes open buckets whose source changed.",
     )
     def forward_aggregation_sensor(
-        context: dg.SensorEvaluationContext, warehouse: WarehouseResource
+        context: dg.SensorEvaluationContext, warehouse: WarehouseResource, clock: ClockResource
     ):
         ensure_pools(context.instance, catalog)
-        engine = Engine(catalog, warehouse.get())
-        now = clock.now()
+        engine = warehouse.engine(catalog)
+        now = clock.current()
         lookup = DagsterRunLookup(context.instance)
-        in_flight = lookup.in_flight("forward") | lookup.in_flight("recompute")
+        in_flight = lookup.in_flight(Lane.FORWARD) | lookup.in_flight(Lane.RECOMPUTE)
         launches = plan_forward(
-            engine, engine.states.all(), engine.ledger.snapshot(), in_flight, now
+            catalog,
+            engine.states.all(),
+            engine.ledger.snapshot(),
+            in_flight,
+            now,
+            SourceLog(engine.raw, engine.rollups),
         )
         if not launches:
             return dg.SkipReason(f"nothing closed or changed at {iso_utc(now)}")
         return dg.SensorResult(
             run_requests=[
-                run_request_for(catalog, launch, iso_utc(now), launcher_host(context.instance))
+                run_request_for(catalog, launch, now, launcher_host(context.instance))
                 for launch in launches
             ]
         )

@@ -15,19 +15,17 @@ Per rollup, each tick:
 """
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-import pyarrow.compute as pc
-
-from resources.control import ArchiveState, ArchiveStatus
-from resources.genmap import read_pointers
-from resources.ledger import Job, JobState, LedgerSnapshot, Trigger
-from rollup_assets.engine import Engine
-from rollup_assets.partitions import Window
-from rollup_assets.specs import RollupSpec
-from sensors.detection import ENTITY_SCOPE_LIMIT
+from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
+from rollup_assets.model.placement import buckets_in, place
+from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.specs import Catalog, RollupSpec
+from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.windows import Window
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ class RunLookup(Protocol):
 @dataclass(frozen=True)
 class Launch:
     rollup: str
-    lane: str  # "recompute" | "forward"
+    lane: Lane
     trigger: Trigger
     buckets: list[Window]
     job_id: str | None = None
@@ -55,14 +53,21 @@ class DrainPlan:
 
 
 def plan_drain(
-    engine: Engine, states: dict[str, ArchiveState], snapshot: LedgerSnapshot, runs: RunLookup
+    catalog: Catalog,
+    states: dict[str, ArchiveState],
+    snapshot: LedgerSnapshot,
+    runs: RunLookup,
+    flipped: Collection[str] = frozenset(),
+    entity_scope_limit: int = 32,
 ) -> DrainPlan:
+    """What to launch, record and sweep this tick. `flipped` holds the ids of jobs whose pointers
+    are in their rollup's pointer table (a dead job among them had flipped before it died)."""
     plan = DrainPlan()
     settled = {
-        spec.name: _settle(engine, spec, snapshot, runs, states, plan)
-        for spec in engine.catalog.rollups.values()
+        spec.name: _settle(catalog, spec, snapshot, runs, states, flipped, plan)
+        for spec in catalog.rollups.values()
     }
-    for spec in engine.catalog.rollups.values():
+    for spec in catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
         pending, busy = settled[spec.name]
         # Jobs this plan already queued for the rollup (propagated by a job recovered one level
@@ -88,7 +93,7 @@ def plan_drain(
                 f"{spec.name}: {len(pending)} pending job(s) wait ({state.status.value})"
             )
             continue
-        _merge(engine, spec, state, pending, plan)
+        _merge(spec, state, pending, plan, entity_scope_limit)
     return plan
 
 
@@ -108,11 +113,12 @@ def _carried_since(spec: RollupSpec, snapshot: LedgerSnapshot, runs: RunLookup) 
 
 
 def _settle(
-    engine: Engine,
+    catalog: Catalog,
     spec: RollupSpec,
     snapshot: LedgerSnapshot,
     runs: RunLookup,
     states: dict[str, ArchiveState],
+    flipped: Collection[str],
     plan: DrainPlan,
 ) -> tuple[list[Job], bool]:
     """Recover dead jobs; return the pending jobs and whether a recompute is in flight."""
@@ -132,16 +138,16 @@ def _settle(
             pending.append(job)
             continue
         last_run = launched[-1][0] if launched else job.run_id
-        if job.state is JobState.SWAPPING and _flipped(engine, spec, job):
+        if job.state is JobState.SWAPPING and job.job_id in flipped:
             done = job.next(
                 state=JobState.COMPLETED,
                 finished_at=now,
-                windows_processed=len(engine.buckets_in(spec, list(job.windows))),
+                windows_processed=len(buckets_in(spec, list(job.windows))),
                 error=f"completed on recovery: run {last_run} ended after the flip",
             )
             plan.events += [
                 done,
-                *engine.propagation_jobs(spec, list(job.windows), job.entities, None, states),
+                *propagation_jobs(catalog, spec, list(job.windows), job.entities, None, states),
             ]
             plan.sweeps.append(done)
             plan.notes.append(
@@ -172,29 +178,26 @@ def _settle(
     return pending, busy
 
 
-def _flipped(engine: Engine, spec: RollupSpec, job: Job) -> bool:
-    pointers, _ = read_pointers(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options)
-    if pointers.num_rows == 0:
-        return False
-    return bool(pc.any(pc.equal(pointers["job_id"], job.job_id)).as_py())
-
-
 def _merge(
-    engine: Engine, spec: RollupSpec, state: ArchiveState, pending: list[Job], plan: DrainPlan
+    spec: RollupSpec,
+    state: ArchiveState,
+    pending: list[Job],
+    plan: DrainPlan,
+    entity_scope_limit: int,
 ) -> None:
-    mark = state.watermark
     ready_by_job: dict[str, list[Window]] = {}
     waiting_by_job: dict[str, list[Window]] = {}
     for job in pending:
-        buckets = engine.buckets_in(spec, list(job.windows))
-        frozen = [w for w in buckets if state.is_frozen(w.end)]
-        below = [w for w in buckets if not state.is_frozen(w.end) and mark and w.end <= mark]
-        placed = {*frozen, *below}
-        later = [w for w in buckets if w not in placed]
-        ready_by_job[job.job_id] = below
-        # Manual work past the watermark is a no-op; automatic work there waits for it.
-        waiting_by_job[job.job_id] = frozen + (later if job.trigger is not Trigger.MANUAL else [])
-        if job.trigger is Trigger.MANUAL and later and not below and not frozen:
+        placement = place(buckets_in(spec, list(job.windows)), state)
+        ready_by_job[job.job_id] = placement.ready
+        waiting_by_job[job.job_id] = placement.waiting(job.trigger)
+        if (
+            job.trigger is Trigger.MANUAL
+            and placement.later
+            and not placement.ready
+            and not placement.frozen
+        ):
+            # Manual work past the watermark is a no-op.
             plan.events.append(
                 job.next(
                     state=JobState.COMPLETED,
@@ -214,7 +217,7 @@ def _merge(
     if len(contributors) == 1 and not waiting_by_job[contributors[0].job_id]:
         job = contributors[0]
         plan.launches.append(
-            Launch(spec.name, "recompute", job.trigger, ready_by_job[job.job_id], job.job_id)
+            Launch(spec.name, Lane.RECOMPUTE, job.trigger, ready_by_job[job.job_id], job.job_id)
         )
         return
     first = contributors[0]
@@ -223,7 +226,7 @@ def _merge(
     entities = None
     if all(s is not None for s in scopes):
         union = frozenset().union(*scopes)  # type: ignore[arg-type]
-        entities = union if len(union) <= ENTITY_SCOPE_LIMIT else None
+        entities = union if len(union) <= entity_scope_limit else None
     merged = Job(
         spec.name,
         first.trigger,
@@ -247,5 +250,5 @@ def _merge(
                     finished_at=datetime.now(UTC),
                 )
             )
-    plan.launches.append(Launch(spec.name, "recompute", merged.trigger, buckets, merged.job_id))
+    plan.launches.append(Launch(spec.name, Lane.RECOMPUTE, merged.trigger, buckets, merged.job_id))
     plan.notes.append(f"{spec.name}: coalesced {len(contributors)} job(s) into {merged.job_id}")

@@ -1,7 +1,7 @@
 """Forward planning: which rollups have buckets to close or an open bucket to refresh.
 
 A rollup gets one forward run per tick at most, and none while a run writing it or any level
-below it is in flight: that run carries its changes up the chain itself (rollup_assets/chain.py),
+below it is in flight: that run carries its changes up the chain itself (services/chain.py),
 and whatever it leaves is planned on a later tick. The open bucket is refreshed when its source
 changed inside it since the last forward run read it (a raw source: the time span each ingest
 commit records; a rollup source: its own completed jobs), or when the open bucket moved on, so
@@ -9,67 +9,80 @@ an idle chain, or a correction far back, costs no refresh; a closing run always 
 """
 
 from datetime import datetime
+from typing import Protocol
 
-from resources.control import ArchiveState, ArchiveStatus
-from resources.delta_io import open_table
-from resources.ledger import Job, JobState, LedgerSnapshot, Trigger
-from rollup_assets.engine import Engine
-from rollup_assets.forward import closed_buckets, open_bucket, source_limit
-from rollup_assets.partitions import Window
-from rollup_assets.specs import RollupSpec
+from rollup_assets.model.forward import closed_buckets, open_bucket, source_limit
+from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
+from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
+from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.windows import Window
 from sensors.drain import Launch
 
 
-def source_version(engine: Engine, spec: RollupSpec) -> int | None:
-    source = engine.catalog.archive(spec.source)
-    if isinstance(source, RollupSpec):
-        table = open_table(engine.rollups.uri(source), engine.warehouse.storage_options)
-    else:
-        table = engine.raw.table(source)
-    return None if table is None else table.version()
+class SourceLog(Protocol):
+    """What the forward planner may ask of the source tables' logs."""
+
+    def version(self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec) -> int | None:
+        """The table's newest version (None: no table)."""
+        ...
+
+    def changed_within(
+        self, spec: RawArchiveSpec | TimeRangeArchiveSpec, after: int, window: Window
+    ) -> bool:
+        """Could a commit after version `after` have changed rows placed in `window`?"""
+        ...
 
 
 def plan_forward(
-    engine: Engine,
+    catalog: Catalog,
     states: dict[str, ArchiveState],
     snapshot: LedgerSnapshot,
     in_flight: set[str],
     now: datetime,
+    sources: SourceLog,
 ) -> list[Launch]:
     launches = []
-    for spec in engine.catalog.rollups.values():
+    for spec in catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
-        if state.status is not ArchiveStatus.ACTIVATED or _busy(engine, spec, in_flight):
+        if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
-        closed = closed_buckets(spec, state, now, source_limit(engine, spec, states))
+        closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
         ob = open_bucket(spec, state, now)
-        if ob is not None and not closed and not _source_changed(engine, spec, snapshot, ob):
+        if (
+            ob is not None
+            and not closed
+            and not _source_changed(catalog, spec, snapshot, ob, sources)
+        ):
             ob = None
         buckets = [*closed, *([ob] if ob is not None and ob not in closed else [])]
         if buckets:
             trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
-            launches.append(Launch(spec.name, "forward", trigger, buckets))
+            launches.append(Launch(spec.name, Lane.FORWARD, trigger, buckets))
     # A level below that is launched now carries its changes up into the levels above it.
     starting = {launch.rollup for launch in launches}
     return [
         launch
         for launch in launches
-        if not _busy(engine, engine.catalog.rollup(launch.rollup), starting - {launch.rollup})
+        if not _busy(catalog, catalog.rollup(launch.rollup), starting - {launch.rollup})
     ]
 
 
-def _busy(engine: Engine, spec: RollupSpec, in_flight: set[str]) -> bool:
+def _busy(catalog: Catalog, spec: RollupSpec, in_flight: set[str]) -> bool:
     """Does a run in flight write `spec` or a level below it in its chain?"""
     name = spec.name
-    while name in engine.catalog.rollups:
+    while name in catalog.rollups:
         if name in in_flight:
             return True
-        name = engine.catalog.rollup(name).source
+        name = catalog.rollup(name).source
     return False
 
 
 def _source_changed(
-    engine: Engine, spec: RollupSpec, snapshot: LedgerSnapshot, bucket: Window
+    catalog: Catalog,
+    spec: RollupSpec,
+    snapshot: LedgerSnapshot,
+    bucket: Window,
+    sources: SourceLog,
 ) -> bool:
     """Did the source change inside the open `bucket` since the last forward run read it?"""
     open_start = bucket.start
@@ -85,16 +98,16 @@ def _source_changed(
     last = max(done, key=lambda j: j.created_at)
     if not any(w.start <= open_start < w.end for w in last.windows):
         return True  # a new open bucket has never been refreshed
-    source = engine.catalog.archive(spec.source)
+    source = catalog.archive(spec.source)
     if isinstance(source, RollupSpec):
         return _source_jobs_reach(snapshot, source.name, last, bucket)
-    current = source_version(engine, spec)
+    current = sources.version(source)
     if last.source_version is None or current is None:
         return True
     if current == last.source_version:
         return False
     # A raw source: a correction far back (the recompute lane's work) leaves it alone.
-    return engine.raw.changed_within(source, last.source_version, bucket)
+    return sources.changed_within(source, last.source_version, bucket)
 
 
 def _source_jobs_reach(snapshot: LedgerSnapshot, source: str, last: Job, bucket: Window) -> bool:

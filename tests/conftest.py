@@ -11,17 +11,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.ledger import ChangeSource
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.instance import ensure_pools
-from rollup_assets.operations import Operations
-from rollup_assets.partitions import Window, first_bucket_start, key_range_for, partitions_def_for
-from rollup_assets.query import query_arrow
-from rollup_assets.runner import execute, partition_range_tags, tick_until_quiet
-from rollup_assets.specs import Catalog, load_catalog
+from rollup_assets.model.bucketing import first_bucket_start
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.orchestration.runner import execute, tick_until_quiet
+from rollup_assets.orchestration.tags import partition_range_tags
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.operations import Operations
+from rollup_assets.services.query import query_arrow
 from tests.oracle import raw_frame
 
 TESTS = Path(__file__).parent
@@ -99,7 +104,7 @@ class World:
         spec = self.catalog.rollup(rollup)
         mark = self.engine.states.get(rollup).watermark
         for span in spans or [Window(first_bucket_start(spec), mark)]:
-            buckets = [w for w in self.engine.buckets_in(spec, [span]) if w.end <= mark]
+            buckets = [w for w in buckets_in(spec, [span]) if w.end <= mark]
             keys = key_range_for(partitions_def_for(spec), buckets)
             run = self.materialize(rollup, keys.start, keys.end)
             assert run.success, run.error

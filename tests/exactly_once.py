@@ -16,12 +16,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.delta_io import open_table
-from resources.ledger import Job, JobState, Trigger
-from resources.maintenance import table_uris
-from rollup_assets.engine import Engine
-from rollup_assets.partitions import Window
-from rollup_assets.specs import RollupSpec
+from resources.delta_tables import open_table
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.maintenance import table_uris
 from tests.oracle import oracle
 
 KEYS = ["entity_id", "bucket_start"]
@@ -177,7 +178,7 @@ def completed_work(
                 and job.state is JobState.COMPLETED
                 and job.windows_processed
             ):
-                for w in engine.buckets_in(spec, list(job.windows)):
+                for w in buckets_in(spec, list(job.windows)):
                     counts[(pd.Timestamp(w.start), job.entities)] += 1
         out[name] = counts
     return out
@@ -214,7 +215,7 @@ def exactly_once(
 
 def _bucket_end(engine: Engine, spec: RollupSpec, start: pd.Timestamp) -> datetime:
     s = start.to_pydatetime()
-    return engine.buckets_in(spec, [Window(s, s + pd.Timedelta(microseconds=1))])[0].end
+    return buckets_in(spec, [Window(s, s + pd.Timedelta(microseconds=1))])[0].end
 
 
 def jobs_since(engine: Engine, since: datetime) -> list[Job]:

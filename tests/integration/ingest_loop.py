@@ -15,10 +15,10 @@ import time
 import traceback
 from pathlib import Path
 
-from resources.ledger import ChangeSource
 from resources.warehouse import Warehouse
-from rollup_assets.engine import Engine
-from rollup_assets.specs import load_catalog
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.services.engine import Engine
 
 
 def ingest_wave(engine: Engine, files: list[str]) -> dict:

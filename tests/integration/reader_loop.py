@@ -23,9 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from resources.warehouse import Warehouse
-from rollup_assets.engine import Engine
-from rollup_assets.query import query_arrow
-from rollup_assets.specs import load_catalog
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.query import query_arrow
 
 Rows = dict[str, list]  # entity -> logical values
 PAUSE_S = 0.01

@@ -6,11 +6,11 @@ from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 
-from resources.ledger import JobState, Trigger
-from rollup_assets.instance import pool_name
-from rollup_assets.partitions import Window
-from rollup_assets.runner import tick
-from rollup_assets.sample_data import day_batch
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import pool_name
+from rollup_assets.orchestration.runner import tick
 from tests.conftest import World, days
 from tests.oracle import compare_all
 

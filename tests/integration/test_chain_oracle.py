@@ -9,8 +9,8 @@ from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 
-from rollup_assets.partitions import Window
-from rollup_assets.sample_data import day_batch
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window
 from tests.conftest import World, days
 from tests.oracle import compare_all
 

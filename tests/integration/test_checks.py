@@ -4,9 +4,9 @@ from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 
-from rollup_assets.partitions import Window
-from rollup_assets.runner import check_evaluations, execute
-from rollup_assets.sample_data import day_batch
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.runner import check_evaluations, execute
 from tests.conftest import World, days
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)

@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import rollup_assets.recompute as recompute
+import rollup_assets.services.recompute as recompute
 import sensors.definitions as sensor_defs
-from resources.ledger import Trigger
-from rollup_assets.partitions import Window
-from rollup_assets.sample_data import SCHEMA, day_batch, meter_ids
+from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
+from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.windows import Window
 from tests.conftest import World, days
 from tests.oracle import compare_all
 

@@ -8,9 +8,10 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.ledger import JobState, Trigger
-from rollup_assets.partitions import Window
-from rollup_assets.sample_data import day_batch
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.windows import Window
 from tests.conftest import World, days
 from tests.oracle import compare_all
 
@@ -82,9 +83,7 @@ def test_correction_three_months_back_recomputes_exactly_what_it_affects(world: 
     # 2025 is the open year: the forward lane refreshed it, and only open buckets went that way.
     assert "2025" in seen[("energy_yearly", "forward")]
     for name in world.catalog.rollups:
-        open_key = world.engine.buckets_in(
-            world.catalog.rollup(name), [Window(NOW, NOW + timedelta(seconds=1))]
-        )
+        open_key = buckets_in(world.catalog.rollup(name), [Window(NOW, NOW + timedelta(seconds=1))])
         assert len(seen.get((name, "forward"), set())) <= len(open_key)
 
     for name in ["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"]:

@@ -31,16 +31,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from resources.ledger import JobState, Trigger
-from resources.maintenance import maintain
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.instance import DAGSTER_YAML, ensure_pools, pool_name
-from rollup_assets.partitions import Window, iso_utc
-from rollup_assets.sample_data import day_batch, meter_ids
-from rollup_assets.specs import load_catalog
+from rollup_assets.demo.sample_data import day_batch, meter_ids
+from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools, pool_name
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days
 from tests.exactly_once import (
     changed_windows,
@@ -84,11 +84,12 @@ RECOVERED_STATE = {
 # Evaluates the retroactive sensor like `rollups tick` does, without starting Spark first.
 SENSOR_TICK = (
     "import sys\n"
-    "from rollup_assets.clock import parse_instant\n"
     "from rollup_assets.definitions import defs\n"
-    "from rollup_assets.instance import get_instance\n"
-    "from rollup_assets.runner import tick\n"
-    "tick(defs, get_instance(), parse_instant(sys.argv[1]),\n"
+    "from rollup_assets.model.windows import parse_instant\n"
+    "from rollup_assets.orchestration.instance import get_instance\n"
+    "from rollup_assets.orchestration.runner import tick\n"
+    "from rollup_assets.settings import Settings\n"
+    "tick(defs, get_instance(Settings.from_env()), parse_instant(sys.argv[1]),\n"
     "     sensors=('retroactive_write_sensor',))\n"
 )
 
@@ -309,7 +310,7 @@ def crash_and_recover(
 
     # -- maintenance reclaims the files; the tables still read --------------------------------
     before = sum(1 for _ in unreferenced_files(engine))
-    report = maintain(engine.warehouse, catalog, retention_hours=0, enforce_retention=False)
+    report = maintain(engine, retention_hours=0, enforce_retention=False)
     figures.files_reclaimed += report.files_vacuumed
     figures.rows_reclaimed += report.rows_swept
     assert unreferenced_files(engine) == [], (before, report)

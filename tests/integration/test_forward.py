@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.ledger import JobState, Trigger
+from rollup_assets.model.jobs import JobState, Trigger
 from tests.conftest import World
 from tests.oracle import compare, oracle
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rollup_assets.partitions import Window
-from rollup_assets.sample_data import day_batch
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window
 from tests.conftest import World, days
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
@@ -39,7 +39,7 @@ def corrected_hour() -> pa.Table:
 
 def table_rows(world: World, rollup: str) -> pa.Table:
     """Every stored row (all generations) of a rollup, straight from the Delta snapshot."""
-    from resources.delta_io import open_table
+    from resources.delta_tables import open_table
 
     t = open_table(world.engine.rollups.uri(world.catalog.rollup(rollup)))
     assert t is not None

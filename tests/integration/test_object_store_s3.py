@@ -22,16 +22,19 @@ import pytest
 from moto.server import ThreadedMotoServer
 from pyspark.sql import SparkSession
 
-from resources.delta_io import open_table
-from resources.ledger import ChangeSource
-from resources.raw_store import RawStore, spark_data_schema
+from resources.delta_tables import open_table
+from resources.raw_store import RawStore
+from resources.schemas import archive_data_schema
 from resources.warehouse import Warehouse, filesystem_for
-from rollup_assets.aggregation import rollup_partials
-from rollup_assets.engine import Engine
-from rollup_assets.partitions import Window
-from rollup_assets.query import logical_arrow
-from rollup_assets.sample_data import day_batch
-from rollup_assets.specs import ArchiveSpec, Catalog, RollupSpec, load_catalog
+from rollup_assets.compute.aggregation import rollup_partials
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.query import logical_arrow
 from tests.conftest import days
 from tests.oracle import compare, oracle, raw_frame
 
@@ -83,7 +86,7 @@ def _recompute(
     """What a recompute run does, with the source rows given as Arrow instead of read by Spark:
     executors write the generation to S3, the driver commits it, flips the pointers and sweeps.
     Returns the buckets recomputed and the number of superseded rows the sweep deleted."""
-    buckets = engine.buckets_in(spec, [span])
+    buckets = buckets_in(spec, [span])
     targets = pa.table(
         {
             "bucket_start": pa.array([w.start for w in buckets], TS),
@@ -114,7 +117,7 @@ def _levels(
     """Hourly from raw, then daily from hourly as read back from S3."""
     raw_spec = catalog.raw["energy_raw"]
     hourly, daily = catalog.rollup("energy_hourly"), catalog.rollup("energy_daily")
-    raw_rows = engine.raw.read_arrow(raw_spec).select(spark_data_schema(raw_spec).names)
+    raw_rows = engine.raw.read_arrow(raw_spec).select(archive_data_schema(raw_spec).names)
     done = {
         "energy_hourly": _recompute(spark, engine, hourly, raw_spec, raw_rows, span, generation)
     }

@@ -18,15 +18,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from resources.control import ArchiveStatus
 from resources.genmap import read_pointers
-from resources.ledger import Job, JobState, Trigger
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
-from rollup_assets import cli
+from rollup_assets.cli import app as cli
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.errors import (
+from rollup_assets.demo.sample_data import SCHEMA
+from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     ArchiveSchemaImmutableError,
     InvalidArchiveStateTransitionError,
@@ -34,12 +31,17 @@ from rollup_assets.errors import (
     RollupSourceInUseError,
     RollupSourceMissingError,
 )
-from rollup_assets.instance import ensure_pools
-from rollup_assets.operations import Operations, health
-from rollup_assets.partitions import Window
-from rollup_assets.query import query_arrow
-from rollup_assets.sample_data import SCHEMA
-from rollup_assets.specs import Catalog, load_catalog, parse_catalog, specs_path
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.health import health
+from rollup_assets.services.operations import Operations
+from rollup_assets.services.query import query_arrow
 from tests.conftest import World
 from tests.oracle import compare, compare_all, oracle
 
@@ -136,11 +138,13 @@ def cli_env(world: World) -> Iterator[CliRunner]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ROLLUPS_WAREHOUSE", wh)
         mp.setenv("DAGSTER_HOME", str(world.instance.root_directory))
+        cli.settings.cache_clear()
         cli.catalog.cache_clear()
         cli.engine.cache_clear()
         try:
             yield CliRunner()
         finally:
+            cli.settings.cache_clear()
             cli.catalog.cache_clear()
             cli.engine.cache_clear()
 
@@ -185,7 +189,7 @@ def test_a_late_write_into_a_frozen_range_waits_for_unfreeze(world: World) -> No
             assert all(w.end > frozen_until for w in job.windows), job
     assert world.engine.states.get(DAILY).watermark == DAY_09.end
     # ... and the dirty day waits, visible as pending work.
-    h = health(world.engine, DAILY)
+    h = health(world.catalog, DAILY, world.engine.ledger.snapshot(), world.engine.states.all())
     assert h.frozen_until == frozen_until
     assert h.dirty_windows_pending == 1
     assert h.pending_recompute_ranges == [DAY_09]
@@ -200,7 +204,12 @@ def test_a_late_write_into_a_frozen_range_waits_for_unfreeze(world: World) -> No
     world.tick(later)
     assert problems(world, levels) == []
     assert world.engine.states.get(DAILY).watermark == DAY_10.end
-    assert health(world.engine, DAILY).dirty_windows_pending == 0
+    assert (
+        health(
+            world.catalog, DAILY, world.engine.ledger.snapshot(), world.engine.states.all()
+        ).dirty_windows_pending
+        == 0
+    )
     done = world.engine.ledger.job(pending[0].job_id)
     assert done is not None and done.state in (JobState.COMPLETED, JobState.COALESCED)
 
@@ -220,7 +229,9 @@ def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
         generation=99,
     )
     world.engine.ledger.record([running])
-    assert health(world.engine, HOURLY).recompute_in_progress
+    assert health(
+        world.catalog, HOURLY, world.engine.ledger.snapshot(), world.engine.states.all()
+    ).recompute_in_progress
     v0 = version(world, HOURLY)
 
     world.ops.disable(HOURLY)
@@ -228,7 +239,7 @@ def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
         ended = world.engine.ledger.job(job_id)
         assert ended is not None and ended.state is JobState.FAILED
         assert ended.error == "purged: archive was disabled" and ended.finished_at is not None
-    h = health(world.engine, HOURLY)
+    h = health(world.catalog, HOURLY, world.engine.ledger.snapshot(), world.engine.states.all())
     assert h.status == "Disabled" and not h.recompute_in_progress
     assert h.dirty_windows_pending == 0 and h.pending_recompute_ranges == []
     assert h.last_recompute_failure_reason == "purged: archive was disabled"
@@ -355,7 +366,9 @@ def test_cli_materialize_leaves_the_levels_above_to_the_sensors_unless_downstrea
     args = ["materialize", HOURLY, "--from", "2025-06-09T10:00Z", "--to", "2025-06-09T11:00Z"]
     with cli_env(world) as runner, pytest.MonkeyPatch.context() as mp:
         mp.setattr("rollup_assets.definitions.defs", world.defs)
-        mp.setattr("rollup_assets.instance.get_instance", lambda: world.instance)
+        mp.setattr(
+            "rollup_assets.orchestration.instance.get_instance", lambda settings: world.instance
+        )
 
         res = runner.invoke(cli.main, [*args, "--format", "json"])
         assert res.exit_code == 0, res.output

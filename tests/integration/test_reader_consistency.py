@@ -30,12 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-import rollup_assets.chain as chain
-import rollup_assets.factory as factory
-from resources.delta_store import RollupStore
-from resources.maintenance import maintain
-from rollup_assets.partitions import Window
-from rollup_assets.sample_data import day_batch
+import rollup_assets.orchestration.assets as factory
+import rollup_assets.services.chain as chain
+from resources.rollup_store import RollupStore
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window
+from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days
 from tests.oracle import oracle, raw_frame
 
@@ -318,7 +318,7 @@ def run_scenario(
             world.tick(sensors=("retroactive_write_sensor",))
             assert model.settled(), (cycle, model.state)
             if cycle % 3 == 2:  # full sweep + compaction while the reader reads
-                maintain(world.engine.warehouse, world.catalog)
+                maintain(world.engine)
                 steps.append(
                     {
                         "step": "maintained",

@@ -17,14 +17,14 @@ import pyarrow as pa
 import pytest
 
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.instance import ensure_pools
-from rollup_assets.partitions import Window
-from rollup_assets.query import query_spark
-from rollup_assets.sample_data import day_batch
-from rollup_assets.specs import load_catalog
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.query import query_spark
 from tests.conftest import World, days
 from tests.oracle import compare_all
 

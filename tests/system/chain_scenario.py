@@ -21,12 +21,12 @@ from pyspark.sql import SparkSession
 
 from resources.spark import build_session
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.instance import ensure_pools
-from rollup_assets.query import query_spark
-from rollup_assets.specs import load_catalog
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.query import query_spark
 from tests.conftest import World
 from tests.integration import test_chain_oracle as chain
 from tests.oracle import compare_all

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from sensors.runs import UNFINISHED
+from rollup_assets.orchestration.runs import UNFINISHED
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

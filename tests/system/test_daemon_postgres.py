@@ -8,13 +8,14 @@ is corrected at every level by the real `dagster-daemon`; then the runs, their e
 sensor ticks are read back from PostgreSQL's own tables, and the home holds no SQLite file.
 """
 
+import os
 from pathlib import Path
 
 import dagster as dg
 import psycopg2
 import pytest
 
-from rollup_assets.instance import postgres_storage_yaml
+from rollup_assets.orchestration.instance import postgres_storage_yaml
 from tests.system.postgres import require_postgres, throwaway_postgres
 from tests.system.test_daemon import make_world, run_daemon_scenario
 
@@ -41,7 +42,7 @@ def test_daemon_corrects_a_late_write_with_postgres_storage(
             "DAGSTER_PG_PASSWORD": "resolved-through-env",
         }.items():
             monkeypatch.setenv(var, value)  # daemon_env passes os.environ on to the daemon
-        world = make_world(tmp_path, monkeypatch, postgres_storage_yaml())
+        world = make_world(tmp_path, monkeypatch, postgres_storage_yaml(os.environ))
         instance = world.instance
         try:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"

@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rollup_assets.partitions import Window, iso_utc
-from rollup_assets.sample_data import day_batch
-from sensors.runs import DagsterRunLookup
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.orchestration.runs import DagsterRunLookup
 from tests.conftest import World, days
 from tests.exactly_once import changed_windows, duplicated_rows, exactly_once, old_or_new
 from tests.oracle import compare_all

@@ -26,14 +26,15 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from resources.warehouse import Warehouse
-from resources.warehouse_resource import WarehouseResource
 from rollup_assets.definitions import build_definitions
-from rollup_assets.engine import Engine
-from rollup_assets.factory import group_name
-from rollup_assets.instance import DAGSTER_YAML, ensure_pools
-from rollup_assets.partitions import iso_utc
-from rollup_assets.sample_data import day_batch
-from rollup_assets.specs import Catalog, load_catalog, specs_path
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.describe import group_name
+from rollup_assets.model.spec_loader import load_catalog, specs_path
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import iso_utc
+from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.engine import Engine
 from tests.conftest import World, days
 from tests.system.ui import (
     DagsterDev,

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
-from rollup_assets import cli
+from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
-from rollup_assets.sample_data import SCHEMA
+from rollup_assets.demo.sample_data import SCHEMA
 
 COMMANDS = sorted(main.commands)
 # Commands that print a notice, a verdict or a story rather than data rows.
@@ -38,10 +38,12 @@ def rollups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("ROLLUPS_SPECS", raising=False)
     monkeypatch.delenv("ROLLUPS_NOW", raising=False)
+    cli.settings.cache_clear()
     cli.catalog.cache_clear()
     cli.engine.cache_clear()
     runner = CliRunner()
     yield lambda *args: runner.invoke(main, [str(a) for a in args])
+    cli.settings.cache_clear()
     cli.catalog.cache_clear()
     cli.engine.cache_clear()
 

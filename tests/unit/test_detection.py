@@ -1,66 +1,56 @@
-"""Retroactive-write detection on real Delta tables (delta-rs only, no Spark)."""
+"""The change-detection planner's rules, on in-memory commits (no Delta tables).
 
-from dataclasses import replace
+What real Delta commits yield as changes is tested in test_change_feed.py.
+"""
+
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from resources.control import ArchiveStatus
-from resources.ledger import ChangeKind, ChangeSource, Trigger
-from resources.warehouse import Warehouse
-from rollup_assets.engine import Engine
-from rollup_assets.partitions import Window
-from rollup_assets.specs import load_catalog
-from sensors import detection
-from sensors.detection import classify, detect
+from rollup_assets.model.jobs import ChangeKind, ChangeSource, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.windows import Window
+from rollup_assets.settings import DetectionLimits
+from sensors.detection import DEFAULT_LIMITS, Detection, classify, detect, scope_of
+from tests.unit.planning import MemoryFeed, MemoryLedger, activated, update
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)
 WATERMARK = datetime(2025, 5, 2, tzinfo=UTC)
+H = timedelta(hours=1)
+CATALOG = load_catalog()
+HOURLY = CATALOG.rollup("energy_hourly")
+
+
+class Sources:
+    """Archive states, the ledger and the raw table's commits, all in memory."""
+
+    def __init__(self) -> None:
+        self.states = activated(CATALOG, WATERMARK)
+        self.ledger = MemoryLedger()
+        self.feed = MemoryFeed("energy_raw")
+
+    def write(
+        self, rows: list[tuple[str, datetime]], source: ChangeSource = ChangeSource.PIPELINE
+    ) -> int:
+        return self.feed.write("energy_raw", rows, source)
+
+    def detect(self, limits: DetectionLimits = DEFAULT_LIMITS) -> Detection:
+        """One detection tick, recorded in the ledger as the sensor records it."""
+        d = detect(CATALOG, self.states, self.ledger.snapshot(), self.feed, limits)
+        self.ledger.record(d.jobs, d.cursors)
+        return d
+
+    def start_cursor(self) -> None:
+        """First detection only places the cursor (history is a backfill's business)."""
+        first = self.detect()
+        assert first.jobs == [] and "energy_raw" in first.cursors
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Engine:
-    eng = Engine(load_catalog(), Warehouse(str(tmp_path / "wh")))
-    eng.raw.ensure_table(eng.catalog.raw["energy_raw"])
-    eng.states.update(
-        "energy_raw", lambda s: replace(s, status=ArchiveStatus.ACTIVATED), reason="test"
-    )
-    for name in eng.catalog.rollups:
-        eng.states.update(
-            name,
-            lambda s: replace(s, status=ArchiveStatus.ACTIVATED, watermark=WATERMARK),
-            reason="test",
-        )
-    return eng
-
-
-def ingest(
-    engine: Engine,
-    tmp_path: Path,
-    rows: list[tuple[str, datetime, float]],
-    source=ChangeSource.PIPELINE,
-) -> int:
-    path = tmp_path / f"b{datetime.now().timestamp()}.parquet"
-    pq.write_table(
-        pa.Table.from_pylist([{"entity_id": e, "ts": t, "energy_kwh": v} for e, t, v in rows]), path
-    )
-    return engine.raw.ingest(engine.catalog.raw["energy_raw"], path, source).version
-
-
-def start_cursor(engine: Engine) -> None:
-    """First detection only places the cursor (history is a backfill's business)."""
-    first = detect(engine, engine.states.all(), engine.ledger.snapshot())
-    assert first.jobs == [] and "energy_raw" in first.cursors
-    engine.ledger.record(first.jobs, first.cursors)
-
-
-def run_detect(engine: Engine, **kw):
-    d = detect(engine, engine.states.all(), engine.ledger.snapshot(), **kw)
-    engine.ledger.record(d.jobs, d.cursors)
-    return d
+def sources() -> Sources:
+    return Sources()
 
 
 @pytest.mark.parametrize(
@@ -79,31 +69,47 @@ def test_nothing_consumed_means_nothing_dirty() -> None:
     assert classify(T0, None) is ChangeKind.APPEND
 
 
-def test_a_write_at_the_watermark_is_not_dirty(engine: Engine, tmp_path: Path) -> None:
-    start_cursor(engine)
-    ingest(
-        engine, tmp_path, [("m1", WATERMARK, 1.0), ("m1", WATERMARK + timedelta(minutes=15), 2.0)]
-    )
-    assert run_detect(engine).jobs == []
+def test_scope_is_every_entity_past_the_limit_or_when_one_is_unknown() -> None:
+    assert scope_of(["m1", "m2", "m1"], 2) == frozenset({"m1", "m2"})
+    assert scope_of(["m1", "m2", "m3"], 2) is None
+    assert scope_of(["m1", None], 32) is None
 
 
-def test_retroactive_rows_map_to_exact_buckets_and_entities(engine: Engine, tmp_path: Path) -> None:
-    start_cursor(engine)
-    v = ingest(
-        engine,
-        tmp_path,
+def test_the_first_detection_places_the_cursor_without_reading_history(
+    sources: Sources,
+) -> None:
+    sources.write([("m1", T0)])
+    latest = sources.write([("m2", T0)])
+    first = sources.detect()
+    assert first.jobs == [] and first.cursors == {"energy_raw": latest}
+    assert sources.feed.read == [] and first.versions_read == 0
+    assert any("starts at version" in n for n in first.notes), first.notes
+    assert sources.ledger.snapshot().cursors == {"energy_raw": latest}
+
+
+def test_a_write_at_the_watermark_is_not_dirty(sources: Sources) -> None:
+    sources.start_cursor()
+    sources.write([("m1", WATERMARK), ("m1", WATERMARK + timedelta(minutes=15))])
+    d = sources.detect()
+    assert d.jobs == []
+    assert d.versions_read == 1 and d.rows_classified == 2  # read, and found nothing retroactive
+
+
+def test_retroactive_rows_map_to_exact_buckets_and_entities(sources: Sources) -> None:
+    sources.start_cursor()
+    v = sources.write(
         [
-            ("m1", T0 + timedelta(hours=3, minutes=15), 1.0),
-            ("m2", T0 + timedelta(hours=9, minutes=45), 2.0),
-            ("m2", WATERMARK + timedelta(hours=1), 3.0),  # an Append in the same commit: ignored
+            ("m1", T0 + timedelta(hours=3, minutes=15)),
+            ("m2", T0 + timedelta(hours=9, minutes=45)),
+            ("m2", WATERMARK + timedelta(hours=1)),  # an Append in the same commit: ignored
         ],
         source=ChangeSource.MANUAL,
     )
-    d = run_detect(engine)
+    d = sources.detect()
     assert len(d.jobs) == 1
     job = d.jobs[0]
     assert job.rollup == "energy_hourly" and job.trigger is Trigger.PERIODIC
-    assert engine.buckets_in(engine.catalog.rollup("energy_hourly"), list(job.windows)) == [
+    assert buckets_in(HOURLY, list(job.windows)) == [
         Window(T0 + timedelta(hours=3), T0 + timedelta(hours=4)),
         Window(T0 + timedelta(hours=9), T0 + timedelta(hours=10)),
     ]
@@ -118,87 +124,101 @@ def test_retroactive_rows_map_to_exact_buckets_and_entities(engine: Engine, tmp_
     assert (summary.version, summary.rows, summary.change_source) == (v, 3, "Manual")
     assert summary.dirty_rollups == ["energy_hourly"]
     assert summary.min_ts == T0 + timedelta(hours=3, minutes=15)
+    assert summary.max_ts == WATERMARK + timedelta(hours=1)
+    # The job is in the ledger as pending work.
+    assert [j.job_id for j in sources.ledger.snapshot().pending("energy_hourly")] == [job.job_id]
 
 
-def test_detection_is_value_agnostic(engine: Engine, tmp_path: Path) -> None:
-    rows = [("m1", T0 + timedelta(hours=1), 5.0)]
-    ingest(engine, tmp_path, rows)
-    start_cursor(engine)
-    ingest(engine, tmp_path, rows)  # byte-for-byte the same reading again
-    jobs = run_detect(engine).jobs
-    assert len(jobs) == 1 and jobs[0].entities == frozenset({"m1"})
+def test_many_entities_are_not_scoped(sources: Sources) -> None:
+    limits = DetectionLimits(entity_scope_limit=3)
+    sources.start_cursor()
+    sources.write([(f"m{i}", T0 + timedelta(hours=2)) for i in range(4)])
+    assert sources.detect(limits).jobs[0].entities is None
+    sources.write([(f"m{i}", T0 + timedelta(hours=2)) for i in range(3)])
+    assert sources.detect(limits).jobs[0].entities == frozenset({"m0", "m1", "m2"})
 
 
-def test_many_entities_are_not_scoped(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(detection, "ENTITY_SCOPE_LIMIT", 3)
-    start_cursor(engine)
-    ingest(engine, tmp_path, [(f"m{i}", T0 + timedelta(hours=2), 1.0) for i in range(4)])
-    assert run_detect(engine).jobs[0].entities is None
-
-
-def test_second_detection_after_nothing_changed_finds_nothing(
-    engine: Engine, tmp_path: Path
-) -> None:
-    start_cursor(engine)
-    ingest(engine, tmp_path, [("m1", T0, 1.0)])
-    assert len(run_detect(engine).jobs) == 1
-    again = run_detect(engine)
+def test_second_detection_after_nothing_changed_finds_nothing(sources: Sources) -> None:
+    sources.start_cursor()
+    sources.write([("m1", T0)])
+    assert len(sources.detect().jobs) == 1
+    again = sources.detect()
     assert again.jobs == [] and again.cursors == {} and again.versions_read == 0
 
 
-def test_versions_per_tick_are_capped_and_resumed(engine: Engine, tmp_path: Path) -> None:
-    start_cursor(engine)
-    versions = [ingest(engine, tmp_path, [("m1", T0 + timedelta(hours=h), 1.0)]) for h in range(5)]
-    first = run_detect(engine, max_versions=2)
+def test_versions_per_tick_are_capped_and_resumed(sources: Sources) -> None:
+    sources.start_cursor()
+    versions = [sources.write([("m1", T0 + h * H)]) for h in range(5)]
+    first = sources.detect(DetectionLimits(max_versions_per_tick=2))
     assert first.cursors == {"energy_raw": versions[1]} and len(first.jobs) == 2
-    rest = run_detect(engine, max_versions=10)
+    assert any("3 left for next tick" in n for n in first.notes), first.notes
+    rest = sources.detect(DetectionLimits(max_versions_per_tick=10))
     assert rest.cursors == {"energy_raw": versions[-1]} and len(rest.jobs) == 3
+    # Every version was read exactly once, in order.
+    assert sources.feed.read == [("energy_raw", v) for v in versions]
+    assert [j.source_version for j in [*first.jobs, *rest.jobs]] == versions
 
 
-def test_a_forward_claim_makes_racing_writes_retroactive(engine: Engine, tmp_path: Path) -> None:
-    claim = WATERMARK + timedelta(hours=2)
-    engine.states.update("energy_hourly", lambda s: replace(s, claimed_until=claim), reason="test")
-    start_cursor(engine)
-    ingest(engine, tmp_path, [("m1", WATERMARK + timedelta(minutes=30), 1.0)])
-    jobs = run_detect(engine).jobs
+def test_a_forward_claim_makes_racing_writes_retroactive(sources: Sources) -> None:
+    update(sources.states, "energy_hourly", claimed_until=WATERMARK + 2 * H)
+    sources.start_cursor()
+    sources.write([("m1", WATERMARK + timedelta(minutes=30))])
+    jobs = sources.detect().jobs
     assert len(jobs) == 1
-    assert list(jobs[0].windows) == [Window(WATERMARK, WATERMARK + timedelta(hours=1))]
+    assert list(jobs[0].windows) == [Window(WATERMARK, WATERMARK + H)]
 
 
-def test_large_commits_use_file_statistics(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(detection, "MAX_CDF_ROWS", 0)
-    start_cursor(engine)
-    ingest(
-        engine,
-        tmp_path,
-        [("m1", T0 + timedelta(hours=1), 1.0), ("m1", T0 + timedelta(hours=4), 1.0)],
-    )
-    job = run_detect(engine).jobs[0]
-    hours = engine.buckets_in(engine.catalog.rollup("energy_hourly"), list(job.windows))
+def test_file_statistics_ranges_over_approximate(sources: Sources) -> None:
+    sources.start_cursor()
+    v = sources.feed.write_files("energy_raw", [(T0 + H, T0 + 4 * H, "m1")])
+    d = sources.detect()
+    job = d.jobs[0]
+    hours = buckets_in(HOURLY, list(job.windows))
     # Over-approximated from the file's min/max time: every hour between, never fewer.
-    assert hours[0].start <= T0 + timedelta(hours=1) and hours[-1].end >= T0 + timedelta(hours=5)
+    assert hours[0].start <= T0 + H and hours[-1].end >= T0 + 5 * H
+    assert hours == [Window(T0 + h * H, T0 + (h + 1) * H) for h in range(1, 5)]
     assert all(w.end <= WATERMARK for w in hours)
+    assert job.entities == frozenset({"m1"}) and job.source_version == v
+    [summary] = d.commits
+    assert (summary.rows, summary.min_ts, summary.max_ts) == (None, T0 + H, T0 + 4 * H)
 
 
-def test_rollups_that_consumed_nothing_are_skipped(engine: Engine, tmp_path: Path) -> None:
-    engine.states.update(
-        "energy_hourly",
-        lambda s: replace(s, status=ArchiveStatus.CREATED, watermark=None),
-        reason="test",
+def test_file_ranges_stop_at_what_was_consumed(sources: Sources) -> None:
+    sources.start_cursor()
+    sources.feed.write_files(
+        "energy_raw",
+        [
+            (WATERMARK - timedelta(minutes=30), WATERMARK + 3 * H, "m1"),  # straddles it
+            (WATERMARK + H, WATERMARK + 2 * H, "m2"),  # entirely an Append
+            (T0 + 5 * H, T0 + 5 * H, None),  # a file of several entities
+        ],
     )
-    ingest(engine, tmp_path, [("m1", T0, 1.0)])
-    d = run_detect(engine)
+    [job] = sources.detect().jobs
+    assert buckets_in(HOURLY, list(job.windows)) == [
+        Window(T0 + 5 * H, T0 + 6 * H),
+        Window(WATERMARK - H, WATERMARK),
+    ]
+    assert job.entities is None
+
+
+def test_commits_that_change_no_row_are_skipped(sources: Sources) -> None:
+    sources.start_cursor()
+    v = sources.feed.rewrite("energy_raw")
+    d = sources.detect()
+    assert d.jobs == [] and d.commits == [] and d.versions_read == 1
+    assert d.cursors == {"energy_raw": v}  # read past, not read again
+
+
+def test_rollups_that_consumed_nothing_are_skipped(sources: Sources) -> None:
+    update(sources.states, "energy_hourly", status=ArchiveStatus.CREATED, watermark=None)
+    sources.write([("m1", T0)])
+    d = sources.detect()
     assert d.jobs == [] and d.cursors == {}
+    assert sources.feed.read == []
 
 
-def test_disabled_rollups_still_record_dirty_work(engine: Engine, tmp_path: Path) -> None:
-    start_cursor(engine)
-    engine.states.update(
-        "energy_hourly", lambda s: replace(s, status=ArchiveStatus.DISABLED), reason="test"
-    )
-    ingest(engine, tmp_path, [("m1", T0, 1.0)])
-    assert [j.rollup for j in run_detect(engine).jobs] == ["energy_hourly"]
+def test_disabled_rollups_still_record_dirty_work(sources: Sources) -> None:
+    sources.start_cursor()
+    update(sources.states, "energy_hourly", status=ArchiveStatus.DISABLED)
+    sources.write([("m1", T0)])
+    assert [j.rollup for j in sources.detect().jobs] == ["energy_hourly"]

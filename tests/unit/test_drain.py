@@ -1,22 +1,21 @@
 """Draining the ledger into recompute runs: coalescing, waiting, and recovering dead jobs."""
 
-from dataclasses import replace
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-from resources.control import ArchiveStatus
-from resources.ledger import Job, JobState, Trigger
-from resources.warehouse import Warehouse
-from rollup_assets.engine import Engine
-from rollup_assets.partitions import Window
-from rollup_assets.specs import load_catalog
-from sensors.drain import plan_drain
+from rollup_assets.model.jobs import Job, JobState, Lane, Trigger
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.windows import Window
+from sensors.drain import DrainPlan, plan_drain
+from tests.unit.planning import MemoryLedger, activated, update
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)
 WATERMARK = datetime(2025, 5, 2, tzinfo=UTC)
 H = timedelta(hours=1)
+CATALOG = load_catalog()
 
 
 class FakeRuns:
@@ -30,100 +29,96 @@ class FakeRuns:
         return launched
 
 
+class DrainState:
+    """Archive states and the ledger, in memory."""
+
+    def __init__(self) -> None:
+        self.states = activated(CATALOG, WATERMARK)
+        self.ledger = MemoryLedger()
+
+
 @pytest.fixture
-def engine(tmp_path: Path) -> Engine:
-    eng = Engine(load_catalog(), Warehouse(str(tmp_path / "wh")))
-    for name in eng.catalog.names():
-        eng.states.update(
-            name,
-            lambda s: replace(s, status=ArchiveStatus.ACTIVATED, watermark=WATERMARK),
-            reason="test",
-        )
-    return eng
+def drain() -> DrainState:
+    return DrainState()
 
 
 def hours(*offsets: int) -> tuple[Window, ...]:
     return tuple(Window(T0 + o * H, T0 + (o + 1) * H) for o in offsets)
 
 
-def plan(engine: Engine, runs: FakeRuns | None = None):
-    p = plan_drain(engine, engine.states.all(), engine.ledger.snapshot(), runs or FakeRuns())
-    engine.ledger.record(p.events)
+def plan(
+    drain: DrainState, runs: FakeRuns | None = None, flipped: Collection[str] = frozenset()
+) -> DrainPlan:
+    """One drain tick, its events recorded in the ledger as the sensor records them."""
+    p = plan_drain(CATALOG, drain.states, drain.ledger.snapshot(), runs or FakeRuns(), flipped)
+    drain.ledger.record(p.events)
     return p
 
 
-def test_a_single_ready_job_is_launched_as_is(engine: Engine) -> None:
+def test_a_single_ready_job_is_launched_as_is(drain: DrainState) -> None:
     job = Job("energy_hourly", Trigger.PERIODIC, hours(1, 2), entities=frozenset({"m1"}))
-    engine.ledger.record([job])
-    p = plan(engine)
+    drain.ledger.record([job])
+    p = plan(drain)
     assert [(lch.rollup, lch.job_id, lch.buckets) for lch in p.launches] == [
         ("energy_hourly", job.job_id, list(hours(1, 2)))
     ]
     assert p.events == []
 
 
-def test_overlapping_jobs_coalesce_into_one_run(engine: Engine) -> None:
+def test_overlapping_jobs_coalesce_into_one_run(drain: DrainState) -> None:
     a = Job("energy_hourly", Trigger.PERIODIC, hours(1, 2), entities=frozenset({"m1"}))
     b = Job("energy_hourly", Trigger.PERIODIC, hours(2, 3), entities=frozenset({"m2"}))
-    engine.ledger.record([a, b])
-    p = plan(engine)
+    drain.ledger.record([a, b])
+    p = plan(drain)
     assert len(p.launches) == 1
-    merged = engine.ledger.job(p.launches[0].job_id)
+    merged = drain.ledger.job(p.launches[0].job_id)
     assert merged is not None and merged.state is JobState.PENDING
     assert p.launches[0].buckets == list(hours(1, 2, 3)) and merged.entities == frozenset(
         {"m1", "m2"}
     )
     for old in (a, b):
-        recorded = engine.ledger.job(old.job_id)
+        recorded = drain.ledger.job(old.job_id)
         assert recorded is not None and recorded.state is JobState.COALESCED
         assert recorded.coalesced_into == merged.job_id
 
 
-def test_one_scope_for_all_entities_wins(engine: Engine) -> None:
-    engine.ledger.record(
+def test_one_scope_for_all_entities_wins(drain: DrainState) -> None:
+    drain.ledger.record(
         [
             Job("energy_hourly", Trigger.PERIODIC, hours(1), entities=frozenset({"m1"})),
             Job("energy_hourly", Trigger.CHAIN, hours(5), entities=None),
         ]
     )
-    merged = engine.ledger.job(plan(engine).launches[0].job_id)
+    merged = drain.ledger.job(plan(drain).launches[0].job_id)
     assert merged is not None and merged.entities is None
 
 
-def test_buckets_past_the_watermark_wait(engine: Engine) -> None:
+def test_buckets_past_the_watermark_wait(drain: DrainState) -> None:
     late = Window(WATERMARK, WATERMARK + H)
     job = Job("energy_hourly", Trigger.PERIODIC, (*hours(3), late))
-    engine.ledger.record([job])
-    p = plan(engine)
+    drain.ledger.record([job])
+    p = plan(drain)
     assert p.launches[0].buckets == list(hours(3))
-    rest = engine.ledger.job(job.job_id)
+    rest = drain.ledger.job(job.job_id)
     assert rest is not None and rest.state is JobState.PENDING and list(rest.windows) == [late]
-    engine.states.update(
-        "energy_hourly", lambda s: replace(s, watermark=WATERMARK + 2 * H), reason="forward"
-    )
-    engine.ledger.record([engine.ledger.job(p.launches[0].job_id).next(state=JobState.COMPLETED)])
-    assert plan(engine).launches[0].buckets == [late]
+    update(drain.states, "energy_hourly", watermark=WATERMARK + 2 * H)
+    drain.ledger.record([drain.ledger.job(p.launches[0].job_id).next(state=JobState.COMPLETED)])
+    assert plan(drain).launches[0].buckets == [late]
 
 
-def test_frozen_buckets_wait_until_unfreeze(engine: Engine) -> None:
-    engine.states.update(
-        "energy_hourly", lambda s: replace(s, frozen_until=T0 + 10 * H), reason="freeze"
-    )
+def test_frozen_buckets_wait_until_unfreeze(drain: DrainState) -> None:
+    update(drain.states, "energy_hourly", frozen_until=T0 + 10 * H)
     job = Job("energy_hourly", Trigger.PERIODIC, hours(2))
-    engine.ledger.record([job])
-    assert plan(engine).launches == []
-    assert engine.ledger.job(job.job_id).state is JobState.PENDING
-    engine.states.update(
-        "energy_hourly", lambda s: replace(s, frozen_until=None), reason="unfreeze"
-    )
-    assert [lch.job_id for lch in plan(engine).launches] == [job.job_id]
+    drain.ledger.record([job])
+    assert plan(drain).launches == []
+    assert drain.ledger.job(job.job_id).state is JobState.PENDING
+    update(drain.states, "energy_hourly", frozen_until=None)
+    assert [lch.job_id for lch in plan(drain).launches] == [job.job_id]
 
 
-def test_nothing_drains_for_a_rollup_that_is_not_activated(engine: Engine) -> None:
-    engine.states.update(
-        "energy_daily", lambda s: replace(s, status=ArchiveStatus.DISABLED), reason="disable"
-    )
-    engine.ledger.record(
+def test_nothing_drains_for_a_rollup_that_is_not_activated(drain: DrainState) -> None:
+    update(drain.states, "energy_daily", status=ArchiveStatus.DISABLED)
+    drain.ledger.record(
         [
             Job(
                 "energy_daily",
@@ -132,33 +127,33 @@ def test_nothing_drains_for_a_rollup_that_is_not_activated(engine: Engine) -> No
             )
         ]
     )
-    p = plan(engine)
+    p = plan(drain)
     assert p.launches == [] and any("wait" in n for n in p.notes)
 
 
-def test_one_recompute_at_a_time(engine: Engine) -> None:
+def test_one_recompute_at_a_time(drain: DrainState) -> None:
     running = Job("energy_hourly", Trigger.PERIODIC, hours(1), state=JobState.RUNNING)
     waiting = Job("energy_hourly", Trigger.PERIODIC, hours(2))
-    engine.ledger.record([running, waiting])
-    assert plan(engine, FakeRuns({running.job_id: [("run-1", False)]})).launches == []
+    drain.ledger.record([running, waiting])
+    assert plan(drain, FakeRuns({running.job_id: [("run-1", False)]})).launches == []
 
 
-def test_a_job_taken_over_by_a_live_run_keeps_its_rollup_busy(engine: Engine) -> None:
+def test_a_job_taken_over_by_a_live_run_keeps_its_rollup_busy(drain: DrainState) -> None:
     # Chain propagation inside a run: no run was launched for the job; its owner is alive.
     chained = Job(
         "energy_hourly", Trigger.CHAIN, hours(1), state=JobState.RUNNING, run_id="owner-1"
     )
     waiting = Job("energy_hourly", Trigger.PERIODIC, hours(2))
-    engine.ledger.record([chained, waiting])
-    assert plan(engine, FakeRuns({"owner-1": [("owner-1", False)]})).launches == []
-    assert engine.ledger.job(chained.job_id).state is JobState.RUNNING
+    drain.ledger.record([chained, waiting])
+    assert plan(drain, FakeRuns({"owner-1": [("owner-1", False)]})).launches == []
+    assert drain.ledger.job(chained.job_id).state is JobState.RUNNING
     # Once the owner is gone without completing it, the job is failed and queued again.
-    p = plan(engine, FakeRuns({"owner-1": [("owner-1", True)]}))
-    assert engine.ledger.job(chained.job_id).state is JobState.FAILED
+    p = plan(drain, FakeRuns({"owner-1": [("owner-1", True)]}))
+    assert drain.ledger.job(chained.job_id).state is JobState.FAILED
     assert len(p.launches) == 1 and p.launches[0].buckets == list(hours(1, 2))
 
 
-def test_a_dead_job_is_failed_and_queued_again(engine: Engine) -> None:
+def test_a_dead_job_is_failed_and_queued_again(drain: DrainState) -> None:
     dead = Job(
         "energy_hourly",
         Trigger.PERIODIC,
@@ -166,11 +161,11 @@ def test_a_dead_job_is_failed_and_queued_again(engine: Engine) -> None:
         state=JobState.RUNNING,
         entities=frozenset({"m9"}),
     )
-    engine.ledger.record([dead])
-    p = plan(engine, FakeRuns({dead.job_id: [("run-1", True)]}))
-    assert engine.ledger.job(dead.job_id).state is JobState.FAILED
+    drain.ledger.record([dead])
+    p = plan(drain, FakeRuns({dead.job_id: [("run-1", True)]}))
+    assert drain.ledger.job(dead.job_id).state is JobState.FAILED
     assert len(p.launches) == 1
-    retry = engine.ledger.job(p.launches[0].job_id)
+    retry = drain.ledger.job(p.launches[0].job_id)
     assert (
         retry.job_id != dead.job_id
         and list(retry.windows) == list(hours(4))
@@ -178,40 +173,57 @@ def test_a_dead_job_is_failed_and_queued_again(engine: Engine) -> None:
     )
 
 
-def test_a_manual_request_entirely_past_the_watermark_is_a_completed_no_op(engine: Engine) -> None:
+def test_a_manual_request_entirely_past_the_watermark_is_a_completed_no_op(
+    drain: DrainState,
+) -> None:
     job = Job("energy_hourly", Trigger.MANUAL, (Window(WATERMARK, WATERMARK + 3 * H),))
-    engine.ledger.record([job])
-    assert plan(engine).launches == []
-    done = engine.ledger.job(job.job_id)
+    drain.ledger.record([job])
+    assert plan(drain).launches == []
+    done = drain.ledger.job(job.job_id)
     assert done.state is JobState.COMPLETED and done.windows_processed == 0
 
 
-def test_a_job_that_died_after_its_flip_is_completed_and_propagated(engine: Engine) -> None:
+def test_a_job_that_died_after_its_flip_is_completed_and_propagated(drain: DrainState) -> None:
     job = Job("energy_hourly", Trigger.PERIODIC, hours(2), state=JobState.SWAPPING, generation=1)
-    engine.rollups.flip(
-        engine.catalog.rollup("energy_hourly"),
-        list(hours(2)),
-        None,
-        1,
-        job_id=job.job_id,
-        run_id="r1",
-    )
-    engine.ledger.record([job])
-    p = plan(engine, FakeRuns({job.job_id: [("r1", True)]}))
-    done = engine.ledger.job(job.job_id)
+    drain.ledger.record([job])
+    p = plan(drain, FakeRuns({job.job_id: [("r1", True)]}), flipped={job.job_id})
+    done = drain.ledger.job(job.job_id)
     assert done.state is JobState.COMPLETED and "recovery" in (done.error or "")
+    assert done.windows_processed == 1
     assert [s.job_id for s in p.sweeps] == [job.job_id]
     daily = [
-        j for j in engine.ledger.snapshot().for_rollup("energy_daily") if j.trigger is Trigger.CHAIN
+        j for j in drain.ledger.snapshot().for_rollup("energy_daily") if j.trigger is Trigger.CHAIN
     ]
     assert len(daily) == 1 and daily[0].state is JobState.PENDING
+    # The level above drains what the recovery queued in the same tick; nothing is redone below.
+    assert [(lch.rollup, lch.job_id) for lch in p.launches] == [("energy_daily", daily[0].job_id)]
+
+
+def test_a_job_that_died_swapping_before_its_flip_is_failed_and_queued_again(
+    drain: DrainState,
+) -> None:
+    job = Job("energy_hourly", Trigger.PERIODIC, hours(2), state=JobState.SWAPPING, generation=1)
+    drain.ledger.record([job])
+    p = plan(drain, FakeRuns({job.job_id: [("r1", True)]}), flipped={"another-job"})
+    failed = drain.ledger.job(job.job_id)
+    assert failed.state is JobState.FAILED and "r1" in (failed.error or "")
+    assert p.sweeps == []
+    assert [j for j in drain.ledger.snapshot().jobs.values() if j.rollup != "energy_hourly"] == []
+    [launch] = p.launches
+    retry = drain.ledger.job(launch.job_id)
+    assert (launch.rollup, launch.lane, launch.buckets) == (
+        "energy_hourly",
+        Lane.RECOMPUTE,
+        list(hours(2)),
+    )
+    assert retry.job_id != job.job_id and retry.state is JobState.PENDING
 
 
 def days(*offsets: int) -> tuple[Window, ...]:
     return tuple(Window(T0 + o * 24 * H, T0 + (o + 1) * 24 * H) for o in offsets)
 
 
-def test_chain_jobs_wait_for_the_run_that_carries_them(engine: Engine) -> None:
+def test_chain_jobs_wait_for_the_run_that_carries_them(drain: DrainState) -> None:
     # The run writing the source level completed its job and is still in flight: it carries the
     # chain to the daily level itself, so the sensor launches nothing there meanwhile.
     carried = Job(
@@ -224,21 +236,21 @@ def test_chain_jobs_wait_for_the_run_that_carries_them(engine: Engine) -> None:
         finished_at=T0,
     )
     chained = Job("energy_daily", Trigger.CHAIN, days(0))
-    engine.ledger.record([carried, chained])
-    waiting = plan(engine, FakeRuns({"run-1": [("run-1", False)]}))
+    drain.ledger.record([carried, chained])
+    waiting = plan(drain, FakeRuns({"run-1": [("run-1", False)]}))
     assert waiting.launches == []
     assert any("carries the chain" in n for n in waiting.notes), waiting.notes
     # The run ended without taking the job: the next tick launches it.
-    ended = plan(engine, FakeRuns({"run-1": [("run-1", True)]}))
+    ended = plan(drain, FakeRuns({"run-1": [("run-1", True)]}))
     assert [lch.rollup for lch in ended.launches] == ["energy_daily"]
 
 
-def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(engine: Engine) -> None:
+def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(drain: DrainState) -> None:
     carried = Job(
         "energy_hourly", Trigger.PERIODIC, hours(1), state=JobState.RUNNING, run_id="run-1"
     )
     chained = Job("energy_daily", Trigger.CHAIN, days(0))
     manual = Job("energy_daily", Trigger.MANUAL, days(0))
-    engine.ledger.record([carried, chained, manual])
-    p = plan(engine, FakeRuns({"run-1": [("run-1", False)]}))
+    drain.ledger.record([carried, chained, manual])
+    p = plan(drain, FakeRuns({"run-1": [("run-1", False)]}))
     assert [lch.rollup for lch in p.launches] == ["energy_daily"]

@@ -24,11 +24,11 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from resources.ledger import ChangeSource
 from resources.raw_store import RawStore
 from resources.warehouse import Warehouse
-from rollup_assets.errors import IngestValidationError, SpecError
-from rollup_assets.specs import load_catalog, parse_catalog
+from rollup_assets.model.errors import IngestValidationError, SpecError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 
 PROPERTY = settings(
     derandomize=True,

@@ -14,12 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from resources.ledger import ChangeSource
 from resources.raw_store import IngestResult, RawStore
 from resources.warehouse import Warehouse
-from rollup_assets.errors import IngestValidationError
-from rollup_assets.partitions import Window
-from rollup_assets.specs import DEFAULT_SPECS, RawArchiveSpec, load_catalog, parse_catalog
+from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from rollup_assets.model.specs import RawArchiveSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.settings import DEFAULT_SPECS
 
 ENERGY = load_catalog(DEFAULT_SPECS).raw["energy_raw"]
 MIXED = parse_catalog(
@@ -530,7 +532,7 @@ def test_the_first_offending_row_is_reported_whatever_the_check_order(
 def test_bad_rows_in_a_later_chunk_report_the_file_row(
     store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rollup_assets.ingest as ingest_module
+    import resources.batches as ingest_module
 
     monkeypatch.setattr(ingest_module, "CHUNK_ROWS", 4)
     rows = readings(12)

@@ -16,7 +16,8 @@ from dagster._core.instance.ref import InstanceRef
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import pg_url_from_config
 
-from rollup_assets.instance import dagster_yaml, ensure_home, postgres_storage_yaml
+from rollup_assets.orchestration.instance import dagster_yaml, ensure_home, postgres_storage_yaml
+from rollup_assets.settings import Settings
 
 PG_ENV = {
     "DAGSTER_PG_HOST": "db.internal",
@@ -119,7 +120,7 @@ def test_ensure_home_writes_postgres_storage_from_env(
     clean_env.setenv("DAGSTER_HOME", str(home))
     for var, value in PG_ENV.items():
         clean_env.setenv(var, value)
-    assert ensure_home() == home
+    assert ensure_home(Settings.from_env()) == home
     text = (home / "dagster.yaml").read_text()
     assert text == dagster_yaml(PG_ENV)
     assert resolved_postgres_config(home)["postgres_db"]["hostname"] == "db.internal"
@@ -130,12 +131,12 @@ def test_ensure_home_never_rewrites_but_warns(
 ) -> None:
     home = tmp_path / "home"
     clean_env.setenv("DAGSTER_HOME", str(home))
-    ensure_home()
+    ensure_home(Settings.from_env())
     first = (home / "dagster.yaml").read_text()
     assert "storage" not in yaml.safe_load(first)
 
     clean_env.setenv("DAGSTER_PG_HOST", "db.internal")
-    with caplog.at_level(logging.WARNING, logger="rollup_assets.instance"):
-        ensure_home()
+    with caplog.at_level(logging.WARNING, logger="rollup_assets.orchestration.instance"):
+        ensure_home(Settings.from_env())
     assert (home / "dagster.yaml").read_text() == first
     assert "DAGSTER_PG_HOST is set" in caplog.text

@@ -11,18 +11,17 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from rollup_assets.partitions import (
-    Bucketing,
-    Window,
-    first_bucket_start,
-    iso_utc,
+from rollup_assets.model.bucketing import Bucketing, first_bucket_start
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.orchestration.partitions import (
     key_of_window,
     key_range_for,
-    merge_windows,
     partitions_def_for,
     window_of_key,
 )
-from rollup_assets.specs import DEFAULT_SPECS, RollupSpec, load_catalog, parse_catalog
+from rollup_assets.settings import DEFAULT_SPECS
 
 SHIPPED = load_catalog(DEFAULT_SPECS).rollups
 HOUR = timedelta(hours=1)

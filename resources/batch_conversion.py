@@ -1,0 +1,227 @@
+"""Converting the columns of an ingest batch to an archive's types, row errors first.
+
+Each check names the first offending row (0-based, in file order) and its reason; see
+`batches` for the rules.
+"""
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from resources.schemas import ARROW_TYPES, TS
+from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.specs import (
+    DAY_COLUMN,
+    ENTITY_COLUMN,
+    RANGE_END_COLUMN,
+    RANGE_START_COLUMN,
+    ColumnSpec,
+    ColumnType,
+    RawArchiveSpec,
+    TimeRangeArchiveSpec,
+    key_columns,
+)
+
+_OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
+_TRUE = {"true", "t", "1", "yes"}
+_FALSE = {"false", "f", "0", "no"}
+# The instants Python, Spark and Delta readers can all represent.
+_MIN_TS = pa.scalar(dt.datetime(1, 1, 1, tzinfo=dt.UTC), TS)
+_MAX_TS = pa.scalar(dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC), TS)
+
+
+class BatchConverter:
+    """Checks and casts one chunk of a batch to the archive's schema."""
+
+    def __init__(self, spec: RawArchiveSpec | TimeRangeArchiveSpec, schema: pa.Schema) -> None:
+        self.spec = spec
+        self.schema = schema
+
+    # -- conversion --------------------------------------------------------------------------
+
+    def check_columns(self, names: list[str]) -> None:
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise IngestValidationError(
+                self.spec.name, None, f"column(s) {twice} appear more than once in the header"
+            )
+        declared = {c.name for c in self.spec.columns} | set(key_columns(self.spec))
+        unknown = [n for n in names if n not in declared]
+        if unknown:
+            hint = ""
+            if len(names) == 1 and any(d in names[0] for d in (";", "\t", "|")):
+                hint = " (the header looks like it uses another delimiter; use commas)"
+            raise IngestValidationError(
+                self.spec.name,
+                None,
+                f"unknown column(s) {unknown}; declared: {sorted(declared)}{hint}",
+            )
+        required = [*key_columns(self.spec), *[c.name for c in self.spec.columns if c.required]]
+        for col in required:
+            if col not in names:
+                raise IngestValidationError(
+                    self.spec.name, 0, f"required column '{col}' is missing"
+                )
+
+    def convert(self, chunk: pa.Table, offset: int) -> pa.Table:
+        """`chunk` (rows `offset`...) in the archive's schema; the first bad row raises."""
+        self.check_columns(chunk.column_names)
+        for i, f in enumerate(chunk.schema):
+            if pa.types.is_dictionary(f.type):  # e.g. a pandas categorical: decode it
+                chunk = chunk.set_column(i, f.name, pc.cast(chunk[i], f.type.value_type))
+        n = chunk.num_rows
+        out: dict[str, pa.Array | pa.ChunkedArray] = {}
+        out[ENTITY_COLUMN] = self._entity(chunk[ENTITY_COLUMN], offset)
+        for col in key_columns(self.spec)[1:]:
+            out[col] = self._timestamp(col, chunk[col], offset)
+        for c in self.spec.columns:
+            if c.name in chunk.column_names:
+                out[c.name] = self._value(c, chunk[c.name], offset)
+            else:
+                out[c.name] = pa.nulls(n, ARROW_TYPES[c.type])
+        if isinstance(self.spec, TimeRangeArchiveSpec):
+            bad = pc.greater_equal(out[RANGE_START_COLUMN], out[RANGE_END_COLUMN])
+            self._fail_first(bad, offset, "range_start must be before range_end")
+        time_col = key_columns(self.spec)[1]
+        out[DAY_COLUMN] = pc.cast(out[time_col], pa.date32())
+        return pa.table(out, schema=self.schema)
+
+    def _fail_first(self, bad: pa.ChunkedArray | pa.Array, offset: int, reason: str) -> None:
+        bad = pc.fill_null(bad, False)
+        if pc.any(bad).as_py():
+            idx = pc.index(bad, True).as_py()
+            raise IngestValidationError(self.spec.name, offset + idx, reason)
+
+    def _entity(self, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        if not (
+            pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_integer(col.type)
+        ):
+            raise IngestValidationError(
+                self.spec.name, 0, f"entity_id must be text, not {col.type}"
+            )
+        col = pc.cast(col, pa.string())
+        self._fail_first(pc.is_null(col), offset, "entity_id is null")
+        self._fail_first(
+            pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0), offset, "entity_id is empty"
+        )
+        return col
+
+    def _timestamp(self, name: str, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        self._fail_first(pc.is_null(col), offset, f"{name} is null")
+        if pa.types.is_date(col.type):
+            col = pc.cast(pc.cast(col, pa.date32()), pa.timestamp("s"))
+        if pa.types.is_timestamp(col.type):
+            if col.type.tz is None:
+                out = pc.assume_timezone(
+                    self._instant(name, col, pa.timestamp("us"), offset), "UTC"
+                )
+            else:
+                out = self._instant(name, col, TS, offset)
+        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+            has_offset = pc.match_substring_regex(text, _OFFSET)
+            aware = self._instant(name, pc.if_else(has_offset, text, None), TS, offset)
+            naive = self._instant(
+                name, pc.if_else(has_offset, None, text), pa.timestamp("us"), offset
+            )
+            out = pc.if_else(has_offset, aware, pc.assume_timezone(naive, "UTC"))
+        else:
+            raise IngestValidationError(
+                self.spec.name,
+                0,
+                f"{name} must be a timestamp or an ISO-8601 string, not {col.type}",
+            )
+        outside = pc.or_(pc.less(out, _MIN_TS), pc.greater(out, _MAX_TS))
+        self._fail_first(outside, offset, f"{name} is outside years 1 to 9999 (UTC)")
+        return out
+
+    def _instant(
+        self, name: str, col: pa.ChunkedArray, target: pa.DataType, offset: int
+    ) -> pa.ChunkedArray:
+        """`col` cast to a microsecond timestamp; the first value that does not fit is an error."""
+        try:
+            return pc.cast(col, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        i = _first_uncastable(col, target)
+        shown = pc.cast(col.slice(i, 1), pa.string())[0].as_py()
+        if pa.types.is_string(col.type):
+            reason = f"{name} {shown!r} is not an ISO-8601 timestamp (e.g. 2025-01-01T00:15:00Z)"
+        else:
+            reason = f"{name} {shown} does not fit a UTC timestamp in microseconds"
+        raise IngestValidationError(self.spec.name, offset + i, reason)
+
+    def _value(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        target = ARROW_TYPES[c.type]
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+            col = pc.if_else(pc.equal(col, ""), None, col)  # an empty CSV cell is missing
+            if c.type is ColumnType.BOOLEAN:
+                col = self._bool_from_text(c, col, offset)
+        converted = self._cast(c, col, target, offset)
+        if c.type is ColumnType.DOUBLE:
+            self._fail_first(pc.is_inf(converted), offset, f"{c.name} is infinite")
+            nan = pc.is_nan(converted)
+            if c.required:
+                self._fail_first(nan, offset, f"{c.name} is NaN but the column is required")
+            converted = pc.if_else(pc.fill_null(nan, False), None, converted)
+        if c.required:
+            self._fail_first(pc.is_null(converted), offset, f"required column {c.name} is null")
+        return converted
+
+    def _bool_from_text(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
+        low = pc.utf8_lower(col)
+        known = pc.is_in(low, value_set=pa.array(sorted(_TRUE | _FALSE)))
+        self._fail_first(
+            pc.and_(pc.invert(pc.is_null(low)), pc.invert(known)),
+            offset,
+            f"{c.name} is not a boolean",
+        )
+        truthy = pc.is_in(low, value_set=pa.array(sorted(_TRUE)))
+        return pc.if_else(pc.is_null(low), pa.scalar(None, pa.bool_()), truthy)
+
+    def _cast(
+        self, c: ColumnSpec, col: pa.ChunkedArray, target: pa.DataType, offset: int
+    ) -> pa.ChunkedArray:
+        src = col.type
+        numeric_target = c.type in (ColumnType.DOUBLE, ColumnType.LONG)
+        if numeric_target and pa.types.is_boolean(src):
+            raise IngestValidationError(self.spec.name, 0, f"{c.name} must be numeric, not boolean")
+        if c.type is ColumnType.BOOLEAN and not (
+            pa.types.is_boolean(src) or pa.types.is_integer(src)
+        ):
+            raise IngestValidationError(self.spec.name, 0, f"{c.name} must be boolean, not {src}")
+        try:
+            return pc.cast(col, target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        for i, value in enumerate(col.to_pylist()):
+            try:
+                pc.cast(pa.array([value], type=src), target, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(
+                    c.type, c.type.value
+                )
+                reason = f"{c.name} value {value!r} is not {kind}"
+                if not pa.types.is_string(src):
+                    reason = f"{c.name} value {value!r} does not fit {c.type.value} exactly"
+                raise IngestValidationError(self.spec.name, offset + i, reason) from None
+        raise IngestValidationError(
+            self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}"
+        )
+
+
+def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:
+    """Index of the first value of `col` that does not cast to `target` (one must exist)."""
+    lo, hi = 0, len(col)  # col[:lo] casts, col[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pc.cast(col.slice(0, mid), target)
+            lo = mid
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            hi = mid
+    return lo

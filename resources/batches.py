@@ -1,0 +1,186 @@
+"""Reading and validating an ingest batch (Parquet or CSV) against a raw or time-range spec.
+
+The batch is validated whole before anything is written: every chunk is converted to the
+archive's Arrow schema, and the first offending row (0-based, in file order) is reported with its
+reason. Conversion is streamed in chunks, so a large file is never held several times over.
+
+Rules: required columns present and non-null; values convertible to the declared type; no NaN
+in required columns (NaN in an optional double column means "missing" and becomes null); no
+infinities; timestamps parseable (ISO-8601 strings or timestamp columns; naive means UTC, offsets
+are converted) and within years 1 to 9999 in UTC; no duplicate keys inside one batch; no columns
+the spec does not declare, none twice. In a CSV file only an empty cell is missing ("NA" is text).
+"""
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from resources.batch_conversion import BatchConverter
+from resources.schemas import archive_schema
+from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.specs import (
+    DAY_COLUMN,
+    ENTITY_COLUMN,
+    RawArchiveSpec,
+    TimeRangeArchiveSpec,
+    key_columns,
+)
+
+CHUNK_ROWS = 262_144
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    rows: int
+    min_ts: dt.datetime
+    max_ts: dt.datetime
+    days: list[dt.date]
+    entities: int
+
+
+class BatchReader:
+    """Validated, converted chunks of one input file; `validate()` must pass before `chunks()`."""
+
+    def __init__(self, spec: RawArchiveSpec | TimeRangeArchiveSpec, path: str | Path) -> None:
+        self.spec = spec
+        self.path = Path(path)
+        self.schema = archive_schema(spec)
+        self.converter = BatchConverter(spec, self.schema)
+
+    # -- raw chunks from the file ----------------------------------------------------------
+
+    def _raw_chunks(self) -> Iterator[pa.Table]:
+        suffix = self.path.suffix.lower()
+        if not self.path.exists():
+            raise IngestValidationError(self.spec.name, None, f"file {self.path} does not exist")
+        if self.path.stat().st_size == 0:
+            raise IngestValidationError(self.spec.name, None, f"file {self.path} is empty")
+        if suffix in (".parquet", ".pq"):
+            try:
+                pf = pq.ParquetFile(self.path)
+                for batch in pf.iter_batches(batch_size=CHUNK_ROWS):
+                    yield pa.Table.from_batches([batch])
+            except (pa.ArrowException, OSError) as exc:
+                raise IngestValidationError(
+                    self.spec.name, None, f"{self.path.name} is not a readable Parquet file ({exc})"
+                ) from None
+        elif suffix in (".csv", ".txt"):
+            try:
+                reader = pcsv.open_csv(
+                    self.path,
+                    read_options=pcsv.ReadOptions(block_size=1 << 24),
+                    convert_options=pcsv.ConvertOptions(
+                        column_types=dict.fromkeys(self._csv_header(), pa.string()),
+                        # Only an empty cell is missing: Arrow's default list would turn text
+                        # such as "NA" or "null" into nulls, and "NaN" must reach the NaN check.
+                        null_values=[""],
+                        strings_can_be_null=True,
+                    ),
+                )
+                for batch in reader:
+                    yield pa.Table.from_batches([batch])
+            except (pa.ArrowException, OSError) as exc:
+                raise IngestValidationError(
+                    self.spec.name, None, f"{self.path.name} is not a readable CSV file ({exc})"
+                ) from None
+        else:
+            raise IngestValidationError(
+                self.spec.name, None, f"unsupported file type '{suffix}' (use .parquet or .csv)"
+            )
+
+    def _csv_header(self) -> list[str]:
+        with open(self.path, encoding="utf-8-sig", errors="replace") as f:
+            first = f.readline().strip()
+        return [c.strip().strip('"') for c in first.split(",")]
+
+    # -- passes ------------------------------------------------------------------------------
+
+    def validate(self) -> BatchSummary:
+        """First pass: convert every chunk, check keys are unique; nothing is kept but keys."""
+        keys: list[pa.Table] = []
+        offset = 0
+        lo = hi = None
+        days: set[dt.date] = set()
+        for chunk in self._raw_chunks():
+            try:
+                t = self.converter.convert(chunk, offset)
+            except IngestValidationError as err:
+                raise self._first_offence(err, chunk, offset, keys) from None
+            time_col = key_columns(self.spec)[1]
+            keys.append(self._keys(t, offset))
+            if t.num_rows:
+                a, b = pc.min_max(t[time_col]).values()
+                lo = a.as_py() if lo is None else min(lo, a.as_py())
+                hi = b.as_py() if hi is None else max(hi, b.as_py())
+                days.update(pc.unique(t[DAY_COLUMN]).to_pylist())
+            offset += t.num_rows
+        if offset == 0 or lo is None or hi is None:
+            raise IngestValidationError(self.spec.name, None, f"{self.path.name} holds no rows")
+        allkeys = pa.concat_tables(keys)
+        first = _first_duplicate(allkeys, key_columns(self.spec))
+        if first is not None:
+            raise self._duplicate(first)
+        entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
+        return BatchSummary(offset, lo, hi, sorted(days), entities)
+
+    def _keys(self, t: pa.Table, offset: int) -> pa.Table:
+        rows = pa.array(range(offset, offset + t.num_rows), pa.int64())
+        return t.select(key_columns(self.spec)).append_column("__row", rows)
+
+    def _duplicate(self, row: int) -> IngestValidationError:
+        return IngestValidationError(
+            self.spec.name, row, "duplicate key (entity_id, time) within the batch"
+        )
+
+    def _first_offence(
+        self, err: IngestValidationError, chunk: pa.Table, offset: int, keys: list[pa.Table]
+    ) -> IngestValidationError:
+        """The error of the first offending row of the batch, given `err` from `chunk`.
+
+        Checks run column by column, so a later check can flag an earlier row: re-check the rows
+        before `err` until they pass, then look for a duplicate key among them.
+        """
+        while err.row is not None and err.row > offset:
+            try:
+                prefix = self.converter.convert(chunk.slice(0, err.row - offset), offset)
+            except IngestValidationError as earlier:
+                err = earlier
+                continue
+            keys = [*keys, self._keys(prefix, offset)]
+            break
+        if err.row is None or not keys:
+            return err
+        dup = _first_duplicate(pa.concat_tables(keys), key_columns(self.spec))
+        return self._duplicate(dup) if dup is not None and dup < err.row else err
+
+    def chunks(self) -> Iterator[pa.RecordBatch]:
+        """Second pass: the converted rows, chunk by chunk (call `validate()` first), each chunk
+        sorted by its key (entity, then time): the files a MERGE writes then hold each entity's
+        rows together, and a read for a few entities skips the other row groups."""
+        offset = 0
+        order = [(k, "ascending") for k in key_columns(self.spec)]
+        for chunk in self._raw_chunks():
+            t = self.converter.convert(chunk, offset)
+            offset += t.num_rows
+            yield from t.sort_by(order).to_batches()
+
+
+def _first_duplicate(keys: pa.Table, names: list[str]) -> int | None:
+    """The smallest `__row` whose key an earlier row of `keys` already has, if any."""
+    if keys.num_rows < 2:
+        return None
+    ordered = keys.sort_by([(c, "ascending") for c in [*names, "__row"]])
+    same = None
+    for c in names:
+        col = ordered[c]
+        eq = pc.equal(col.slice(1), col.slice(0, len(col) - 1))
+        same = eq if same is None else pc.and_(same, eq)
+    if same is None or not pc.any(same).as_py():
+        return None
+    return pc.min(pc.filter(ordered["__row"].slice(1), same)).as_py()

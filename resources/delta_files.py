@@ -1,0 +1,233 @@
+"""Parquet data files of Delta tables: writing them (on executors or the driver), and the add
+actions that commit them, with per-file statistics from their footers.
+
+Spark executors write a rollup's files straight into the table directory (through `mapInArrow`,
+so no listing is needed and object stores work); the driver commits them with delta-rs in one
+transaction. Every file, wherever it is written, is described once (`describe_file`) and
+committed with `add_action`.
+"""
+
+import datetime as dt
+import json
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
+
+from resources.warehouse import filesystem_for
+
+WRITTEN_FILES_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("partition_values", pa.string()),
+        ("stats", pa.string()),
+        ("mtime", pa.int64()),
+        ("num_rows", pa.int64()),
+    ]
+)
+WRITTEN_FILES_DDL = (
+    "path string, size long, partition_values string, stats string, mtime long, num_rows long"
+)
+# Rows per Parquet row group in rollup and raw files. Files are sorted by entity, so a read for a
+# few entities (a correction's recompute) skips every row group but theirs; scans of whole
+# ranges lose little with groups this size.
+ROW_GROUP_ROWS = 4_096
+
+
+def _stat_value(v: object, is_max: bool = False) -> object:
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        # Delta stats carry milliseconds: floor the min, ceil the max, so pruning stays safe.
+        extra = v.microsecond % 1000
+        if extra:
+            v = (
+                v
+                - dt.timedelta(microseconds=extra)
+                + (dt.timedelta(milliseconds=1) if is_max else dt.timedelta())
+            )
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=dt.UTC)
+        return v.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return None
+    if isinstance(v, float) and v != v:
+        return None
+    return v
+
+
+def stats_from_metadata(md: pq.FileMetaData, skip: Sequence[str] = (), max_str: int = 64) -> dict:
+    """Delta `stats` JSON (numRecords, minValues, maxValues, nullCount) from a Parquet footer."""
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    arrow_schema = md.schema.to_arrow_schema()
+    for ci in range(md.num_columns):
+        name = md.schema.column(ci).path
+        if "." in name or name in skip:
+            continue
+        typ = arrow_schema.field(name).type
+        lo = hi = None
+        ncount = 0
+        complete = True
+        for rg in range(md.num_row_groups):
+            st = md.row_group(rg).column(ci).statistics
+            if st is None or not st.has_null_count:
+                complete = False
+                break
+            ncount += st.null_count
+            if st.has_min_max:
+                a, b = st.min, st.max
+                if pa.types.is_timestamp(typ) and isinstance(a, int):
+                    a, b = pa.scalar(a, typ).as_py(), pa.scalar(b, typ).as_py()
+                lo = a if lo is None or a < lo else lo
+                hi = b if hi is None or b > hi else hi
+        if not complete:
+            continue
+        nulls[name] = ncount
+        if lo is None or (isinstance(lo, str) and (len(lo) > max_str or len(str(hi)) > max_str)):
+            continue
+        fmin, fmax = _stat_value(lo), _stat_value(hi, is_max=True)
+        if fmin is not None and fmax is not None:
+            mins[name], maxs[name] = fmin, fmax
+    return {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def describe_file(
+    fs: pafs.FileSystem, root: str, rel: str, partition_values: dict[str, str | None]
+) -> dict:
+    """What an add action needs to know of the file at `root/rel` (just written): its relative
+    path (URI-encoded, as the Delta log wants it), size, partition values and stats (JSON), mtime
+    (ms) and row count. A plain dict, so executors can return it as a row."""
+    with fs.open_input_file(f"{root}/{rel}") as f:
+        md = pq.ParquetFile(f).metadata
+        size = f.size()
+    return {
+        "path": urllib.parse.quote(rel, safe="/=-_."),
+        "size": size,
+        "partition_values": json.dumps(partition_values),
+        "stats": json.dumps(stats_from_metadata(md)),
+        "mtime": int(time.time() * 1000),
+        "num_rows": md.num_rows,
+    }
+
+
+def add_action(entry: dict) -> AddAction:
+    """The add action committing a file described by `describe_file`."""
+    return AddAction(
+        path=entry["path"],
+        size=int(entry["size"]),
+        partition_values=json.loads(entry["partition_values"]),
+        modification_time=int(entry["mtime"]),
+        data_change=True,
+        stats=entry["stats"],
+    )
+
+
+def write_parquet_file(
+    fs: pafs.FileSystem,
+    root: str,
+    directory: str,
+    data: pa.Table,
+    partition_values: dict[str, str | None] | None = None,
+    row_group_rows: int | None = ROW_GROUP_ROWS,
+) -> AddAction:
+    """Write `data` as a new Parquet file under `root/directory` from the driver; its add action."""
+    rel = f"{directory}part-{uuid.uuid4()}.snappy.parquet"
+    fs.create_dir(f"{root}/{directory}".rstrip("/"), recursive=True)
+    with fs.open_output_stream(f"{root}/{rel}") as out:
+        pq.write_table(data, out, compression="snappy", row_group_size=row_group_rows)
+    return add_action(describe_file(fs, root, rel, partition_values or {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor-side writer
+
+
+def partition_dir(column: str | None, value: str | None) -> str:
+    if column is None:
+        return ""
+    v = "__HIVE_DEFAULT_PARTITION__" if value is None else urllib.parse.quote(value, safe="-_.")
+    return f"{column}={v}/"
+
+
+def build_file_writer(
+    table_root: str,
+    partition_column: str | None,
+    storage_options: dict[str, str] | None = None,
+    row_group_rows: int = ROW_GROUP_ROWS,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A `mapInArrow` function: write each task's rows as Parquet files under `table_root`.
+
+    Rows are routed by `partition_column` (dropped from the files, as Delta expects) to one
+    streaming writer per value, flushed every `row_group_rows` rows, so a task holds at most one
+    row group per open partition. Sort the frame within partitions first for useful row-group
+    statistics. Each task yields one row per file: path (relative, URI-encoded), size, partition
+    values (JSON), Delta stats (JSON), mtime (ms) and row count.
+    """
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = filesystem_for(table_root, storage_options)
+        open_files: dict[str | None, tuple[pq.ParquetWriter, object, str]] = {}
+        pending: dict[str | None, list[pa.Table]] = {}
+        counts: dict[str | None, int] = {}
+
+        def flush(value: str | None) -> None:
+            parts = pending.pop(value, [])
+            counts[value] = 0
+            if not parts:
+                return
+            data = pa.concat_tables(parts)
+            if value not in open_files:
+                rel = partition_dir(partition_column, value) + f"part-{uuid.uuid4()}.snappy.parquet"
+                path = f"{root}/{rel}"
+                fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                sink = fs.open_output_stream(path)
+                open_files[value] = (
+                    pq.ParquetWriter(sink, data.schema, compression="snappy"),
+                    sink,
+                    rel,
+                )
+            open_files[value][0].write_table(data, row_group_size=row_group_rows)
+
+        try:
+            for rb in batches:
+                if rb.num_rows == 0:
+                    continue
+                tbl = pa.Table.from_batches([rb])
+                if partition_column is None:
+                    groups = [(None, tbl)]
+                else:
+                    col = tbl.column(partition_column)
+                    groups = []
+                    for value in pc.unique(col).to_pylist():
+                        mask = pc.equal(col, value) if value is not None else pc.is_null(col)
+                        groups.append((value, tbl.filter(mask).drop_columns([partition_column])))
+                for value, part in groups:
+                    pending.setdefault(value, []).append(part)
+                    counts[value] = counts.get(value, 0) + part.num_rows
+                    if counts[value] >= row_group_rows:
+                        flush(value)
+            for value in list(pending):
+                flush(value)
+        finally:
+            for writer, sink, _ in open_files.values():
+                writer.close()
+                sink.close()  # type: ignore[attr-defined]
+        rows = [
+            describe_file(fs, root, rel, {partition_column: value} if partition_column else {})
+            for value, (_, _, rel) in open_files.items()
+        ]
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=WRITTEN_FILES_SCHEMA)
+
+    return write

@@ -1,0 +1,283 @@
+"""Delta tables through delta-rs: opening, committing (retried on conflicts), and reading the
+log (file lists with their stats, single commits, and small tables cached while unchanged).
+"""
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from resources.warehouse import filesystem_for
+from rollup_assets.model.windows import Window, merge_windows
+
+log = logging.getLogger(__name__)
+
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+# Commit operations that rewrite or list files without changing any row.
+NO_DATA_OPERATIONS = frozenset(
+    {"OPTIMIZE", "VACUUM START", "VACUUM END", "CHECKPOINT", "SET TBLPROPERTIES"}
+)
+
+R = TypeVar("R")
+
+
+def with_retries(
+    action: Callable[[], R],
+    *,
+    retryable: Callable[[Exception], bool],
+    attempts: int,
+    what: str,
+    delay: float = 0.02,
+    backoff: bool = True,
+) -> R:
+    """Run `action` until it succeeds; an exception for which `retryable` holds is tried again
+    (after `delay` seconds, doubled each time when `backoff`), up to `attempts` in all."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception as exc:
+            if not retryable(exc) or attempt == attempts - 1:
+                raise
+            log.debug("%s conflicted (%s); retrying", what, exc)
+            time.sleep(delay * 2**attempt if backoff else delay)
+    raise AssertionError("unreachable")
+
+
+def open_table(
+    uri: str, storage_options: dict[str, str] | None = None, version: int | None = None
+) -> DeltaTable | None:
+    """The table at `uri`, or None if there is none yet."""
+    try:
+        return DeltaTable(uri, version=version, storage_options=storage_options or None)
+    except TableNotFoundError:
+        return None
+
+
+def commit_file(root: str, version: int) -> str:
+    return f"{root}/_delta_log/{version:020d}.json"
+
+
+def committed_after(
+    uri: str, version: int | None, storage_options: dict[str, str] | None = None
+) -> bool:
+    """Has the table at `uri` a commit after `version` (None: has it been created)?
+
+    One existence check of the next commit file, instead of opening the table again.
+    """
+    fs, root = filesystem_for(uri, storage_options)
+    return _exists(fs, commit_file(root, 0 if version is None else version + 1))
+
+
+T = TypeVar("T")
+
+
+class LatestCache(Generic[T]):
+    """Something derived from a small Delta table's latest version, derived again only when the
+    table has moved.
+
+    A hit costs two file stats: the cached version's commit file is unchanged (the same table,
+    not one re-created at the location since) and no next commit exists. A Delta version never
+    changes once written, so a hit returns exactly what reading the table would.
+    """
+
+    def __init__(self, derive: Callable[[DeltaTable], T]) -> None:
+        self._derive = derive
+        self._entries: dict[str, tuple[int, tuple[int | None, int | None], T]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, uri: str, storage_options: dict[str, str] | None = None) -> tuple[T, int] | None:
+        """(derived value, version) of the table's latest version; None if there is no table."""
+        fs, root = filesystem_for(uri, storage_options)
+        with self._lock:
+            entry = self._entries.get(uri)
+        if entry is not None:
+            version, stamp, value = entry
+            if _stamp(fs, commit_file(root, version)) == stamp and not _exists(
+                fs, commit_file(root, version + 1)
+            ):
+                return value, version
+        table = open_table(uri, storage_options)
+        if table is None:
+            return None
+        version = table.version()
+        value = self._derive(table)
+        stamp = _stamp(fs, commit_file(root, version))
+        with self._lock:
+            self._entries[uri] = (version, stamp, value)
+        return value, version
+
+
+def _stamp(fs: pafs.FileSystem, path: str) -> tuple[int | None, int | None]:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None, None
+    return info.mtime_ns, info.size
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def nullable_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What one Delta commit adds and removes. Built fresh from the snapshot on each attempt."""
+
+    adds: Sequence[AddAction]
+    removes: Sequence[RemoveAction] = ()
+
+
+def commit(
+    uri: str,
+    plan: Callable[[DeltaTable | None], CommitPlan],
+    *,
+    schema: pa.Schema,
+    partition_by: Sequence[str] = (),
+    metadata: dict[str, str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    app_txn: tuple[str, int] | None = None,
+    attempts: int = 8,
+) -> int:
+    """Commit `plan(snapshot)` in one transaction, creating the table if needed; return its version.
+
+    `plan` is called again with a fresh snapshot after a conflict, so removals always refer to
+    files that still exist. With `app_txn=(app_id, version)` the commit is a compare-and-set:
+    a concurrent commit carrying the same app id makes this one fail and retry.
+    """
+    props = CommitProperties(
+        custom_metadata=metadata,
+        app_transactions=[Transaction(app_txn[0], app_txn[1])] if app_txn else None,
+    )
+    created = [False]
+
+    def attempt() -> int:
+        table = open_table(uri, storage_options)
+        created[0] = table is None
+        p = plan(table)
+        actions: list[AddAction | RemoveAction] = [*p.removes, *p.adds]
+        if table is not None and not actions:
+            return table.version()  # nothing to change: no empty commit
+        if table is None:
+            create_table_with_add_actions(
+                uri,
+                DeltaSchema.from_arrow(nullable_schema(schema)),
+                list(p.adds),
+                mode="error",
+                partition_by=list(partition_by) or None,
+                configuration=TABLE_CONFIGURATION,
+                commit_properties=props,
+                storage_options=storage_options or None,
+            )
+            table = open_table(uri, storage_options)
+            assert table is not None
+            return table.version()
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            partition_by=list(partition_by) or None,
+            commit_properties=props,
+        )
+        table.update_incremental()
+        return table.version()
+
+    def retryable(exc: Exception) -> bool:
+        return isinstance(exc, CommitFailedError) or (
+            created[0] and isinstance(exc, DeltaError) and "already exists" in str(exc).lower()
+        )
+
+    return with_retries(attempt, retryable=retryable, attempts=attempts, what=f"commit to {uri}")
+
+
+def remove_action(add: dict, now_ms: int | None = None) -> RemoveAction:
+    """A RemoveAction for a row of `DeltaTable.get_add_actions(flatten=True)`."""
+    pv = {k.split(".", 1)[1]: _pv_string(v) for k, v in add.items() if k.startswith("partition.")}
+    return RemoveAction(
+        path=add["path"],
+        data_change=True,
+        deletion_timestamp=now_ms or int(time.time() * 1000),
+        size=int(add["size_bytes"]),
+        partition_values=pv,
+    )
+
+
+def _pv_string(v: object) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    return str(v)
+
+
+def file_actions(table: DeltaTable) -> list[dict]:
+    """Every live file of the snapshot with its stats.
+
+    Keys: `min.<col>`, `max.<col>`, `partition.<col>`.
+    """
+    return pa.table(table.get_add_actions(flatten=True)).to_pylist()
+
+
+def read_commit(
+    uri: str, version: int, storage_options: dict[str, str] | None = None
+) -> list[dict]:
+    """The actions of one commit, parsed from `_delta_log/<version>.json`."""
+    fs, root = filesystem_for(uri, storage_options)
+    path = f"{root}/_delta_log/{version:020d}.json"
+    with fs.open_input_stream(path) as f:
+        text = f.read().decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def prune_files(
+    files: list[dict],
+    *,
+    time_column: str,
+    spans: Sequence[Window] | None,
+    entities: frozenset[str] | None,
+    day_column: str | None = None,
+) -> list[dict]:
+    """Files (rows of `file_actions`) whose UTC-day partition and stats say they may hold rows
+    with `time_column` in `spans` and `entity_id` in `entities` (None: no limit)."""
+    merged = merge_windows(list(spans)) if spans else None
+    out = []
+    for f in files:
+        if merged is not None:
+            day = f.get(f"partition.{day_column}") if day_column else None
+            if day is not None:
+                d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
+                d1 = d0 + dt.timedelta(days=1)
+                if not any(w.start < d1 and d0 < w.end for w in merged):
+                    continue
+            lo, hi = f.get(f"min.{time_column}"), f.get(f"max.{time_column}")
+            if (
+                lo is not None
+                and hi is not None
+                and not any(lo < w.end and hi >= w.start for w in merged)
+            ):
+                continue
+        elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
+        if (
+            entities is not None
+            and elo is not None
+            and ehi is not None
+            and not any(elo <= e <= ehi for e in entities)
+        ):
+            continue
+        out.append(f)
+    return out

@@ -1,0 +1,258 @@
+"""Rollup tables on Delta: generation writes, pointer flips and the consistent read path.
+
+A rollup table holds rows of every generation; its `__genmap` says which one is active per bucket
+(and entity). Writers follow the optimistic atomic swap: write rows at a new generation, flip the
+pointers in one commit, then sweep what the flip superseded (`RollupTable`). The forward lane
+(closing and refreshing the open bucket) instead replaces generation-0 rows in place with one
+atomic commit.
+
+Readers take the pointer table, then the row-table snapshot, then check that the pointer table
+did not move in between (a sweep only ever follows a flip, so an unchanged pointer version proves
+that every active row is still in the snapshot); otherwise they retry.
+"""
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer
+from resources.delta_tables import (
+    CommitPlan,
+    committed_after,
+    file_actions,
+    open_table,
+    with_retries,
+)
+from resources.genmap import (
+    active_mask,
+    flipped_pointers,
+    read_pointers,
+    resolve_active_spark,
+    write_pointer_table,
+)
+from resources.rollup_table import RollupTable, Written, in_windows
+from resources.schemas import PART_COLUMN, data_schema, spark_schema, table_schema
+from resources.warehouse import data_file_uri, spark_uri
+from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.specs import Alignment, RollupSpec
+from rollup_assets.model.windows import Window
+
+log = logging.getLogger(__name__)
+# Threads that read a rollup's files side by side (shared, so a query starts none).
+_READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
+
+
+def part_format(spec: RollupSpec) -> str:
+    """Physical partitioning: UTC day for sub-daily buckets, month for days, year above."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        return "yyyy-MM-dd"
+    return "yyyy-MM" if spec.alignment is Alignment.CALENDAR_DAY else "yyyy"
+
+
+class PointersMoved(Exception):
+    """The pointer table moved while a snapshot was taken; take it again."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent pair: the row table at one version and the pointers valid for it."""
+
+    table: DeltaTable | None
+    pointers: pa.Table
+    genmap_version: int | None
+
+    @property
+    def version(self) -> int | None:
+        return None if self.table is None else self.table.version()
+
+
+class RollupStore(RollupTable):
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self, spec: RollupSpec, attempts: int = 20) -> Snapshot:
+        def attempt() -> Snapshot:
+            pointers, gv = read_pointers(self.genmap_uri(spec), self.options)
+            table = open_table(self.uri(spec), self.options)
+            if committed_after(self.genmap_uri(spec), gv, self.options):
+                raise PointersMoved(f"'{spec.name}': pointers kept moving")
+            return Snapshot(table, pointers, gv)
+
+        try:
+            return with_retries(
+                attempt,
+                retryable=lambda exc: isinstance(exc, PointersMoved),
+                attempts=attempts,
+                what=f"snapshot of '{spec.name}'",
+                delay=0.005,
+                backoff=False,
+            )
+        except PointersMoved:
+            raise RuntimeError(
+                f"'{spec.name}': pointers kept moving; could not take a consistent snapshot"
+            ) from None
+
+    def flipped_jobs(self, spec: RollupSpec) -> frozenset[str]:
+        """Ids of the jobs whose pointers are in the pointer table now."""
+        pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        return frozenset(j for j in pointers["job_id"].to_pylist() if j is not None)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read_spark(
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> DataFrame:
+        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`."""
+        snap = snapshot or self.snapshot(spec)
+        read_schema = spark_schema(data_schema(spec))
+        if snap.table is None:
+            return spark.createDataFrame([], read_schema)
+        files = self.overlapping(file_actions(snap.table), spans, entities)
+        if not files:
+            return spark.createDataFrame([], read_schema)
+        root = self.uri(spec)
+        uris = [spark_uri(data_file_uri(root, f["path"])) for f in files]
+        df = spark.read.schema(read_schema).parquet(*uris)
+        df = rows_within(df, "bucket_start", spans, entities)
+        return resolve_active_spark(spark, df, snap.pointers)
+
+    def read_arrow(
+        self,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+        snapshot: Snapshot | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
+        `generation` is added: the active generation is resolved from it)."""
+        snap = snapshot or self.snapshot(spec)
+        schema = data_schema(spec)
+        if columns is not None:
+            wanted = [*columns, *(["generation"] if "generation" not in columns else [])]
+            schema = pa.schema([schema.field(c) for c in wanted])
+        if snap.table is None:
+            return schema.empty_table()
+
+        def read(f: dict) -> pa.Table:
+            data = self._read_file(spec, f, schema.names).cast(schema)
+            mask = in_windows(data["bucket_start"], spans) if spans else None
+            if entities is not None:
+                em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
+                mask = em if mask is None else pc.and_(mask, em)
+            return data if mask is None else data.filter(mask)
+
+        files = self.overlapping(file_actions(snap.table), spans, entities)
+        if not files:
+            return schema.empty_table()
+        # Reading and decoding Parquet releases the GIL: files are read side by side.
+        parts = list(_READERS.map(read, files))
+        rows = pa.concat_tables(parts)
+        return rows.filter(active_mask(rows, snap.pointers))
+
+    # -- generation writes -------------------------------------------------------------------
+
+    def next_generation(self, spec: RollupSpec) -> int:
+        """One more than any generation ever flipped or written (also by crashed runs)."""
+        snap = self.snapshot(spec)
+        gens = [0]
+        if snap.pointers.num_rows:
+            gens.append(pc.max(snap.pointers["generation"]).as_py())
+        if snap.table is not None:
+            gens += [
+                f["max.generation"]
+                for f in file_actions(snap.table)
+                if f.get("max.generation") is not None
+            ]
+        return max(gens) + 1
+
+    def write_rows(
+        self,
+        frame: DataFrame,
+        spec: RollupSpec,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """Executors write `frame` (entity_id, bucket_start, bucket_end, partials) as Parquet files
+        stamped with `generation`; returns the Delta add actions (nothing is committed yet)."""
+        df = (
+            frame.withColumn("generation", F.lit(generation).cast("long"))
+            .withColumn("run_id", F.lit(run_id))
+            .withColumn("job_id", F.lit(job_id))
+            .withColumn("source_versions", F.lit(json.dumps(source_versions, sort_keys=True)))
+            .withColumn(PART_COLUMN, F.date_format(F.col("bucket_start"), part_format(spec)))
+            .select(*table_schema(spec).names)
+        )
+        parts = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
+        # Entity-major inside each file: a recompute for a few entities reads their row groups.
+        df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(
+            PART_COLUMN, "entity_id", "bucket_start"
+        )
+        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
+        rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
+        return Written([add_action(r) for r in rows], sum(int(r["num_rows"]) for r in rows))
+
+    def commit_generation(
+        self, spec: RollupSpec, written: Written, metadata: dict[str, str]
+    ) -> int:
+        """Make the new generation's rows part of the table (still invisible: no pointer yet)."""
+        return self.commit(spec, lambda _snapshot: CommitPlan(adds=written.adds), metadata)
+
+    def flip(
+        self,
+        spec: RollupSpec,
+        buckets: list[Window],
+        entities: frozenset[str] | None,
+        generation: int,
+        *,
+        job_id: str,
+        run_id: str,
+    ) -> int:
+        """The atomic commit point: `generation` becomes active on `buckets` (for `entities`)."""
+        return write_pointer_table(
+            self.genmap_uri(spec),
+            lambda cur: flipped_pointers(cur, buckets, entities, generation, job_id, run_id),
+            metadata={
+                "rollups.operation": "flip",
+                "rollups.generation": str(generation),
+                "rollups.job_id": job_id,
+            },
+            storage_options=self.options,
+        )
+
+    def replace_forward(
+        self,
+        spec: RollupSpec,
+        written: Written,
+        buckets: list[Window],
+        metadata: dict[str, str],
+    ) -> int:
+        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit."""
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            return pc.and_(
+                in_windows(rows["bucket_start"], buckets), pc.equal(rows["generation"], 0)
+            )
+
+        def plan(snapshot: DeltaTable | None) -> CommitPlan:
+            select = lambda files: self.overlapping(files, buckets, None)  # noqa: E731
+            removes, rewritten, _ = self._rewrite(spec, snapshot, select, drop)
+            return CommitPlan(adds=[*written.adds, *rewritten], removes=removes)
+
+        return self.commit(spec, plan, metadata)

@@ -1,0 +1,276 @@
+"""A rollup table's location and its row rewrites: sweeps, reclaims and rewinds.
+
+A rollup table holds rows of every generation. Rows leave it only by a file rewrite: each file
+holding rows to drop is removed and its other rows are written to a new file, all in one commit
+(readers keep their snapshot meanwhile). A sweep drops what a flip superseded (never before the
+flip); a reclaim drops generations no pointer references (left by runs that died before their
+flip); a rewind drops recomputed rows after a watermark it moves back.
+"""
+
+import logging
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from resources.delta_files import ROW_GROUP_ROWS, write_parquet_file
+from resources.delta_tables import (
+    CommitPlan,
+    commit,
+    file_actions,
+    open_table,
+    prune_files,
+    remove_action,
+)
+from resources.genmap import active_mask, read_pointers, write_pointer_table
+from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
+from resources.warehouse import Warehouse, filesystem_for
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window, merge_windows
+
+log = logging.getLogger(__name__)
+# A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and
+# larger than SWEEP_MIN_ROWS) to the maintenance sweep; see RollupTable.sweep.
+SWEEP_FACTOR = 8
+SWEEP_MIN_ROWS = 4_096
+
+
+def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) -> pa.ChunkedArray:
+    """Mask: does each bucket start fall in one of `windows`?"""
+    mask = pc.fill_null(pa.nulls(len(starts), pa.bool_()), False)
+    for w in merge_windows(list(windows)):
+        inside = pc.and_(
+            pc.greater_equal(starts, pa.scalar(w.start, TS)), pc.less(starts, pa.scalar(w.end, TS))
+        )
+        mask = pc.or_(mask, inside)
+    return mask
+
+
+@dataclass(frozen=True)
+class Written:
+    adds: list[AddAction]
+    rows: int
+
+
+class RollupTable:
+    """Where a rollup's rows and pointers live, and how rows are dropped from it."""
+
+    def __init__(self, warehouse: Warehouse) -> None:
+        self.warehouse = warehouse
+        self.options = warehouse.storage_options
+
+    def uri(self, spec: RollupSpec) -> str:
+        return self.warehouse.rollup_path(spec.name)
+
+    def genmap_uri(self, spec: RollupSpec) -> str:
+        return self.warehouse.genmap_path(spec.name)
+
+    def drop(self, spec: RollupSpec) -> None:
+        """Delete the rollup's row and pointer tables (a deleted archive)."""
+        self.warehouse.drop_table(self.uri(spec))
+        self.warehouse.drop_table(self.genmap_uri(spec))
+
+    def commit(
+        self,
+        spec: RollupSpec,
+        plan: Callable[[DeltaTable | None], CommitPlan],
+        metadata: dict[str, str],
+    ) -> int:
+        """Commit `plan(snapshot)` to the rollup's row table; its new version."""
+        return commit(
+            self.uri(spec),
+            plan,
+            schema=table_schema(spec),
+            partition_by=[PART_COLUMN],
+            metadata=metadata,
+            storage_options=self.options,
+        )
+
+    def overlapping(
+        self, files: list[dict], spans: Sequence[Window] | None, entities: frozenset[str] | None
+    ) -> list[dict]:
+        """Files whose stats say they may hold rows in `spans` (and `entities`)."""
+        return prune_files(files, time_column="bucket_start", spans=spans, entities=entities)
+
+    def _read_file(
+        self, spec: RollupSpec, f: dict, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        fs, root = filesystem_for(self.uri(spec), self.options)
+        with fs.open_input_file(f"{root}/{urllib.parse.unquote(f['path'])}") as fh:
+            return pq.read_table(fh, columns=list(columns) if columns is not None else None)
+
+    # -- sweeping ------------------------------------------------------------------------------
+
+    def sweep(
+        self,
+        spec: RollupSpec,
+        buckets: Sequence[Window],
+        entities: frozenset[str] | None,
+        *,
+        flipped: Written | None = None,
+        generation: int | None = None,
+    ) -> int:
+        """Delete rows in `buckets` (for `entities`) that are not the active generation.
+
+        After a recompute's flip, pass its `generation` and what it wrote (`flipped`): files
+        holding only that generation have nothing superseded and are not read, and a file much
+        larger than the change (more than `SWEEP_FACTOR` times the rows written and more than
+        `SWEEP_MIN_ROWS`) keeps its superseded rows, invisible to readers, until the
+        maintenance sweep: rewriting it would make a small correction cost what the archive
+        costs. Without them every file holding superseded rows in `buckets` is rewritten.
+        """
+        pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        limit = None
+        if flipped is not None:
+            limit = max(SWEEP_MIN_ROWS, SWEEP_FACTOR * flipped.rows)
+
+        def select(files: list[dict]) -> list[dict]:
+            candidates = [
+                f
+                for f in self.overlapping(files, buckets, entities)
+                if not (
+                    generation is not None
+                    and f.get("min.generation") == generation
+                    and f.get("max.generation") == generation
+                )
+            ]
+            chosen = [
+                f for f in candidates if limit is None or (f.get("num_records") or 0) <= limit
+            ]
+            if len(chosen) < len(candidates):
+                log.info(
+                    "%s: %d file(s) larger than %d rows keep their superseded rows until the "
+                    "maintenance sweep",
+                    spec.name,
+                    len(candidates) - len(chosen),
+                    limit,
+                )
+            return chosen
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            mask = pc.and_(
+                in_windows(rows["bucket_start"], buckets), pc.invert(active_mask(rows, pointers))
+            )
+            if entities is not None:
+                mask = pc.and_(
+                    mask, pc.is_in(rows["entity_id"], value_set=pa.array(sorted(entities)))
+                )
+            return mask
+
+        return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
+
+    def reclaim(self, spec: RollupSpec, protected: frozenset[int] = frozenset()) -> int:
+        """Delete rows of generations no pointer references (left by runs that died before the
+        flip), except `protected` ones that a live job is still about to flip."""
+        pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        live = {0, *protected, *pc.unique(pointers["generation"]).to_pylist()}
+        live_arr = pa.array(sorted(live), pa.int64())
+
+        def select(files: list[dict]) -> list[dict]:
+            return [
+                f
+                for f in files
+                if f.get("min.generation") is None
+                or any(g not in live for g in range(f["min.generation"], f["max.generation"] + 1))
+            ]
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            return pc.invert(pc.is_in(rows["generation"], value_set=live_arr))
+
+        return self._delete_rows(spec, select, drop, {"rollups.operation": "reclaim"})
+
+    def rewind(self, spec: RollupSpec, boundary: datetime) -> int:
+        """Drop pointers of buckets starting at/after `boundary`, then their generation>0 rows.
+
+        Destructive: until the forward lane re-aggregates, readers see the old generation-0 rows.
+        Returns the number of rows deleted.
+        """
+        b = pa.scalar(boundary, TS)
+        if open_table(self.genmap_uri(spec), self.options) is not None:
+            write_pointer_table(
+                self.genmap_uri(spec),
+                lambda cur: cur.filter(pc.less(cur["bucket_start"], b)),
+                metadata={"rollups.operation": "rewind"},
+                storage_options=self.options,
+            )
+
+        def select(files: list[dict]) -> list[dict]:
+            return [
+                f
+                for f in files
+                if f.get("max.bucket_start") is None
+                or (f["max.bucket_start"] >= boundary and (f.get("max.generation") or 1) > 0)
+            ]
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            return pc.and_(
+                pc.greater_equal(rows["bucket_start"], b), pc.greater(rows["generation"], 0)
+            )
+
+        return self._delete_rows(spec, select, drop, {"rollups.operation": "rewind"})
+
+    def _delete_rows(
+        self,
+        spec: RollupSpec,
+        select: Callable[[list[dict]], list[dict]],
+        drop: Callable[[pa.Table], pa.ChunkedArray],
+        metadata: dict[str, str],
+    ) -> int:
+        if open_table(self.uri(spec), self.options) is None:
+            return 0
+        deleted = [0]
+
+        def plan(snapshot: DeltaTable | None) -> CommitPlan:
+            removes, adds, n = self._rewrite(spec, snapshot, select, drop)
+            deleted[0] = n
+            return CommitPlan(adds=adds, removes=removes)
+
+        self.commit(spec, plan, metadata)
+        return deleted[0]
+
+    def _rewrite(
+        self,
+        spec: RollupSpec,
+        snapshot: DeltaTable | None,
+        select: Callable[[list[dict]], list[dict]],
+        drop: Callable[[pa.Table], pa.ChunkedArray],
+    ) -> tuple[list[RemoveAction], list[AddAction], int]:
+        """Remove the selected files that hold rows matching `drop`; rewrite their other rows."""
+        if snapshot is None:
+            return [], [], 0
+        fs, root = filesystem_for(self.uri(spec), self.options)
+        schema = data_schema(spec)
+        removes: list[RemoveAction] = []
+        adds: list[AddAction] = []
+        dropped = 0
+        for f in select(file_actions(snapshot)):
+            rows = self._read_file(spec, f, schema.names).cast(schema)
+            mask = pc.fill_null(drop(rows), False)
+            n = pc.sum(mask.cast(pa.int64())).as_py() or 0
+            if n == 0:
+                continue
+            dropped += n
+            removes.append(remove_action(f))
+            if n == rows.num_rows:
+                continue
+            keep = rows.filter(pc.invert(mask))
+            path = urllib.parse.unquote(f["path"])
+            directory = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+            pv = {k.split(".", 1)[1]: v for k, v in f.items() if k.startswith("partition.")}
+            adds.append(
+                write_parquet_file(
+                    fs,
+                    root,
+                    directory,
+                    keep,
+                    {k: None if v is None else str(v) for k, v in pv.items()},
+                    row_group_rows=ROW_GROUP_ROWS,
+                )
+            )
+        return removes, adds, dropped

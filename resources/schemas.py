@@ -1,0 +1,68 @@
+"""The physical schemas of the tables this project writes, derived from the specs.
+
+Raw and time-range tables hold the key columns, the declared value columns and the UTC `day`
+partition; rollup tables hold the partial columns plus bookkeeping (generation and lineage) and
+the physical partition `bucket_part`. Every timestamp is `timestamp[us, UTC]`, every column
+nullable (as Spark writes them).
+"""
+
+import pyarrow as pa
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from rollup_assets.model.specs import (
+    DAY_COLUMN,
+    ENTITY_COLUMN,
+    ColumnType,
+    RawArchiveSpec,
+    RollupSpec,
+    TimeRangeArchiveSpec,
+    key_columns,
+)
+
+TS = pa.timestamp("us", tz="UTC")
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    ColumnType.DOUBLE: pa.float64(),
+    ColumnType.LONG: pa.int64(),
+    ColumnType.BOOLEAN: pa.bool_(),
+    ColumnType.STRING: pa.string(),
+}
+BOOKKEEPING = [
+    ("generation", pa.int64()),
+    ("run_id", pa.string()),
+    ("job_id", pa.string()),
+    ("source_versions", pa.string()),
+]
+PART_COLUMN = "bucket_part"
+
+
+def archive_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schema:
+    """The Delta schema of a raw or time-range table (`day` is the UTC partition date)."""
+    keys = [pa.field(ENTITY_COLUMN, pa.string())]
+    keys += [pa.field(c, TS) for c in key_columns(spec)[1:]]
+    values = [pa.field(c.name, ARROW_TYPES[c.type]) for c in spec.columns]
+    return pa.schema([*keys, *values, pa.field(DAY_COLUMN, pa.date32())])
+
+
+def archive_data_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schema:
+    """The columns stored inside a raw file (the `day` partition column lives in the path)."""
+    s = archive_schema(spec)
+    return s.remove(s.get_field_index(DAY_COLUMN))
+
+
+def table_schema(spec: RollupSpec) -> pa.Schema:
+    fields = [(ENTITY_COLUMN, pa.string()), ("bucket_start", TS), ("bucket_end", TS)]
+    fields += [(sc.name, ARROW_TYPES[sc.type]) for sc in spec.stored_columns]
+    return pa.schema([*fields, *BOOKKEEPING, (PART_COLUMN, pa.string())])
+
+
+def data_schema(spec: RollupSpec) -> pa.Schema:
+    """The columns stored inside a rollup's Parquet files (the partition lives in the path)."""
+    s = table_schema(spec)
+    return s.remove(s.get_field_index(PART_COLUMN))
+
+
+def spark_schema(schema: pa.Schema) -> T.StructType:
+    """The Spark schema that reads files of `schema` (every field nullable)."""
+    spark = from_arrow_schema(schema)
+    return T.StructType([T.StructField(f.name, f.dataType, True) for f in spark.fields])

@@ -1,0 +1,5 @@
+"""`python -m rollup_assets.cli`."""
+
+from rollup_assets.cli.app import main
+
+main()

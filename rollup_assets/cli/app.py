@@ -1,0 +1,147 @@
+"""The `rollups` command group and what its commands share: error handling, output, and the
+process's settings, catalog and engine (built once, on first use).
+
+Every command exits non-zero with a one-line reason on bad input; commands that print data
+accept `--format json` (and `csv`/`table` where rows are tabular).
+"""
+
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from functools import cache, wraps
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from rollup_assets.cli.format import render
+from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError
+from rollup_assets.model.windows import parse_instant
+from rollup_assets.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    import dagster as dg
+
+    from rollup_assets.model.specs import Catalog
+    from rollup_assets.services.engine import Engine
+    from rollup_assets.services.operations import Operations
+
+FORMATS = click.Choice(["table", "json", "csv"])
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (RollupsError, SettingsError) as exc:
+            _fail(str(exc).splitlines()[0])
+        except KeyboardInterrupt:
+            _fail("interrupted")
+        except RuntimeError as exc:
+            if "Java" in str(exc):
+                _fail(str(exc))
+            raise
+
+    return wrapper
+
+
+# One process, one configuration: read from the environment once, on first use.
+
+
+@cache
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@cache
+def catalog() -> "Catalog":
+    from rollup_assets.model.spec_loader import load_catalog
+
+    return load_catalog(settings().specs)
+
+
+@cache
+def engine() -> "Engine":
+    from resources.warehouse import Warehouse
+    from rollup_assets.services.engine import Engine
+
+    return Engine(catalog(), Warehouse(settings().warehouse))
+
+
+def ops() -> "Operations":
+    from rollup_assets.services.operations import Operations
+
+    return Operations(engine(), actor="cli")
+
+
+def time_range(start: str | None, end: str | None) -> tuple[datetime | None, datetime | None]:
+    a = parse_instant(start, "--from") if start else None
+    b = parse_instant(end, "--to") if end else None
+    if a is not None and b is not None and a >= b:
+        raise InvalidTimeRangeError(f"--from {start} is not before --to {end}")
+    return a, b
+
+
+def echo_data(data: Any, fmt: str, columns: list[str] | None = None) -> None:
+    rows = data if isinstance(data, list) else [data]
+    click.echo(render(rows, fmt, columns))
+
+
+class _OneLineUsageError(click.ClickException):
+    """A usage error (missing option, bad choice, unknown command) shown as one stderr line."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class RollupsGroup(click.Group):
+    """Reports click's own usage errors as one line, like every other bad-input error."""
+
+    @staticmethod
+    def _one_line(exc: click.UsageError) -> click.ClickException:
+        if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+            return exc  # bare `rollups`: print the help
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        return _OneLineUsageError(exc.format_message() + hint)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise self._one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise self._one_line(exc) from None
+
+
+@click.group(cls=RollupsGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Time-series rollups that stay correct (Dagster + Spark + Delta).
+
+    Configuration: ROLLUPS_SPECS (spec file), ROLLUPS_WAREHOUSE (warehouse root, default
+    ./warehouse), DAGSTER_HOME (default ./.dagster_home).
+    """
+
+
+def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
+    """The code location and the Dagster instance, for commands that execute runs in this
+    process; starts the one Spark session every run of the command shares."""
+    from resources.spark import build_session
+    from rollup_assets.definitions import defs
+    from rollup_assets.orchestration.instance import ensure_pools, get_instance
+
+    instance = get_instance(settings())
+    ensure_pools(instance, catalog())
+    # One JVM for every run of this command.
+    build_session(master=settings().spark_master, remote=settings().spark_remote)
+    return defs, instance

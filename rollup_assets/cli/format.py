@@ -1,0 +1,108 @@
+"""Printing rows for people (aligned tables) and programs (CSV, JSON)."""
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from datetime import datetime
+
+import pyarrow as pa
+
+from rollup_assets.model.jobs import Job
+from rollup_assets.model.states import ArchiveState
+from rollup_assets.model.windows import iso_utc
+
+
+def _cell(v: object) -> object:
+    if isinstance(v, datetime):
+        return iso_utc(v)
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def rows_of(table: pa.Table) -> list[dict]:
+    return [{k: _cell(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+def _text(v: object) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.1f}"
+    return str(v)
+
+
+def render_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or _all_keys(rows))
+    cells = [[_text(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    numeric = [
+        all(isinstance(r.get(c), int | float) or r.get(c) is None for r in rows) for c in cols
+    ]
+    line = "  ".join(
+        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cols, widths, numeric, strict=True)
+    )
+    out = [line, "  ".join("-" * w for w in widths)]
+    for row in cells:
+        out.append(
+            "  ".join(
+                v.rjust(w) if n else v.ljust(w)
+                for v, w, n in zip(row, widths, numeric, strict=True)
+            )
+        )
+    return "\n".join(out)
+
+
+def _all_keys(rows: Sequence[dict]) -> list[str]:
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(r))
+    return list(keys)
+
+
+def render(rows: Sequence[dict], fmt: str, columns: Sequence[str] | None = None) -> str:
+    if fmt == "json":
+        return json.dumps(list(rows), indent=2, default=str)
+    if fmt == "csv":
+        buf = io.StringIO()
+        cols = list(columns or _all_keys(rows))
+        writer = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    return render_table(rows, columns)
+
+
+def state_row(state: ArchiveState) -> dict:
+    return {
+        "archive": state.archive,
+        "status": state.status.value,
+        "watermark": iso_utc(state.watermark) if state.watermark else None,
+        "frozen_until": iso_utc(state.frozen_until) if state.frozen_until else None,
+        "reason": state.reason,
+    }
+
+
+def job_row(job: Job) -> dict:
+    spans = [str(w) for w in job.windows]
+    return {
+        "job_id": job.job_id,
+        "trigger": job.trigger.value,
+        "state": job.state.value,
+        "windows": job.windows_processed if job.windows_processed is not None else len(job.windows),
+        "rows": job.rows_processed,
+        "range": spans[0]
+        if len(spans) == 1
+        else (f"{len(spans)} spans from {spans[0]}" if spans else ""),
+        "entities": "all" if job.entities is None else ",".join(sorted(job.entities)),
+        "generation": job.generation,
+        "started_at": iso_utc(job.started_at) if job.started_at else None,
+        "finished_at": iso_utc(job.finished_at) if job.finished_at else None,
+        "duration_ms": job.duration_ms,
+        "coalesced_into": job.coalesced_into,
+        "error": job.error,
+    }

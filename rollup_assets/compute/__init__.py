@@ -1,0 +1,1 @@
+"""Spark transforms: pure functions from DataFrames to DataFrames (no I/O)."""

@@ -1,0 +1,110 @@
+"""Pure Spark transforms: DataFrame in, DataFrame out, no I/O.
+
+A rollup stores *partials* (sum, count, min, max); Avg is stored as sum + count. Over a raw or
+time-range source the partials are computed from the value columns; over a rollup source they
+are merged: sum of sums, sum of counts, min of mins, max of maxes. Nulls are ignored as in SQL,
+a bucket whose inputs are all null gets null (count 0), and an entity without rows in a bucket
+gets no row.
+"""
+
+from datetime import timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from rollup_assets.model.specs import (
+    ENTITY_COLUMN,
+    Alignment,
+    ArchiveSpec,
+    ColumnType,
+    RollupSpec,
+    StoredColumn,
+)
+
+SPARK_TYPES: dict[ColumnType, T.DataType] = {
+    ColumnType.DOUBLE: T.DoubleType(),
+    ColumnType.LONG: T.LongType(),
+    ColumnType.BOOLEAN: T.BooleanType(),
+    ColumnType.STRING: T.StringType(),
+}
+_TRUNC_UNIT = {
+    Alignment.CALENDAR_DAY: "DAY",
+    Alignment.ISO8601_WEEK: "WEEK",  # Spark's WEEK truncates to Monday, as ISO 8601 does
+    Alignment.CALENDAR_MONTH: "MONTH",
+    Alignment.CALENDAR_YEAR: "YEAR",
+}
+
+
+def bucket_start(ts: Column, spec: RollupSpec) -> Column:
+    """The UTC start of the bucket containing instant `ts` (session time zone must be UTC)."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        assert spec.size is not None
+        step = spec.size // timedelta(microseconds=1)
+        micros = F.unix_micros(ts)
+        # Offset-invariant sizes (validated) floor the same in UTC as in local time.
+        return F.timestamp_micros(micros - F.pmod(micros, F.lit(step)))
+    zone = spec.reference_time_zone
+    local = F.from_utc_timestamp(ts, zone)
+    return F.to_utc_timestamp(F.date_trunc(_TRUNC_UNIT[spec.alignment], local), zone)
+
+
+def _partial_expr(sc: StoredColumn, spec: RollupSpec, source: ArchiveSpec) -> Column:
+    if isinstance(source, RollupSpec):
+        src = source.partial_column(sc.column, sc.partial)
+        assert src is not None, (
+            f"{spec.name}: source '{source.name}' lacks {sc.partial}({sc.column})"
+        )
+        col = F.col(src)
+        expr = {"sum": F.sum(col), "count": F.sum(col), "min": F.min(col), "max": F.max(col)}[
+            sc.partial
+        ]
+    else:
+        col = F.col(sc.column)
+        expr = {"sum": F.sum(col), "count": F.count(col), "min": F.min(col), "max": F.max(col)}[
+            sc.partial
+        ]
+    if sc.partial == "count":
+        # A count is never null: no rows means 0, as COUNT(column) in SQL.
+        expr = F.coalesce(expr, F.lit(0))
+    return expr.cast(SPARK_TYPES[sc.type]).alias(sc.name)
+
+
+def rollup_partials(
+    source_rows: DataFrame, targets: DataFrame, spec: RollupSpec, source: ArchiveSpec
+) -> DataFrame:
+    """Aggregate source rows into `spec`'s partial columns for the target buckets only.
+
+    `targets` has one row per bucket to produce (`bucket_start`, `bucket_end`, UTC); rows that
+    fall in other buckets are dropped. Output: entity_id, bucket_start, bucket_end, partials.
+    """
+    placed = source_rows.withColumn("__bucket", bucket_start(F.col(source.time_column), spec))
+    if isinstance(source, RollupSpec):
+        placed = placed.drop("bucket_start", "bucket_end")
+    joined = placed.join(
+        F.broadcast(targets.withColumnRenamed("bucket_start", "__bucket")),
+        on="__bucket",
+        how="inner",
+    )
+    aggs = [_partial_expr(sc, spec, source) for sc in spec.stored_columns]
+    return (
+        joined.groupBy(ENTITY_COLUMN, "__bucket", "bucket_end")
+        .agg(*aggs)
+        .withColumnRenamed("__bucket", "bucket_start")
+        .select(
+            ENTITY_COLUMN, "bucket_start", "bucket_end", *[sc.name for sc in spec.stored_columns]
+        )
+    )
+
+
+def logical_columns(frame: DataFrame, spec: RollupSpec) -> DataFrame:
+    """Stored partials -> the logical columns users query (Avg = sum / count, null when count 0)."""
+    cols = [F.col(ENTITY_COLUMN), F.col("bucket_start"), F.col("bucket_end")]
+    for agg in spec.aggregations:
+        out = agg.output_name
+        if agg.function.value == "Avg":
+            s, c = F.col(f"{out}__sum"), F.col(f"{out}__count")
+            cols.append(F.when(c > 0, s / c).cast(T.DoubleType()).alias(out))
+        else:
+            cols.append(F.col(out))
+    return frame.select(*cols)

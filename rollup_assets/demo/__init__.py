@@ -1,0 +1,1 @@
+"""`rollups demo`: the whole product in one run (see `story`)."""

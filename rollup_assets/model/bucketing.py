@@ -1,0 +1,96 @@
+"""Bucket arithmetic in UTC: floor an instant to its bucket, step to the next one.
+
+The same alignment becomes the Dagster partitions definition in the orchestration layer; tests
+check that the two agree across DST switches.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+from rollup_assets.model.specs import Alignment, RollupSpec
+from rollup_assets.model.windows import EPOCH, Window, as_utc
+
+
+@dataclass(frozen=True)
+class Bucketing:
+    alignment: Alignment
+    zone: ZoneInfo
+    size: timedelta | None = None
+
+    @classmethod
+    def of(cls, spec: RollupSpec) -> "Bucketing":
+        return cls(spec.alignment, ZoneInfo(spec.reference_time_zone), spec.size)
+
+    def floor(self, t: datetime) -> datetime:
+        """Start (UTC) of the bucket containing instant `t`."""
+        t = as_utc(t)
+        if self.alignment is Alignment.FIXED_SIZE:
+            assert self.size is not None
+            # Offset-invariance is validated, so flooring in UTC equals flooring in local time.
+            step = self.size // timedelta(microseconds=1)
+            micros = (t - EPOCH) // timedelta(microseconds=1)
+            return EPOCH + timedelta(microseconds=micros - micros % step)
+        local = t.astimezone(self.zone)
+        d = local.date()
+        if self.alignment is Alignment.ISO8601_WEEK:
+            d = d - timedelta(days=d.weekday())
+        elif self.alignment is Alignment.CALENDAR_MONTH:
+            d = d.replace(day=1)
+        elif self.alignment is Alignment.CALENDAR_YEAR:
+            d = d.replace(month=1, day=1)
+        start = self._local_midnight(d)
+        # A zone whose midnight is skipped by DST can put `start` after `t`; step back a unit.
+        return start if start <= t else self.floor(start - timedelta(microseconds=1))
+
+    def next_start(self, start: datetime) -> datetime:
+        """Start of the bucket following the one that starts at `start` (UTC)."""
+        start = as_utc(start)
+        if self.alignment is Alignment.FIXED_SIZE:
+            assert self.size is not None
+            return start + self.size
+        d = start.astimezone(self.zone).date()
+        if self.alignment is Alignment.CALENDAR_DAY:
+            nd = d + timedelta(days=1)
+        elif self.alignment is Alignment.ISO8601_WEEK:
+            nd = d + timedelta(days=7)
+        elif self.alignment is Alignment.CALENDAR_MONTH:
+            nd = date(d.year + d.month // 12, d.month % 12 + 1, 1)
+        else:
+            nd = date(d.year + 1, 1, 1)
+        return self._local_midnight(nd)
+
+    def prev_start(self, start: datetime) -> datetime:
+        return self.floor(as_utc(start) - timedelta(microseconds=1))
+
+    def window_of(self, t: datetime) -> Window:
+        s = self.floor(t)
+        return Window(s, self.next_start(s))
+
+    def ceil(self, t: datetime) -> datetime:
+        """Smallest bucket boundary >= `t`."""
+        s = self.floor(t)
+        return s if s == as_utc(t) else self.next_start(s)
+
+    def is_boundary(self, t: datetime) -> bool:
+        return self.floor(t) == as_utc(t)
+
+    def windows(self, start: datetime, end: datetime) -> Iterator[Window]:
+        """Every bucket intersecting `[start, end)`, in order."""
+        s = self.floor(start)
+        end = as_utc(end)
+        while s < end:
+            n = self.next_start(s)
+            yield Window(s, n)
+            s = n
+
+    def _local_midnight(self, d: date) -> datetime:
+        return datetime.combine(d, time(0), tzinfo=self.zone).astimezone(UTC)
+
+
+def first_bucket_start(spec: RollupSpec) -> datetime:
+    """UTC start of the first partition: the first bucket boundary at or after `spec.start`."""
+    zone = ZoneInfo(spec.reference_time_zone)
+    local_start = spec.start.replace(tzinfo=zone).astimezone(UTC)
+    return Bucketing.of(spec).ceil(local_start)

@@ -1,0 +1,33 @@
+"""Human descriptions of archives, generated from their specs (asset descriptions, the CLI)."""
+
+from rollup_assets.model.durations import format_duration
+from rollup_assets.model.specs import Alignment, ArchiveSpec, Catalog, RollupSpec
+
+
+def group_name(catalog: Catalog, name: str) -> str:
+    base = catalog.base_source(name).name
+    return base.removesuffix("_raw") or base
+
+
+def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
+    if not isinstance(spec, RollupSpec):
+        cols = ", ".join(
+            f"{c.name} ({c.type.value}{', required' if c.required else ''})" for c in spec.columns
+        )
+        kind = "Raw archive" if spec.kind.value == "raw" else "Time-range archive"
+        return (
+            f"{spec.description or kind}.\n\n{kind} written by `rollups ingest`; columns: {cols}."
+        )
+    align = spec.alignment.value
+    if spec.alignment is Alignment.FIXED_SIZE and spec.size is not None:
+        align += f" {format_duration(spec.size)}"
+    aggs = ", ".join(
+        f"{a.function.value}({a.column}) -> {a.output_name}" for a in spec.aggregations
+    )
+    return (
+        f"{spec.description or 'Rollup'}.\n\n"
+        f"- source: `{spec.source}`\n- alignment: {align} in {spec.reference_time_zone}\n"
+        f"- first partition: {spec.start:%Y-%m-%d %H:%M} local\n"
+        f"- watermark lag: {format_duration(spec.watermark_lag)}; open bucket refreshed: "
+        f"{'yes' if spec.refresh_open_bucket else 'no'}\n- aggregations: {aggs}"
+    )

@@ -1,0 +1,70 @@
+"""Domain exceptions, one per failure a user can act on (after the reference's exception catalog).
+
+Every message names the archive and, where there is one, the row or rule at fault.
+"""
+
+
+class RollupsError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class SpecError(RollupsError):
+    """A spec file breaks a rule; raised at load, before anything touches the warehouse."""
+
+    def __init__(self, archive: str, rule: str, message: str) -> None:
+        self.archive = archive
+        self.rule = rule
+        super().__init__(f"spec '{archive}' violates rule [{rule}]: {message}")
+
+
+class ArchiveNotFoundError(RollupsError):
+    """The name does not resolve to a declared archive."""
+
+
+class InvalidArchiveOperationError(RollupsError):
+    """The operation does not apply to this kind of archive (e.g. ingest into a rollup)."""
+
+
+class ArchiveNotActivatedError(RollupsError):
+    """Ingest, query or recompute against an archive whose status is not Activated."""
+
+
+class ArchiveSchemaImmutableError(RollupsError):
+    """The spec of an activated archive changed in a schema-relevant way."""
+
+
+class InvalidArchiveStateTransitionError(RollupsError):
+    """A lifecycle or operator action is not allowed from the archive's current state."""
+
+
+class RollupSourceInUseError(RollupsError):
+    """Deleting an archive that activated rollups still read from."""
+
+
+class RollupSourceMissingError(RollupsError):
+    """Activating a rollup whose source archive is not activated."""
+
+
+class IngestValidationError(RollupsError):
+    """A batch failed pre-validation; nothing was written.
+
+    `row` is the 0-based index of the first offending row in the input file (None when the
+    problem is the file itself, e.g. a missing column).
+    """
+
+    def __init__(self, archive: str, row: int | None, reason: str) -> None:
+        self.archive = archive
+        self.row = row
+        self.reason = reason
+        where = f"row {row}" if row is not None else "batch"
+        super().__init__(
+            f"ingest into '{archive}' rejected at {where}: {reason}; nothing was written"
+        )
+
+
+class InvalidTimeRangeError(RollupsError):
+    """A time or time range given by a user is unparseable, inverted or misaligned."""
+
+
+class RecomputeAbortedError(RollupsError):
+    """A recompute stopped before its pointer flip; readers still see the previous values."""

@@ -1,0 +1,87 @@
+"""The forward lane's rules: which buckets may close now, and which bucket is open.
+
+Buckets close in order once `bucket_end <= now - watermark_lag` (and, for a rollup of a rollup,
+once the source level has closed them too); frozen buckets never close. The open bucket is the
+one containing `now`, refreshed without moving the watermark. A new rollup starts one bucket
+back: no implicit history scan (history is a backfill).
+"""
+
+from datetime import UTC, datetime
+
+from rollup_assets.model.bucketing import Bucketing, first_bucket_start
+from rollup_assets.model.specs import Catalog, RollupSpec
+from rollup_assets.model.states import ArchiveState
+from rollup_assets.model.windows import Window, as_utc
+
+MAX_BUCKETS_PER_RUN = 20_000
+
+
+def initial_watermark(spec: RollupSpec, now: datetime) -> datetime:
+    b = Bucketing.of(spec)
+    return max(first_bucket_start(spec), b.prev_start(b.floor(now)))
+
+
+def source_limit(
+    catalog: Catalog, spec: RollupSpec, states: dict[str, ArchiveState]
+) -> datetime | None:
+    """How far the source lets this rollup close buckets: a rollup source's watermark."""
+    if spec.source in catalog.rollups:
+        src = states.get(spec.source)
+        return (
+            src.watermark
+            if src is not None and src.watermark is not None
+            else datetime.min.replace(tzinfo=UTC)
+        )
+    return None
+
+
+def closed_buckets(
+    spec: RollupSpec, state: ArchiveState, now: datetime, limit: datetime | None
+) -> list[Window]:
+    """Buckets after the watermark that may close now, in order (stopping at a frozen one)."""
+    if state.watermark is None:
+        return []
+    horizon = as_utc(now) - spec.watermark_lag
+    if limit is not None:
+        horizon = min(horizon, limit)
+    b = Bucketing.of(spec)
+    out: list[Window] = []
+    start = state.watermark
+    while len(out) < MAX_BUCKETS_PER_RUN:
+        end = b.next_start(start)
+        if end > horizon or state.is_frozen(end):
+            break
+        out.append(Window(start, end))
+        start = end
+    return out
+
+
+def open_bucket(spec: RollupSpec, state: ArchiveState, now: datetime) -> Window | None:
+    if not spec.refresh_open_bucket:
+        return None
+    w = Bucketing.of(spec).window_of(now)
+    if w.start < first_bucket_start(spec) or state.is_frozen(w.end):
+        return None
+    if state.watermark is not None and w.start < state.watermark:
+        return None
+    return w
+
+
+def forward_work(
+    catalog: Catalog,
+    spec: RollupSpec,
+    changed: list[Window],
+    now: datetime,
+    states: dict[str, ArchiveState],
+) -> list[Window]:
+    """What the forward lane of `spec` has to do after its source changed in `changed`: buckets
+    that may close now, and the open bucket if the change reached into it (or buckets close)."""
+    state = states.get(spec.name)
+    if state is None:
+        return []
+    closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
+    ob = open_bucket(spec, state, now)
+    touched = ob is not None and any(w.overlaps(ob) for w in changed)
+    if ob is not None and (touched or closed) and ob not in closed:
+        return [*closed, ob]
+    return closed

@@ -1,0 +1,124 @@
+"""Recompute jobs: what triggered them, their states, and the ledger's view of them.
+
+A job is recorded as a sequence of events (a snapshot of the job after each state change); the
+ledger's state is the fold of those events in order, where the first terminal state sticks.
+Pending jobs *are* the pending recompute ranges.
+"""
+
+import dataclasses
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from rollup_assets.model.windows import Window
+
+
+class Trigger(StrEnum):
+    FORWARD = "Forward"
+    OPEN_BUCKET = "OpenBucket"
+    MANUAL = "Manual"
+    PERIODIC = "Periodic"
+    CHAIN = "ChainPropagation"
+
+
+class Lane(StrEnum):
+    """The two ways a run writes a rollup."""
+
+    FORWARD = "forward"  # close buckets past the watermark, refresh the open bucket (generation 0)
+    RECOMPUTE = "recompute"  # recompute closed buckets at a new generation, then flip
+
+
+class JobState(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SWAPPING = "Swapping"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    COALESCED = "Coalesced"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.COALESCED)
+
+    @property
+    def active(self) -> bool:
+        return self in (JobState.RUNNING, JobState.SWAPPING)
+
+
+class ChangeKind(StrEnum):
+    APPEND = "Append"
+    RETROACTIVE_MODIFY = "RetroactiveModify"
+
+
+class ChangeSource(StrEnum):
+    MANUAL = "Manual"
+    PIPELINE = "Pipeline"
+    IMPORT = "Import"
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Job:
+    rollup: str
+    trigger: Trigger
+    windows: tuple[Window, ...]
+    entities: frozenset[str] | None = None  # None: every entity
+    state: JobState = JobState.PENDING
+    job_id: str = field(default_factory=new_job_id)
+    seq: int = 0
+    generation: int | None = None
+    windows_processed: int | None = None
+    rows_processed: int | None = None
+    source_archive: str | None = None
+    source_version: int | None = None
+    change_kind: ChangeKind | None = None
+    change_source: ChangeSource | None = None
+    coalesced_into: str | None = None
+    run_id: str | None = None
+    error: str | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+
+    def next(self, **changes: object) -> "Job":
+        """This job after a state change (the next event of it)."""
+        return dataclasses.replace(self, seq=self.seq + 1, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    jobs: dict[str, Job]
+    cursors: dict[str, int]
+
+    def for_rollup(self, rollup: str) -> list[Job]:
+        return sorted(
+            (j for j in self.jobs.values() if j.rollup == rollup), key=lambda j: j.created_at
+        )
+
+    def pending(self, rollup: str) -> list[Job]:
+        return [j for j in self.for_rollup(rollup) if j.state is JobState.PENDING]
+
+    def active(self, rollup: str) -> list[Job]:
+        return [j for j in self.for_rollup(rollup) if j.state.active]
+
+
+def fold(events: Iterable[Job], cursors: Iterable[tuple[str, int]] = ()) -> LedgerSnapshot:
+    """The ledger's state after `events` (job snapshots, in recording order) and cursor moves:
+    each job is its newest event, except that the first terminal state sticks; a cursor is the
+    furthest version recorded for its source."""
+    jobs: dict[str, Job] = {}
+    for job in events:
+        prev = jobs.get(job.job_id)
+        if prev is not None and prev.state.terminal:
+            continue
+        jobs[job.job_id] = job
+    moved: dict[str, int] = {}
+    for source, version in cursors:
+        moved[source] = max(moved.get(source, -1), version)
+    return LedgerSnapshot(jobs, moved)

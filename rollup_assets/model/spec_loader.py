@@ -1,0 +1,262 @@
+"""Reading a spec file: YAML (safe, unique keys) -> typed specs -> a validated `Catalog`.
+
+Every rule failure raises `SpecError` naming the archive and the rule, so a bad spec never
+reaches the warehouse. Specs are data: nothing in them is ever executed.
+"""
+
+import os
+from collections.abc import Mapping
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rollup_assets.model.durations import parse_duration
+from rollup_assets.model.errors import SpecError
+from rollup_assets.model.spec_rules import validate_catalog
+from rollup_assets.model.specs import (
+    AggregateFunction,
+    AggregationSpec,
+    Alignment,
+    Catalog,
+    ColumnSpec,
+    ColumnType,
+    RawArchiveSpec,
+    RollupSpec,
+    TimeRangeArchiveSpec,
+)
+from rollup_assets.settings import Settings
+
+
+def specs_path() -> Path:
+    """The spec file: $ROLLUPS_SPECS, else the bundled energy example (`DEFAULT_SPECS`)."""
+    return Settings.from_env().specs
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """Load and validate the spec file at `path` (default: `specs_path()`)."""
+    p = Path(path) if path is not None else specs_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(p), "readable spec file", f"cannot read spec file: {exc}") from exc
+    try:
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as exc:
+        raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
+    return parse_catalog(doc or {}, origin=str(p))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key given twice in one mapping (YAML requires unique keys;
+    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name).
+    Keys merged in with `<<:` may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
+    if not isinstance(doc, Mapping):
+        raise SpecError(origin, "top-level mapping", "the spec file must be a mapping")
+    unknown = {k for k in doc if not str(k).startswith("x-")} - {
+        "raw_archives",
+        "time_range_archives",
+        "rollups",
+    }
+    if unknown:
+        raise SpecError(
+            origin,
+            "known top-level keys",
+            f"unknown top-level keys {sorted(unknown)}; expected raw_archives, "
+            "time_range_archives, rollups",
+        )
+    raw = {n: _parse_raw(n, b) for n, b in _section(doc, "raw_archives", origin).items()}
+    tr = {
+        n: _parse_time_range(n, b) for n, b in _section(doc, "time_range_archives", origin).items()
+    }
+    rollups = {n: _parse_rollup(n, b) for n, b in _section(doc, "rollups", origin).items()}
+    return validate_catalog(raw, tr, rollups, origin)
+
+
+def _section(doc: Mapping[str, Any], key: str, origin: str) -> dict[str, Any]:
+    value = doc.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise SpecError(origin, f"{key} is a mapping", f"'{key}' must map archive names to specs")
+    return {str(k): v for k, v in value.items()}
+
+
+def _mapping(name: str, body: Any, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise SpecError(name, "archive body is a mapping", "the archive spec must be a mapping")
+    unknown = set(body) - allowed
+    if unknown:
+        raise SpecError(
+            name, "known keys", f"unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
+        )
+    return body
+
+
+def _columns(name: str, body: Mapping[str, Any]) -> tuple[ColumnSpec, ...]:
+    cols = body.get("columns")
+    if not isinstance(cols, Mapping) or not cols:
+        raise SpecError(
+            name, "has value columns", "'columns' must map at least one column name to its type"
+        )
+    out = []
+    for col, decl in cols.items():
+        if isinstance(decl, str):
+            decl = {"type": decl}
+        if not isinstance(decl, Mapping):
+            raise SpecError(
+                name, "column declaration", f"column '{col}' must be a type or a mapping"
+            )
+        bad = set(decl) - {"type", "required"}
+        if bad:
+            raise SpecError(
+                name, "column declaration", f"column '{col}' has unknown keys {sorted(bad)}"
+            )
+        try:
+            ctype = ColumnType(str(decl.get("type", "")).lower())
+        except ValueError:
+            raise SpecError(
+                name,
+                "column type",
+                f"column '{col}' has type {decl.get('type')!r}; use one of "
+                f"{[t.value for t in ColumnType]}",
+            ) from None
+        required = decl.get("required", False)
+        if not isinstance(required, bool):
+            raise SpecError(
+                name, "column declaration", f"column '{col}': 'required' must be true or false"
+            )
+        out.append(ColumnSpec(str(col), ctype, required))
+    return tuple(out)
+
+
+def _parse_raw(name: str, body: Any) -> RawArchiveSpec:
+    b = _mapping(name, body, {"columns", "description"})
+    return RawArchiveSpec(
+        name=name, columns=_columns(name, b), description=str(b.get("description", ""))
+    )
+
+
+def _parse_time_range(name: str, body: Any) -> TimeRangeArchiveSpec:
+    b = _mapping(name, body, {"columns", "description", "period"})
+    period = _duration(name, "period", b.get("period")) if b.get("period") is not None else None
+    return TimeRangeArchiveSpec(
+        name=name,
+        columns=_columns(name, b),
+        period=period,
+        description=str(b.get("description", "")),
+    )
+
+
+_ROLLUP_KEYS = {
+    "source",
+    "alignment",
+    "size",
+    "reference_time_zone",
+    "watermark_lag",
+    "refresh_open_bucket",
+    "start",
+    "aggregations",
+    "description",
+}
+
+
+def _parse_rollup(name: str, body: Any) -> RollupSpec:
+    b = _mapping(name, body, _ROLLUP_KEYS)
+    if not b.get("source"):
+        raise SpecError(name, "source is set", "a rollup needs a 'source' archive")
+    try:
+        alignment = Alignment(str(b.get("alignment")))
+    except ValueError:
+        raise SpecError(
+            name,
+            "alignment",
+            f"alignment {b.get('alignment')!r} is not one of {[a.value for a in Alignment]}",
+        ) from None
+    aggs_raw = b.get("aggregations")
+    if not isinstance(aggs_raw, list) or not aggs_raw:
+        raise SpecError(name, "has aggregations", "'aggregations' must be a non-empty list")
+    aggs = tuple(_aggregation(name, i, a) for i, a in enumerate(aggs_raw))
+    refresh = b.get("refresh_open_bucket", True)
+    if not isinstance(refresh, bool):
+        raise SpecError(name, "refresh_open_bucket", "'refresh_open_bucket' must be true or false")
+    return RollupSpec(
+        name=name,
+        source=str(b["source"]),
+        alignment=alignment,
+        size=_duration(name, "size", b["size"]) if b.get("size") is not None else None,
+        reference_time_zone=str(b.get("reference_time_zone", "UTC")),
+        watermark_lag=_duration(name, "watermark_lag", b.get("watermark_lag", "0s")),
+        refresh_open_bucket=refresh,
+        start=_start(name, b.get("start")),
+        aggregations=aggs,
+        description=str(b.get("description", "")),
+    )
+
+
+def _aggregation(name: str, index: int, a: Any) -> AggregationSpec:
+    if not isinstance(a, Mapping) or not a.get("column") or not a.get("function"):
+        raise SpecError(name, "aggregation", f"aggregation #{index} needs 'column' and 'function'")
+    bad = set(a) - {"column", "function", "target"}
+    if bad:
+        raise SpecError(name, "aggregation", f"aggregation #{index} has unknown keys {sorted(bad)}")
+    try:
+        fn = AggregateFunction(str(a["function"]))
+    except ValueError:
+        raise SpecError(
+            name,
+            "aggregation function",
+            f"aggregation #{index}: function {a['function']!r} is not one of "
+            f"{[f.value for f in AggregateFunction]}",
+        ) from None
+    target = a.get("target")
+    return AggregationSpec(str(a["column"]), fn, str(target) if target is not None else None)
+
+
+def _duration(name: str, key: str, value: Any) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise SpecError(name, key, f"'{key}': {exc}") from None
+
+
+def _start(name: str, value: Any) -> datetime:
+    if value is None:
+        return datetime.min  # "inherit from the source rollup"; resolved during validation
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            raise SpecError(
+                name, "start", "'start' is a local time in the reference zone; drop the offset"
+            )
+        return value
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day)
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise SpecError(
+            name, "start", f"'start' {value!r} is not an ISO date (YYYY-MM-DD)"
+        ) from None
+    if parsed.tzinfo is not None:
+        raise SpecError(
+            name, "start", "'start' is a local time in the reference zone; drop the offset"
+        )
+    return parsed

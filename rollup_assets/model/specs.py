@@ -1,0 +1,275 @@
+"""Declarative archive specs: frozen, typed models of raw, time-range and rollup archives.
+
+Pure Python. `spec_loader` reads them from YAML and `spec_rules` validates them.
+"""
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from rollup_assets.model.errors import ArchiveNotFoundError, InvalidArchiveOperationError
+
+ENTITY_COLUMN = "entity_id"
+TIME_COLUMN = "ts"
+RANGE_START_COLUMN = "range_start"
+RANGE_END_COLUMN = "range_end"
+DAY_COLUMN = "day"
+
+# Columns the storage layer owns; a declared value column must not shadow them.
+RESERVED_COLUMNS = frozenset(
+    {
+        ENTITY_COLUMN,
+        TIME_COLUMN,
+        RANGE_START_COLUMN,
+        RANGE_END_COLUMN,
+        DAY_COLUMN,
+        "bucket_start",
+        "bucket_end",
+        "bucket_part",
+        "generation",
+        "run_id",
+        "job_id",
+        "source_versions",
+    }
+)
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class ColumnType(StrEnum):
+    DOUBLE = "double"
+    LONG = "long"
+    BOOLEAN = "boolean"
+    STRING = "string"
+
+    @property
+    def is_numeric(self) -> bool:
+        return self in (ColumnType.DOUBLE, ColumnType.LONG)
+
+
+class Alignment(StrEnum):
+    FIXED_SIZE = "FixedSize"
+    CALENDAR_DAY = "CalendarDay"
+    ISO8601_WEEK = "Iso8601Week"
+    CALENDAR_MONTH = "CalendarMonth"
+    CALENDAR_YEAR = "CalendarYear"
+
+
+class AggregateFunction(StrEnum):
+    SUM = "Sum"
+    MIN = "Min"
+    MAX = "Max"
+    COUNT = "Count"
+    AVG = "Avg"
+
+
+class ArchiveKind(StrEnum):
+    RAW = "raw"
+    TIME_RANGE = "time_range"
+    ROLLUP = "rollup"
+
+
+# The partial states an aggregation needs from its input, and the ones it stores.
+# Avg is stored as sum + count so that chained rollups stay exact.
+PARTIALS: dict[AggregateFunction, tuple[str, ...]] = {
+    AggregateFunction.SUM: ("sum",),
+    AggregateFunction.COUNT: ("count",),
+    AggregateFunction.MIN: ("min",),
+    AggregateFunction.MAX: ("max",),
+    AggregateFunction.AVG: ("sum", "count"),
+}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    type: ColumnType
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class StoredColumn:
+    """A physical partial column of a rollup table: `name` holds `partial` of source `column`."""
+
+    name: str
+    column: str
+    partial: str
+    type: ColumnType
+
+
+@dataclass(frozen=True)
+class AggregationSpec:
+    column: str
+    function: AggregateFunction
+    target: str | None = None
+
+    @property
+    def output_name(self) -> str:
+        return self.target or f"{self.column}_{self.function.value}".lower()
+
+    def stored_columns(self, column_type: ColumnType) -> tuple[StoredColumn, ...]:
+        out = self.output_name
+        if self.function is AggregateFunction.AVG:
+            return (
+                StoredColumn(f"{out}__sum", self.column, "sum", ColumnType.DOUBLE),
+                StoredColumn(f"{out}__count", self.column, "count", ColumnType.LONG),
+            )
+        if self.function is AggregateFunction.COUNT:
+            return (StoredColumn(out, self.column, "count", ColumnType.LONG),)
+        return (StoredColumn(out, self.column, PARTIALS[self.function][0], column_type),)
+
+
+@dataclass(frozen=True)
+class RawArchiveSpec:
+    name: str
+    columns: tuple[ColumnSpec, ...]
+    description: str = ""
+    kind: ArchiveKind = field(default=ArchiveKind.RAW, init=False)
+
+    @property
+    def time_column(self) -> str:
+        return TIME_COLUMN
+
+    def column(self, name: str) -> ColumnSpec | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class TimeRangeArchiveSpec:
+    """Externally pre-aggregated rows, each covering `[range_start, range_end)`."""
+
+    name: str
+    columns: tuple[ColumnSpec, ...]
+    period: timedelta | None = None
+    description: str = ""
+    kind: ArchiveKind = field(default=ArchiveKind.TIME_RANGE, init=False)
+
+    @property
+    def time_column(self) -> str:
+        return RANGE_START_COLUMN
+
+    def column(self, name: str) -> ColumnSpec | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class RollupSpec:
+    name: str
+    source: str
+    alignment: Alignment
+    reference_time_zone: str
+    start: datetime  # naive local wall-clock time of the first partition, in the reference zone
+    aggregations: tuple[AggregationSpec, ...]
+    size: timedelta | None = None  # FixedSize only
+    watermark_lag: timedelta = timedelta(0)
+    refresh_open_bucket: bool = True
+    description: str = ""
+    # Filled in by validation: the value type of each aggregated source column.
+    column_types: Mapping[str, ColumnType] = field(default_factory=dict, compare=False)
+    kind: ArchiveKind = field(default=ArchiveKind.ROLLUP, init=False)
+
+    @property
+    def time_column(self) -> str:
+        return "bucket_start"
+
+    @property
+    def genmap_name(self) -> str:
+        return f"{self.name}__genmap"
+
+    @property
+    def stored_columns(self) -> tuple[StoredColumn, ...]:
+        return tuple(
+            sc
+            for agg in self.aggregations
+            for sc in agg.stored_columns(self.column_types.get(agg.column, ColumnType.DOUBLE))
+        )
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(a.output_name for a in self.aggregations)
+
+    def partial_column(self, column: str, partial: str) -> str | None:
+        """The stored column holding `partial` of source `column`, if this rollup keeps it."""
+        return next(
+            (
+                sc.name
+                for sc in self.stored_columns
+                if sc.column == column and sc.partial == partial
+            ),
+            None,
+        )
+
+    def schema_fingerprint(self) -> str:
+        aggs = ",".join(f"{a.column}:{a.function.value}:{a.output_name}" for a in self.aggregations)
+        return (
+            f"rollup|{self.source}|{self.alignment.value}|{self.size}|{self.reference_time_zone}"
+            f"|{self.start.isoformat()}|{aggs}"
+        )
+
+
+ArchiveSpec = RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
+
+
+def schema_fingerprint(spec: ArchiveSpec) -> str:
+    """The schema-relevant part of a spec; an activated archive must keep it unchanged."""
+    if isinstance(spec, RollupSpec):
+        return spec.schema_fingerprint()
+    cols = ",".join(f"{c.name}:{c.type.value}:{int(c.required)}" for c in spec.columns)
+    period = getattr(spec, "period", None)
+    return f"{spec.kind.value}|{cols}|{period}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All declared archives, validated. Rollups are kept in dependency order (sources first)."""
+
+    raw: Mapping[str, RawArchiveSpec]
+    time_range: Mapping[str, TimeRangeArchiveSpec]
+    rollups: Mapping[str, RollupSpec]
+    origin: str = "<memory>"
+
+    def archive(self, name: str) -> ArchiveSpec:
+        for table in (self.raw, self.time_range, self.rollups):
+            if name in table:
+                return table[name]
+        known = ", ".join(sorted(self.names())) or "none"
+        raise ArchiveNotFoundError(
+            f"archive '{name}' is not declared in {self.origin} (known: {known})"
+        )
+
+    def rollup(self, name: str) -> RollupSpec:
+        spec = self.archive(name)
+        if not isinstance(spec, RollupSpec):
+            raise InvalidArchiveOperationError(
+                f"archive '{name}' is a {spec.kind.value} archive, not a rollup"
+            )
+        return spec
+
+    def names(self) -> list[str]:
+        return [*self.raw, *self.time_range, *self.rollups]
+
+    def dependents(self, name: str) -> list[RollupSpec]:
+        """Direct dependents of an archive, in dependency order."""
+        return [r for r in self.rollups.values() if r.source == name]
+
+    def base_source(self, name: str) -> ArchiveSpec:
+        """The raw or time-range archive at the bottom of `name`'s chain."""
+        spec = self.archive(name)
+        while isinstance(spec, RollupSpec):
+            spec = self.archive(spec.source)
+        return spec
+
+    def first_levels(self, base: str) -> list[RollupSpec]:
+        return [r for r in self.rollups.values() if r.source == base]
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(_NAME.match(name)) and "__" not in name
+
+
+def key_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> list[str]:
+    """The upsert key of a raw or time-range archive: entity, then its time column(s)."""
+    if isinstance(spec, TimeRangeArchiveSpec):
+        return [ENTITY_COLUMN, RANGE_START_COLUMN, RANGE_END_COLUMN]
+    return [ENTITY_COLUMN, TIME_COLUMN]

@@ -1,0 +1,160 @@
+"""Specs -> the Dagster assets: one partitioned asset per rollup, one external asset per source.
+
+The asset body only routes: the run's intent (its tags, written by the sensors) says which lane
+(forward or recompute) and which ledger job it executes; a run launched from the UI or CLI without
+one is a Manual recompute of the selected partitions. The asset reports a materialization exactly
+for the partitions it rewrote, with the generation, rows, trigger, source versions and duration,
+and so does every level above that the run brought up to date itself.
+"""
+
+import warnings
+from collections.abc import Iterator
+from datetime import UTC
+
+import dagster as dg
+from pydantic import Field
+
+from rollup_assets.model.describe import describe, group_name
+from rollup_assets.model.jobs import Lane
+from rollup_assets.model.specs import Catalog, RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.instance import pool_name
+from rollup_assets.orchestration.partitions import partitions_def_for
+from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
+from rollup_assets.orchestration.runs import DagsterRunGate
+from rollup_assets.orchestration.tags import RunIntent
+from rollup_assets.services.chain import Chain
+from rollup_assets.services.engine import RunOutcome
+from rollup_assets.services.forward import run_forward
+from rollup_assets.services.recompute import run_recompute, start_job
+
+
+class RollupRunConfig(dg.Config):
+    """Launchpad options of a manual materialization (a recompute of the selected partitions)."""
+
+    entities: list[str] = Field(
+        default_factory=list,
+        description="Recompute only these entity ids (empty: every entity).",
+    )
+    propagate_in_run: bool = Field(
+        default=True,
+        description="After writing this rollup, bring the rollups above it up to date in this "
+        "same run (chain propagation and their open buckets, level by level, each under its own "
+        "pool). Off: the sensors launch a run per level.",
+    )
+
+
+def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.AssetMaterialization]:
+    """One materialization per bucket the run rewrote, all with the run's figures."""
+    pdef = partitions_def_for(spec)
+    meta = {
+        "generation": outcome.generation if outcome.generation is not None else 0,
+        "windows": len(outcome.buckets),
+        "rows": outcome.rows,
+        "trigger": outcome.job.trigger.value,
+        "job_id": outcome.job.job_id,
+        "source_versions": dg.MetadataValue.json(outcome.source_versions),
+        "duration_ms": outcome.duration_ms,
+        "entities": "all"
+        if outcome.job.entities is None
+        else ", ".join(sorted(outcome.job.entities)),
+        "table_version": outcome.version if outcome.version is not None else -1,
+    }
+    for w in outcome.buckets:
+        yield dg.AssetMaterialization(
+            asset_key=dg.AssetKey(spec.name),
+            partition=pdef.get_partition_key_for_timestamp(w.start.timestamp()),
+            metadata=meta,
+        )
+
+
+def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
+    """The rollup's asset. `backfill_policy` and `allow_nonexistent_upstream_partitions` are beta
+    parameters used on purpose; their warnings would otherwise print on every load."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _rollup_asset(spec, catalog)
+
+
+def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=spec.name,
+        partitions_def=partitions_def_for(spec),
+        deps=[
+            dg.AssetDep(
+                spec.source,
+                partition_mapping=dg.TimeWindowPartitionMapping(
+                    allow_nonexistent_upstream_partitions=True
+                ),
+            )
+        ],
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        output_required=False,
+        pool=pool_name(spec),
+        group_name=group_name(catalog, spec.name),
+        description=describe(spec, catalog),
+        kinds={"spark", "delta"},
+        metadata={"rollups/source": spec.source, "rollups/zone": spec.reference_time_zone},
+    )
+    def _rollup(
+        context: dg.AssetExecutionContext,
+        config: RollupRunConfig,
+        spark: SparkResource,
+        warehouse: WarehouseResource,
+        clock: ClockResource,
+    ) -> Iterator[dg.AssetMaterialization]:
+        engine = warehouse.engine(catalog)
+        intent = RunIntent.from_tags(context.run.tags, spec.name)
+        tw = context.partition_time_window
+        requested = [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))]
+        say = context.log.info
+        run_id = context.run.run_id
+        now = intent.now or clock.current()
+        if intent.lane is Lane.FORWARD:
+            outcome = run_forward(
+                engine,
+                spark.session,
+                spec,
+                requested=requested,
+                now=now,
+                run_id=run_id,
+                log_progress=say,
+            )
+        else:
+            job = start_job(
+                engine,
+                spec,
+                job_id=intent.job_id,
+                requested=requested,
+                entities=frozenset(config.entities) if config.entities else None,
+                trigger=intent.trigger,
+            )
+            if job is None:
+                say(f"job {intent.job_id} already finished (coalesced or ended); nothing to do")
+                return
+            outcome = run_recompute(
+                engine, spark.session, spec, job, run_id=run_id, log_progress=say
+            )
+        if outcome.note:
+            say(outcome.note)
+        yield from _materializations(spec, outcome)
+        if outcome.buckets and config.propagate_in_run:
+            gate = DagsterRunGate(context.instance, run_id)
+            chain = Chain(engine, spark.session, gate, run_id, now, log_progress=say)
+            for above, result in chain.run(spec, outcome):
+                yield from _materializations(above, result)
+
+    return _rollup
+
+
+def build_raw_spec(name: str, catalog: Catalog) -> dg.AssetSpec:
+    spec = catalog.archive(name)
+    firsts = catalog.first_levels(name)
+    return dg.AssetSpec(
+        name,
+        partitions_def=partitions_def_for(firsts[0]) if firsts else None,
+        group_name=group_name(catalog, name),
+        description=describe(spec, catalog),
+        kinds={"delta"},
+        metadata={"rollups/kind": spec.kind.value},
+    )

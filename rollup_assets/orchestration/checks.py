@@ -1,0 +1,61 @@
+"""The `matches_source` asset check of every rollup, and the job that runs it."""
+
+from datetime import UTC
+
+import dagster as dg
+
+from rollup_assets.model.specs import Catalog, RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.partitions import partitions_def_for
+from rollup_assets.orchestration.resources import SparkResource, WarehouseResource
+from rollup_assets.orchestration.tags import TAG_ROLLUP
+from rollup_assets.services.check import compare_with_source
+
+CHECK_NAME = "matches_source"
+
+
+def build_rollup_check(spec: RollupSpec, catalog: Catalog) -> dg.AssetChecksDefinition:
+    pdef = partitions_def_for(spec)
+
+    @dg.asset_check(
+        asset=spec.name,
+        name=CHECK_NAME,
+        partitions_def=pdef,
+        description="Every stored bucket of the selected partitions equals a fresh "
+        "aggregation of the "
+        "source (reports the differing buckets and entities).",
+    )
+    def _check(
+        context: dg.AssetCheckExecutionContext, spark: SparkResource, warehouse: WarehouseResource
+    ) -> dg.AssetCheckResult:
+        engine = warehouse.engine(catalog)
+        tw = context.partition_time_window
+        diff = compare_with_source(
+            engine, spark.session, spec, [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))]
+        )
+        return dg.AssetCheckResult(
+            passed=diff.differing == 0,
+            metadata={
+                "buckets_checked": diff.buckets,
+                "rows_checked": diff.rows,
+                "differing_rows": diff.differing,
+                "differing_windows": dg.MetadataValue.json(diff.examples),
+            },
+        )
+
+    return _check
+
+
+def check_job_name(spec: RollupSpec) -> str:
+    return f"{spec.name}_check_job"
+
+
+def build_check_job(spec: RollupSpec):
+    """Runs `matches_source` on the selected partitions (one partition per run keeps the result
+    attributed to that partition in the UI)."""
+    return dg.define_asset_job(
+        name=check_job_name(spec),
+        selection=dg.AssetSelection.checks_for_assets(spec.name),
+        description=f"Verify partitions of {spec.name} against a fresh aggregation of its source.",
+        tags={TAG_ROLLUP: spec.name},
+    )

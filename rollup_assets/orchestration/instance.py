@@ -1,0 +1,115 @@
+"""The Dagster instance this project runs in: a persistent home with one pool per rollup.
+
+Storage defaults to SQLite files in the home. For PostgreSQL (needed once several processes or
+machines launch runs) set `DAGSTER_PG_HOST` before the home's dagster.yaml is first written
+(`rollups setup`): the file then gets a `storage: postgres:` block for run, event-log and
+schedule storage, with the host, port (`DAGSTER_PG_PORT`, default 5432), user
+(`DAGSTER_PG_USERNAME`, default postgres) and database (`DAGSTER_PG_DB`, default dagster) written
+in, and the password read by Dagster from `$DAGSTER_PG_PASSWORD` at load time (never written to
+the file) when that variable is set. An existing dagster.yaml is never rewritten.
+"""
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+from rollup_assets.model.specs import Catalog, RollupSpec
+from rollup_assets.orchestration.dagster_internals import set_pool_limits
+from rollup_assets.settings import Settings
+
+DAGSTER_YAML = """\
+# Written by `rollups` on first use; edit freely.
+# One pool per rollup with limit 1 (set explicitly by `rollups` and the sensors): at most one
+# run writes a rollup at a time. Op granularity also covers in-process runs (CLI, `rollups tick`).
+concurrency:
+  pools:
+    default_limit: 1
+    granularity: op
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
+telemetry:
+  enabled: false
+nux:
+  enabled: false
+"""
+
+
+PG_HOST_ENV = "DAGSTER_PG_HOST"
+PG_PASSWORD_ENV = "DAGSTER_PG_PASSWORD"
+
+log = logging.getLogger(__name__)
+
+
+def postgres_storage_yaml(env: Mapping[str, str]) -> str:
+    """The `storage:` block for PostgreSQL from `DAGSTER_PG_*` ('' if DAGSTER_PG_HOST is unset)."""
+    host = env.get(PG_HOST_ENV)
+    if not host:
+        return ""
+    db: dict[str, object] = {
+        "hostname": host,
+        "port": int(env.get("DAGSTER_PG_PORT") or 5432),
+        "username": env.get("DAGSTER_PG_USERNAME") or "postgres",
+        "db_name": env.get("DAGSTER_PG_DB") or "dagster",
+        # dagster-postgres installs psycopg2, but SQLAlchemy >= 2.1 maps a bare `postgresql://`
+        # to psycopg 3: name the driver.
+        "scheme": "postgresql+psycopg2",
+    }
+    if env.get(PG_PASSWORD_ENV):
+        # Dagster resolves {env: ...} when it loads the file: the secret stays in the environment.
+        db["password"] = {"env": PG_PASSWORD_ENV}
+    block = {"storage": {"postgres": {"postgres_db": db}}}
+    return "# Run, event-log and schedule storage in PostgreSQL (from $DAGSTER_PG_*).\n" + (
+        yaml.safe_dump(block, sort_keys=False)
+    )
+
+
+def dagster_yaml(env: Mapping[str, str]) -> str:
+    """The dagster.yaml `rollups` writes: DAGSTER_YAML, plus Postgres storage if configured."""
+    return DAGSTER_YAML + postgres_storage_yaml(env)
+
+
+def ensure_home(settings: Settings) -> Path:
+    """Make sure the Dagster home (DAGSTER_HOME, default ./.dagster_home) exists and has a
+    dagster.yaml, and make it this process's Dagster home."""
+    home = settings.dagster_home
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(dagster_yaml(settings.postgres))
+    elif settings.postgres.get(PG_HOST_ENV) and "postgres" not in cfg.read_text():
+        log.warning(
+            "%s is set but %s (written earlier) has no PostgreSQL storage; it is not rewritten: "
+            "add the storage block yourself or remove the file to have it regenerated",
+            PG_HOST_ENV,
+            cfg,
+        )
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def pool_name(spec: RollupSpec) -> str:
+    """The rollup's Dagster pool: every run that writes the rollup holds its one slot."""
+    return f"rollup_{spec.name}"
+
+
+def ensure_pools(instance: dg.DagsterInstance, catalog: Catalog) -> None:
+    """Give every rollup's pool an explicit limit of 1 (idempotent)."""
+    set_pool_limits(instance, [pool_name(spec) for spec in catalog.rollups.values()], limit=1)
+
+
+def get_instance(settings: Settings) -> dg.DagsterInstance:
+    ensure_home(settings)
+    return dg.DagsterInstance.get()
+
+
+def use_partition_subset_planned_events() -> None:
+    """A range run (a backfill of N partitions) then records one "planned" event per asset
+    instead of N; with SQLite event storage that saves ~6 ms per partition. Set by the in-process
+    runner before it creates a run (CLI, demo, benchmark, tests); the Makefile sets it for the
+    daemon and the webserver, which create the runs the sensors and the UI request."""
+    os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")

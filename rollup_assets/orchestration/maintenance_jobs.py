@@ -1,0 +1,51 @@
+"""The maintenance job and its daily schedule."""
+
+import dagster as dg
+from pydantic import Field
+
+from rollup_assets.model.specs import Catalog
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.services.maintenance import DEFAULT_RETENTION_HOURS, maintain
+
+
+class MaintenanceConfig(dg.Config):
+    retention_hours: int = Field(
+        default=DEFAULT_RETENTION_HOURS,
+        description=(
+            "Vacuum keeps unreferenced files younger than this; "
+            "keep it above the longest read or run."
+        ),
+    )
+
+
+def build_maintenance(catalog: Catalog) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    @dg.op
+    def maintain_tables(
+        context: dg.OpExecutionContext, config: MaintenanceConfig, warehouse: WarehouseResource
+    ):
+        report = maintain(warehouse.engine(catalog), retention_hours=config.retention_hours)
+        for line in report.details:
+            context.log.info(line)
+        context.add_output_metadata(
+            {
+                "tables": report.tables,
+                "files_compacted": report.files_compacted,
+                "files_vacuumed": report.files_vacuumed,
+                "rows_swept": report.rows_swept,
+            }
+        )
+
+    @dg.job(
+        name="maintain_warehouse", description="Checkpoint, compact, sweep and vacuum every table."
+    )
+    def maintain_warehouse() -> None:
+        maintain_tables()
+
+    schedule = dg.ScheduleDefinition(
+        name="nightly_maintenance",
+        job=maintain_warehouse,
+        cron_schedule="30 2 * * *",
+        execution_timezone="UTC",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+    )
+    return maintain_warehouse, schedule

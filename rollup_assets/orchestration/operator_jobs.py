@@ -1,0 +1,138 @@
+"""Operator actions as Dagster jobs with typed config, launchable from the launchpad.
+
+They call the same `Operations` API as the CLI, and are recorded the same way.
+"""
+
+from typing import Literal
+
+import dagster as dg
+from pydantic import Field
+
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import parse_instant
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.orchestration.tags import TAG_OPERATOR
+from rollup_assets.services.operations import Operations
+
+
+class RecomputeConfig(dg.Config):
+    rollup: str = Field(description="Rollup to recompute, e.g. energy_daily")
+    start: str = Field(
+        description="ISO-8601 start (inclusive) of the range; covering buckets are recomputed"
+    )
+    end: str = Field(description="ISO-8601 end (exclusive) of the range")
+    entities: list[str] = Field(
+        default_factory=list, description="Only these entity ids (empty: all)"
+    )
+
+
+class FreezeConfig(dg.Config):
+    rollup: str = Field(description="Rollup to freeze")
+    until: str = Field(
+        description="ISO-8601 instant; buckets ending at or before it are not written"
+    )
+
+
+class UnfreezeConfig(dg.Config):
+    rollup: str = Field(description="Rollup to unfreeze")
+    accept_gaps: bool = Field(default=False, description="Recorded for audit")
+
+
+class RewindConfig(dg.Config):
+    rollup: str = Field(description="Rollup whose watermark moves back (destructive)")
+    to: str = Field(description="ISO-8601 bucket boundary to rewind to")
+
+
+class LifecycleConfig(dg.Config):
+    archive: str = Field(description="Archive (raw, time-range or rollup)")
+    action: Literal["activate", "disable", "enable", "delete"] = Field(
+        description="Lifecycle transition"
+    )
+
+
+def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
+    def ops(context: dg.OpExecutionContext, warehouse: WarehouseResource) -> Operations:
+        return Operations(warehouse.engine(catalog), actor=f"dagster:{context.run_id}")
+
+    @dg.op
+    def queue_recompute(
+        context: dg.OpExecutionContext, config: RecomputeConfig, warehouse: WarehouseResource
+    ):
+        job = ops(context, warehouse).request_recompute(
+            config.rollup,
+            parse_instant(config.start, "start"),
+            parse_instant(config.end, "end"),
+            frozenset(config.entities) or None,
+        )
+        context.log.info(
+            "queued manual recompute %s of %s (%d window span(s))",
+            job.job_id,
+            config.rollup,
+            len(job.windows),
+        )
+        context.add_output_metadata({"job_id": job.job_id})
+        return job.job_id
+
+    @dg.op
+    def freeze(context: dg.OpExecutionContext, config: FreezeConfig, warehouse: WarehouseResource):
+        state = ops(context, warehouse).freeze(config.rollup, parse_instant(config.until, "until"))
+        context.log.info("%s frozen until %s", config.rollup, state.frozen_until)
+
+    @dg.op
+    def unfreeze(
+        context: dg.OpExecutionContext, config: UnfreezeConfig, warehouse: WarehouseResource
+    ):
+        ops(context, warehouse).unfreeze(config.rollup, config.accept_gaps)
+        context.log.info("%s unfrozen (accept_gaps=%s)", config.rollup, config.accept_gaps)
+
+    @dg.op
+    def rewind(context: dg.OpExecutionContext, config: RewindConfig, warehouse: WarehouseResource):
+        state, deleted = ops(context, warehouse).rewind(
+            config.rollup, parse_instant(config.to, "to")
+        )
+        context.log.info(
+            "%s rewound to %s; %d recomputed row(s) dropped",
+            config.rollup,
+            state.watermark,
+            deleted,
+        )
+
+    @dg.op
+    def change_status(
+        context: dg.OpExecutionContext, config: LifecycleConfig, warehouse: WarehouseResource
+    ):
+        o = ops(context, warehouse)
+        state = getattr(o, config.action)(config.archive)
+        context.log.info("%s is now %s", config.archive, state.status.value)
+
+    def job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
+        @dg.job(name=name, description=description, tags={TAG_OPERATOR: "true"})
+        def _job() -> None:
+            op()
+
+        return _job
+
+    return [
+        job(
+            "recompute_rollup",
+            queue_recompute,
+            "Queue a manual, reader-safe recompute of a range (the "
+            "retroactive-write sensor launches it; dependents follow by chain propagation).",
+        ),
+        job(
+            "freeze_rollup",
+            freeze,
+            "Stop every path from writing buckets that end at or before `until`.",
+        ),
+        job("unfreeze_rollup", unfreeze, "Lift the freeze; pending work drains on the next tick."),
+        job(
+            "rewind_rollup",
+            rewind,
+            "Move the watermark back so the forward lane re-aggregates (destructive).",
+        ),
+        job(
+            "change_archive_status",
+            change_status,
+            "Activate, disable, enable or delete an archive.",
+        ),
+    ]

@@ -1,0 +1,62 @@
+"""Run tags: what a run this project launches is for, written by the sensors and the CLI and
+read by the asset body, the run lookup and the UI's filters.
+
+A run without a `RunIntent` (launched from the UI's materialize button or a backfill) is a Manual
+recompute of the selected partitions.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from rollup_assets.model.jobs import Lane, Trigger
+from rollup_assets.model.windows import iso_utc, parse_instant
+
+TAG_ROLLUP = "rollups/rollup"
+TAG_LANE = "rollups/lane"
+TAG_TRIGGER = "rollups/trigger"
+TAG_JOB = "rollups/job_id"
+TAG_NOW = "rollups/now"
+TAG_HOST = "rollups/host"
+TAG_PID = "rollups/pid"
+TAG_OPERATOR = "rollups/operator"
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+RUN_KEY = "dagster/run_key"
+
+
+def partition_range_tags(start_key: str, end_key: str) -> dict[str, str]:
+    return {RANGE_START: start_key, RANGE_END: end_key}
+
+
+@dataclass(frozen=True)
+class RunIntent:
+    """Why a run writes its rollup: its lane, trigger, ledger job and pinned clock."""
+
+    rollup: str
+    lane: Lane = Lane.RECOMPUTE
+    trigger: Trigger = Trigger.MANUAL
+    job_id: str | None = None
+    now: datetime | None = None  # the forward lane's clock, when the launcher pinned it
+    host: str | None = None  # where the run worker runs, when known: tells a later tick it died
+
+    def tags(self) -> dict[str, str]:
+        tags = {TAG_ROLLUP: self.rollup, TAG_LANE: self.lane.value, TAG_TRIGGER: self.trigger.value}
+        if self.job_id:
+            tags[TAG_JOB] = self.job_id
+        if self.now is not None:
+            tags[TAG_NOW] = iso_utc(self.now)
+        if self.host:
+            tags[TAG_HOST] = self.host
+        return tags
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str], rollup: str) -> "RunIntent":
+        return cls(
+            rollup=tags.get(TAG_ROLLUP, rollup),
+            lane=Lane(tags.get(TAG_LANE, Lane.RECOMPUTE.value)),
+            trigger=Trigger(tags.get(TAG_TRIGGER, Trigger.MANUAL.value)),
+            job_id=tags.get(TAG_JOB) or None,
+            now=parse_instant(tags[TAG_NOW], TAG_NOW) if tags.get(TAG_NOW) else None,
+            host=tags.get(TAG_HOST) or None,
+        )

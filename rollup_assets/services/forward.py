@@ -1,0 +1,155 @@
+"""The forward lane: close buckets past the watermark, and keep the open bucket live.
+
+Which buckets may close, and which is open, is the model's rule (`model.forward`). A forward run
+first *claims* the buckets it will close (so a source write racing the run is classified as
+retroactive and recomputed later, never lost), replaces their generation-0 rows in one atomic
+commit, records the job, and then advances the watermark. The open bucket (the one containing
+`now`) is re-aggregated without moving the watermark. Frozen buckets are never written.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+
+from rollup_assets.model.errors import ArchiveNotActivatedError
+from rollup_assets.model.forward import closed_buckets, open_bucket, source_limit
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.windows import Window
+from rollup_assets.services.engine import Engine, RunOutcome
+
+log = logging.getLogger(__name__)
+
+
+def run_forward(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    *,
+    requested: list[Window],
+    now: datetime,
+    run_id: str,
+    log_progress: Callable[[str], None] | None = None,
+) -> RunOutcome:
+    say = log_progress or log.info
+    t0 = time.monotonic()
+    states = engine.states.all()
+    state = states.get(spec.name) or ArchiveState(spec.name)
+    started = datetime.now(UTC)
+    if state.status is not ArchiveStatus.ACTIVATED:
+        reason = f"Archive is not activated (status {state.status.value})"
+        engine.ledger.record(
+            [
+                Job(
+                    spec.name,
+                    Trigger.FORWARD,
+                    tuple(requested),
+                    state=JobState.FAILED,
+                    error=reason,
+                    run_id=run_id,
+                    started_at=started,
+                    finished_at=datetime.now(UTC),
+                )
+            ]
+        )
+        raise ArchiveNotActivatedError(f"'{spec.name}': {reason}")
+    engine.require_same_schema(spec, state)
+
+    wanted = {w.start for w in buckets_in(spec, requested)}
+    closed = []
+    for w in closed_buckets(spec, state, now, source_limit(engine.catalog, spec, states)):
+        if w.start not in wanted:
+            break
+        closed.append(w)
+    ob = open_bucket(spec, state, now)
+    refresh = ob if ob is not None and ob.start in wanted and ob not in closed else None
+    trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
+    buckets = [*closed, *([refresh] if refresh else [])]
+    job = Job(spec.name, trigger, tuple(buckets), run_id=run_id, started_at=started, generation=0)
+    if not buckets:
+        note = "nothing to do: no bucket has closed and no open bucket was requested"
+        done = job.next(
+            state=JobState.COMPLETED,
+            windows_processed=0,
+            rows_processed=0,
+            finished_at=datetime.now(UTC),
+            duration_ms=0,
+        )
+        engine.ledger.record([done])
+        say(f"{spec.name}: {note}")
+        return RunOutcome(done, [], note=note)
+
+    old_watermark = state.watermark
+    if closed:
+        claim = closed[-1].end
+        engine.states.update(
+            spec.name,
+            lambda s: (
+                replace(s, claimed_until=claim)
+                if s.consumed_until is None or s.consumed_until < claim
+                else None
+            ),
+            reason=f"forward claims buckets up to {claim.isoformat()}",
+            actor=run_id,
+        )
+    what = f"closing {len(closed)} bucket(s)" if closed else ""
+    if refresh:
+        what += (" and " if what else "") + "refreshing the open bucket"
+    say(f"{spec.name}: forward {what}")
+    try:
+        frame, versions = engine.partials(spark, spec, buckets, None)
+        written = engine.rollups.write_rows(
+            frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
+        )
+        version = engine.rollups.replace_forward(
+            spec,
+            written,
+            buckets,
+            {
+                "rollups.operation": trigger.value,
+                "rollups.job_id": job.job_id,
+                "dagster.run_id": run_id,
+            },
+        )
+    except Exception as exc:
+        engine.ledger.record(
+            [
+                job.next(
+                    state=JobState.FAILED,
+                    error=f"{type(exc).__name__}: {exc}"[:500],
+                    finished_at=datetime.now(UTC),
+                )
+            ]
+        )
+        raise
+    duration = int((time.monotonic() - t0) * 1000)
+    src = next(iter(versions.items()))
+    done = job.next(
+        state=JobState.COMPLETED,
+        windows_processed=len(buckets),
+        rows_processed=written.rows,
+        finished_at=datetime.now(UTC),
+        duration_ms=duration,
+        source_archive=src[0],
+        source_version=src[1],
+    )
+    propagated = propagation_jobs(engine.catalog, spec, buckets, None, version, states)
+    engine.ledger.record([done, *propagated])
+    if closed:
+        new_mark = closed[-1].end
+        engine.states.update(
+            spec.name,
+            lambda s: replace(s, watermark=new_mark) if s.watermark == old_watermark else None,
+            reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
+            actor=run_id,
+        )
+    return RunOutcome(
+        done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
+    )

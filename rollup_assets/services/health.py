@@ -1,0 +1,59 @@
+"""The per-rollup health fields (the reference's RollupArchiveInfo), from the ledger and state."""
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from rollup_assets.model.jobs import JobState, LedgerSnapshot, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.specs import Catalog
+from rollup_assets.model.states import ArchiveState
+from rollup_assets.model.windows import Window, merge_windows
+
+
+@dataclass(frozen=True)
+class Health:
+    """The per-rollup health fields (the reference's RollupArchiveInfo)."""
+
+    archive: str
+    status: str
+    watermark: datetime | None
+    frozen_until: datetime | None
+    recompute_in_progress: bool
+    last_recompute_started_at: datetime | None
+    last_recompute_success_at: datetime | None
+    last_recompute_failure_at: datetime | None
+    last_recompute_failure_reason: str | None
+    dirty_windows_pending: int
+    pending_recompute_ranges: list[Window]
+
+
+RECOMPUTE_TRIGGERS = (Trigger.MANUAL, Trigger.PERIODIC, Trigger.CHAIN)
+
+
+def health(
+    catalog: Catalog, name: str, snap: LedgerSnapshot, states: dict[str, ArchiveState]
+) -> Health:
+    state = states.get(name) or ArchiveState(name)
+    jobs = [j for j in snap.for_rollup(name) if j.trigger in RECOMPUTE_TRIGGERS]
+    pending = [j for j in jobs if j.state is JobState.PENDING]
+    started = [j.started_at for j in jobs if j.started_at]
+    ok = [j.finished_at for j in jobs if j.state is JobState.COMPLETED and j.finished_at]
+    failed = sorted(
+        (j for j in jobs if j.state is JobState.FAILED and j.finished_at),
+        key=lambda j: j.finished_at or datetime.min.replace(tzinfo=UTC),
+    )
+    return Health(
+        archive=name,
+        status=state.status.value,
+        watermark=state.watermark,
+        frozen_until=state.frozen_until,
+        recompute_in_progress=any(j.state.active for j in jobs),
+        last_recompute_started_at=max(started) if started else None,
+        last_recompute_success_at=max(ok) if ok else None,
+        last_recompute_failure_at=failed[-1].finished_at if failed else None,
+        last_recompute_failure_reason=failed[-1].error if failed else None,
+        dirty_windows_pending=len(
+            buckets_in(catalog.rollup(name), [w for j in pending for w in j.windows])
+        ),
+        pending_recompute_ranges=merge_windows([w for j in pending for w in j.windows]),
+    )

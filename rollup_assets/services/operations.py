@@ -1,0 +1,238 @@
+"""Operator actions and lifecycle: the Python API behind the CLI and the Dagster operator jobs.
+
+Lifecycle: Created -> Activated -> Disabled / Failed (-> Activated again), and Deleted. Inserts,
+queries and recomputes need Activated; an activated archive's schema-relevant spec is frozen.
+Every action is recorded in the archive-state history (who, when, why).
+"""
+
+import logging
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from rollup_assets.model.bucketing import Bucketing, first_bucket_start
+from rollup_assets.model.errors import (
+    ArchiveNotActivatedError,
+    InvalidArchiveStateTransitionError,
+    InvalidTimeRangeError,
+    RollupsError,
+    RollupSourceInUseError,
+    RollupSourceMissingError,
+)
+from rollup_assets.model.forward import initial_watermark
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprint
+from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.services.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class ArchiveActivationFailedError(RollupsError):
+    """Provisioning failed; the archive is now Failed and `activate` may be retried."""
+
+
+class Operations:
+    def __init__(self, engine: Engine, actor: str = "cli") -> None:
+        self.engine = engine
+        self.catalog = engine.catalog
+        self.actor = actor
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def activate(self, name: str, now: datetime | None = None) -> ArchiveState:
+        spec = self.catalog.archive(name)
+        now = as_utc(now or datetime.now(UTC))
+        current = self.engine.states.get(name)
+        if current.status is ArchiveStatus.ACTIVATED:
+            self.engine.require_same_schema(spec, current)
+            return current
+        if isinstance(spec, RollupSpec):
+            src = self.engine.states.get(spec.source)
+            if src.status is not ArchiveStatus.ACTIVATED:
+                raise RollupSourceMissingError(
+                    f"cannot activate '{name}': its source '{spec.source}' is {src.status.value}; "
+                    f"activate the source first"
+                )
+        if current.status is ArchiveStatus.DISABLED:
+            self.engine.require_same_schema(spec, current)
+        try:
+            if not isinstance(spec, RollupSpec):
+                self.engine.raw.ensure_table(spec)
+        except Exception as exc:
+            self.engine.states.update(
+                name,
+                lambda s: replace(s, status=ArchiveStatus.FAILED),
+                reason=f"activation failed: {exc}",
+                actor=self.actor,
+            )
+            raise ArchiveActivationFailedError(f"activating '{name}' failed: {exc}") from exc
+
+        def change(s: ArchiveState) -> ArchiveState:
+            fresh = s.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED)
+            watermark = s.watermark
+            if isinstance(spec, RollupSpec) and (fresh or watermark is None):
+                watermark = initial_watermark(spec, now)
+            return replace(
+                s,
+                status=ArchiveStatus.ACTIVATED,
+                fingerprint=schema_fingerprint(spec),
+                watermark=watermark,
+                claimed_until=None if fresh else s.claimed_until,
+                frozen_until=None if fresh else s.frozen_until,
+                activated_at=now,
+            )
+
+        verb = "enable" if current.status is ArchiveStatus.DISABLED else "activate"
+        return self.engine.states.update(name, change, reason=verb, actor=self.actor)
+
+    def enable(self, name: str, now: datetime | None = None) -> ArchiveState:
+        self.catalog.archive(name)  # an unknown name is reported as such, not as "Created"
+        current = self.engine.states.get(name)
+        if current.status not in (
+            ArchiveStatus.DISABLED,
+            ArchiveStatus.FAILED,
+            ArchiveStatus.ACTIVATED,
+        ):
+            raise InvalidArchiveStateTransitionError(
+                f"cannot enable '{name}' from status {current.status.value}; use activate"
+            )
+        return self.activate(name, now)
+
+    def disable(self, name: str) -> ArchiveState:
+        self.catalog.archive(name)
+        current = self.engine.states.get(name)
+        if current.status is not ArchiveStatus.ACTIVATED:
+            raise InvalidArchiveStateTransitionError(
+                f"cannot disable '{name}': it is {current.status.value}, not Activated"
+            )
+        state = self.engine.states.update(
+            name,
+            lambda s: replace(s, status=ArchiveStatus.DISABLED),
+            reason="disable",
+            actor=self.actor,
+        )
+        self._purge(name, "archive was disabled")
+        return state
+
+    def delete(self, name: str) -> ArchiveState:
+        spec = self.catalog.archive(name)
+        readers = [
+            d.name
+            for d in self.catalog.dependents(name)
+            if self.engine.states.get(d.name).status is ArchiveStatus.ACTIVATED
+        ]
+        if readers:
+            raise RollupSourceInUseError(
+                f"cannot delete '{name}': activated rollups read from it ({', '.join(readers)}); "
+                "disable or delete them first"
+            )
+        state = self.engine.states.update(
+            name,
+            lambda s: ArchiveState(name, seq=s.seq, status=ArchiveStatus.DELETED),
+            reason="delete (data dropped)",
+            actor=self.actor,
+        )
+        self._purge(name, "archive was deleted")
+        self._drop_tables(spec)
+        return state
+
+    def _drop_tables(self, spec: ArchiveSpec) -> None:
+        if isinstance(spec, RollupSpec):
+            self.engine.rollups.drop(spec)
+        else:
+            self.engine.raw.drop(spec)
+
+    def _purge(self, name: str, why: str) -> list[Job]:
+        """Fail the rollup's pending and active jobs with `why` (disable / delete)."""
+        snap = self.engine.ledger.snapshot()
+        now = datetime.now(UTC)
+        ended = [
+            j.next(state=JobState.FAILED, error=f"purged: {why}", finished_at=now)
+            for j in snap.for_rollup(name)
+            if not j.state.terminal
+        ]
+        self.engine.ledger.record(ended)
+        return ended
+
+    # -- operator controls -------------------------------------------------------------------
+
+    def freeze(self, name: str, until: datetime) -> ArchiveState:
+        self.catalog.rollup(name)
+        until = as_utc(until)
+
+        def change(s: ArchiveState) -> ArchiveState:
+            if s.status is ArchiveStatus.DELETED:
+                raise InvalidArchiveStateTransitionError(f"cannot freeze '{name}': it is deleted")
+            if s.frozen_until is not None and until < s.frozen_until:
+                raise InvalidArchiveStateTransitionError(
+                    f"freeze of '{name}' is monotonic: {until.isoformat()} is before the current "
+                    f"frozen_until {s.frozen_until.isoformat()}"
+                )
+            return replace(s, frozen_until=until)
+
+        return self.engine.states.update(
+            name, change, reason=f"freeze until {until.isoformat()}", actor=self.actor
+        )
+
+    def unfreeze(self, name: str, accept_gaps: bool = False) -> ArchiveState:
+        self.catalog.rollup(name)
+        return self.engine.states.update(
+            name,
+            lambda s: replace(s, frozen_until=None, accept_gaps=accept_gaps),
+            reason=f"unfreeze (accept_gaps={str(accept_gaps).lower()})",
+            actor=self.actor,
+        )
+
+    def rewind(self, name: str, to: datetime) -> tuple[ArchiveState, int]:
+        """Move the watermark back to bucket boundary `to`. Destructive: `RollupStore.rewind`."""
+        spec = self.catalog.rollup(name)
+        to = as_utc(to)
+        state = self.engine.require_activated(spec)
+        if not Bucketing.of(spec).is_boundary(to) or to < first_bucket_start(spec):
+            raise InvalidTimeRangeError(
+                f"rewind target {to.isoformat()} is not a bucket boundary of '{name}' "
+                "at or after its first partition"
+            )
+        if state.watermark is None or to > state.watermark:
+            raise InvalidTimeRangeError(
+                f"rewind moves the watermark back; {to.isoformat()} is after the current watermark "
+                f"{state.watermark.isoformat() if state.watermark else 'none'}"
+            )
+        deleted = self.engine.rollups.rewind(spec, to)
+        new = self.engine.states.update(
+            name,
+            lambda s: replace(s, watermark=to, claimed_until=None),
+            reason=f"rewind to {to.isoformat()} (dropped {deleted} recomputed row(s))",
+            actor=self.actor,
+        )
+        return new, deleted
+
+    def request_recompute(
+        self, name: str, start: datetime, end: datetime, entities: frozenset[str] | None = None
+    ) -> Job:
+        """Queue a Manual recompute of the buckets covering [start, end). Fails fast (and records a
+        Failed job) when the rollup is not activated."""
+        spec = self.catalog.rollup(name)
+        start, end = as_utc(start), as_utc(end)
+        if start >= end:
+            raise InvalidTimeRangeError(
+                f"--from {start.isoformat()} must be before --to {end.isoformat()}"
+            )
+        buckets = buckets_in(spec, [Window(start, end)])
+        job = Job(name, Trigger.MANUAL, tuple(buckets), entities=entities)
+        state = self.engine.states.get(name)
+        if state.status is not ArchiveStatus.ACTIVATED:
+            reason = (
+                f"Archive is not activated (status {state.status.value}) - "
+                "activate it before recomputing"
+            )
+            failed = job.next(state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC))
+            self.engine.ledger.record([failed])
+            raise ArchiveNotActivatedError(
+                f"recompute of '{name}' failed: {reason} (job {job.job_id})"
+            )
+        self.engine.require_same_schema(spec, state)
+        self.engine.ledger.record([job])
+        return job

@@ -1,0 +1,80 @@
+"""The public read path: logical columns of a rollup (or the rows of a raw archive).
+
+`query_arrow` needs no Spark (the CLI uses it); `query_spark` returns a lazy DataFrame for large
+reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
+with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from rollup_assets.compute.aggregation import logical_columns
+from rollup_assets.model.specs import AggregateFunction, RollupSpec
+from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.services.engine import Engine
+
+FAR_PAST = datetime(1, 1, 2)
+FAR_FUTURE = datetime(9999, 12, 30)
+
+
+def span(start: datetime | None, end: datetime | None) -> Window:
+    return Window(as_utc(start or FAR_PAST), as_utc(end or FAR_FUTURE))
+
+
+def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:
+    cols = {
+        "entity_id": rows["entity_id"],
+        "bucket_start": rows["bucket_start"],
+        "bucket_end": rows["bucket_end"],
+    }
+    for agg in spec.aggregations:
+        out = agg.output_name
+        if agg.function is AggregateFunction.AVG:
+            s, c = rows[f"{out}__sum"], rows[f"{out}__count"]
+            cols[out] = pc.if_else(
+                pc.greater(c, 0),
+                pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())),
+                None,
+            )
+        else:
+            cols[out] = rows[out]
+    return pa.table(cols).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+
+
+def query_arrow(
+    engine: Engine,
+    archive: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    entities: Sequence[str] | None = None,
+) -> pa.Table:
+    """Rows of `archive` (rollup: logical columns) whose bucket start / time is in [start, end)."""
+    spec = engine.catalog.archive(archive)
+    engine.require_activated(spec)
+    ents = frozenset(entities) if entities else None
+    if isinstance(spec, RollupSpec):
+        needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
+        rows = engine.rollups.read_arrow(spec, [span(start, end)], ents, columns=needed)
+        return logical_arrow(rows, spec)
+    data = engine.raw.read_arrow(spec, [span(start, end)], ents).drop_columns(["day"])
+    time_col = data.column_names[1]
+    return data.sort_by([(time_col, "ascending"), ("entity_id", "ascending")])
+
+
+def query_spark(
+    engine: Engine,
+    spark: SparkSession,
+    archive: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    entities: Sequence[str] | None = None,
+) -> DataFrame:
+    spec = engine.catalog.rollup(archive)
+    engine.require_activated(spec)
+    ents = frozenset(entities) if entities else None
+    rows = engine.rollups.read_spark(spark, spec, [span(start, end)], ents)
+    return logical_columns(rows, spec).orderBy("bucket_start", "entity_id")

@@ -1,0 +1,237 @@
+"""The recompute lane: the optimistic atomic swap.
+
+1. Running:  claim a new generation N, read the source, aggregate the job's buckets (and
+             entities), let the executors write the rows, commit them (still invisible).
+2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
+             pointers to N in one commit - the moment readers switch.
+3. Completed, together with the pending jobs this causes one level up (one ledger commit);
+   then sweep the generations the flip superseded.
+
+A recompute never touches buckets at or past the watermark (the forward lane owns those, the
+open bucket included), and buckets whose end lies in the frozen range stay pending.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+
+from rollup_assets.model.errors import (
+    ArchiveNotActivatedError,
+    RecomputeAbortedError,
+    RollupsError,
+)
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in, place
+from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.windows import Window
+from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.faults import checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def start_job(
+    engine: Engine,
+    spec: RollupSpec,
+    *,
+    job_id: str | None,
+    requested: list[Window],
+    entities: frozenset[str] | None,
+    trigger: Trigger,
+) -> Job | None:
+    """The job this run executes: the sensor's pending job, or a new one for a manual launch.
+
+    Returns None when the job was already finished (e.g. coalesced into another).
+    """
+    if job_id:
+        job = engine.ledger.job(job_id)
+        if job is None:
+            raise RollupsError(f"job {job_id} of '{spec.name}' is not in the ledger")
+        return None if job.state.terminal else job
+    return Job(
+        rollup=spec.name,
+        trigger=trigger,
+        windows=tuple(buckets_in(spec, requested)),
+        entities=entities,
+    )
+
+
+def run_recompute(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    job: Job,
+    *,
+    run_id: str,
+    log_progress: Callable[[str], None] | None = None,
+) -> RunOutcome:
+    say = log_progress or log.info
+    t0 = time.monotonic()
+    state = engine.states.get(spec.name)
+    if state.status is not ArchiveStatus.ACTIVATED:
+        reason = (
+            f"Archive is not activated (status {state.status.value}) - "
+            "activate it before recomputing"
+        )
+        failed = job.next(
+            state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC), run_id=run_id
+        )
+        engine.ledger.record([failed])
+        raise ArchiveNotActivatedError(f"'{spec.name}': {reason}")
+    engine.require_same_schema(spec, state)
+
+    placement = place(buckets_in(spec, list(job.windows)), state)
+    ready = placement.ready
+    waiting = placement.waiting(job.trigger)
+    events: list[Job] = []
+    if waiting:
+        events.append(
+            Job(
+                rollup=spec.name,
+                trigger=job.trigger,
+                windows=tuple(sorted(waiting)),
+                entities=job.entities,
+                source_archive=job.source_archive,
+                source_version=job.source_version,
+                change_kind=job.change_kind,
+                change_source=job.change_source,
+            )
+        )
+    if not ready:
+        note = (
+            "nothing to recompute: every bucket is at/after the watermark "
+            "(open or not yet aggregated)"
+        )
+        if waiting:
+            note = f"{len(waiting)} bucket(s) are frozen or past the watermark and stay pending"
+        done = job.next(
+            state=JobState.COMPLETED,
+            windows_processed=0,
+            rows_processed=0,
+            run_id=run_id,
+            started_at=datetime.now(UTC),
+            finished_at=datetime.now(UTC),
+            duration_ms=0,
+            error=None,
+        )
+        engine.ledger.record([*events, done])
+        say(f"{spec.name}: {note}")
+        return RunOutcome(done, [], note=note)
+
+    generation = engine.rollups.next_generation(spec)
+    running = job.next(
+        state=JobState.RUNNING,
+        run_id=run_id,
+        started_at=datetime.now(UTC),
+        generation=generation,
+        windows=tuple(ready),
+    )
+    engine.ledger.record([*events, running])
+    try:
+        reclaimed = engine.rollups.reclaim(spec)
+        if reclaimed:
+            say(
+                f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "
+                "that died before its flip"
+            )
+        scope = "all entities" if job.entities is None else f"{len(job.entities)} entit(y/ies)"
+        say(
+            f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} "
+            f"at generation {generation}"
+        )
+        frame, versions = engine.partials(spark, spec, ready, job.entities)
+        written = engine.rollups.write_rows(
+            frame,
+            spec,
+            generation=generation,
+            job_id=job.job_id,
+            run_id=run_id,
+            source_versions=versions,
+        )
+        checkpoint("after_write")
+        version = engine.rollups.commit_generation(
+            spec,
+            written,
+            {
+                "rollups.operation": "recompute",
+                "rollups.job_id": job.job_id,
+                "rollups.generation": str(generation),
+                "dagster.run_id": run_id,
+            },
+        )
+        checkpoint("after_commit")
+        swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows)
+        engine.ledger.record([swapping])
+        _check_still_ours(engine, spec, running)
+        engine.rollups.flip(spec, ready, job.entities, generation, job_id=job.job_id, run_id=run_id)
+        checkpoint("after_flip")
+        duration = int((time.monotonic() - t0) * 1000)
+        done = swapping.next(
+            state=JobState.COMPLETED,
+            windows_processed=len(ready),
+            finished_at=datetime.now(UTC),
+            duration_ms=duration,
+        )
+        propagated = propagation_jobs(
+            engine.catalog, spec, ready, job.entities, version, engine.states.all()
+        )
+        engine.ledger.record([done, *propagated])
+        checkpoint("during_sweep")
+        swept = engine.rollups.sweep(
+            spec, ready, job.entities, flipped=written, generation=generation
+        )
+        say(
+            f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); "
+            f"swept {swept} superseded row(s)"
+        )
+        return RunOutcome(
+            done,
+            ready,
+            written.rows,
+            generation,
+            version,
+            versions,
+            duration,
+            propagated=propagated,
+        )
+    except Exception as exc:
+        current = engine.ledger.job(job.job_id)
+        if current is not None and not current.state.terminal:
+            engine.ledger.record(
+                [
+                    current.next(
+                        state=JobState.FAILED, error=_reason(exc), finished_at=datetime.now(UTC)
+                    )
+                ]
+            )
+        raise
+
+
+def _check_still_ours(engine: Engine, spec: RollupSpec, job: Job) -> None:
+    """Before the flip: a disable/delete may have failed this job meanwhile; then stop."""
+    state = engine.states.get(spec.name)
+    current = engine.ledger.job(job.job_id)
+    if state.status is not ArchiveStatus.ACTIVATED:
+        raise RecomputeAbortedError(
+            f"'{spec.name}' became {state.status.value} during the recompute; nothing was flipped"
+        )
+    if state.watermark is None or any(w.end > state.watermark for w in job.windows):
+        raise RecomputeAbortedError(
+            f"'{spec.name}' was rewound during the recompute; "
+            "the forward lane now owns these buckets"
+        )
+    if current is not None and current.state.terminal:
+        raise RecomputeAbortedError(
+            f"job {job.job_id} was ended ({current.state.value}: {current.error}); "
+            "nothing was flipped"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:497] + "..."

@@ -1,0 +1,97 @@
+"""Configuration: the one place the environment is read.
+
+`Settings.from_env()` is called at the edges (the code location's `definitions`, the CLI, the
+demo, the benchmark) and the values are passed down; nothing below reads the environment.
+"""
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+DEFAULT_WAREHOUSE = "./warehouse"
+DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
+
+
+@dataclass(frozen=True)
+class DetectionLimits:
+    """How much change detection does per tick, and how it scopes what it finds."""
+
+    # A change touching at most this many entities is recomputed for those entities only.
+    entity_scope_limit: int = 32
+    # Source commits one detection tick reads (the rest wait for the next tick).
+    max_versions_per_tick: int = 100
+    # Above this many changed rows a commit is classified from file stats (over-approximating).
+    max_cdf_rows: int = 2_000_000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a process, with the defaults documented in the README."""
+
+    warehouse: str = DEFAULT_WAREHOUSE
+    specs: Path = DEFAULT_SPECS
+    dagster_home: Path = field(default_factory=lambda: Path.cwd() / ".dagster_home")
+    spark_master: str | None = None
+    spark_remote: str | None = None
+    sensor_interval_seconds: int = 30
+    # Pins the forward lane's clock (tests, `rollups tick --now`); None: the real clock.
+    now: datetime | None = None
+    # Console log level of runs executed in-process by the CLI (None: Dagster's default).
+    run_log_level: str | None = None
+    limits: DetectionLimits = DetectionLimits()
+    # DAGSTER_PG_* for PostgreSQL storage, as given (read when DAGSTER_HOME is first written).
+    postgres: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        defaults = DetectionLimits()
+        return cls(
+            warehouse=env.get("ROLLUPS_WAREHOUSE") or DEFAULT_WAREHOUSE,
+            specs=Path(env.get("ROLLUPS_SPECS") or DEFAULT_SPECS),
+            dagster_home=Path(env.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve(),
+            spark_master=env.get("ROLLUPS_SPARK_MASTER") or None,
+            spark_remote=env.get("ROLLUPS_SPARK_REMOTE") or None,
+            sensor_interval_seconds=_int(env, "ROLLUPS_SENSOR_INTERVAL_SECONDS", 30, minimum=1),
+            now=_instant(env.get("ROLLUPS_NOW")),
+            run_log_level=env.get("ROLLUPS_RUN_LOG_LEVEL") or None,
+            limits=DetectionLimits(
+                entity_scope_limit=_int(
+                    env, "ROLLUPS_ENTITY_SCOPE_LIMIT", defaults.entity_scope_limit
+                ),
+                max_versions_per_tick=_int(
+                    env, "ROLLUPS_MAX_VERSIONS_PER_TICK", defaults.max_versions_per_tick, minimum=1
+                ),
+                max_cdf_rows=_int(env, "ROLLUPS_MAX_CDF_ROWS", defaults.max_cdf_rows),
+            ),
+            postgres={k: v for k, v in env.items() if k.startswith("DAGSTER_PG_")},
+        )
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value that cannot be used."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"{name}={text!r} is not a whole number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={text!r} must be at least {minimum}")
+    return value
+
+
+def _instant(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise SettingsError(f"ROLLUPS_NOW={text!r} is not an ISO-8601 date-time") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)

@@ -1,0 +1,64 @@
+"""Settings are read from the environment once, with the documented defaults and clear errors."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from rollup_assets.settings import DEFAULT_SPECS, DEFAULT_WAREHOUSE, Settings, SettingsError
+
+
+def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = Settings.from_env({})
+    assert (s.warehouse, s.specs) == (DEFAULT_WAREHOUSE, DEFAULT_SPECS)
+    assert s.dagster_home == (tmp_path / ".dagster_home").resolve()
+    assert (s.spark_master, s.spark_remote, s.now, s.run_log_level) == (None, None, None, None)
+    assert s.sensor_interval_seconds == 30
+    assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (32, 100)
+    assert s.limits.max_cdf_rows == 2_000_000
+    assert s.postgres == {}
+
+
+def test_every_variable_is_read(tmp_path: Path) -> None:
+    env = {
+        "ROLLUPS_WAREHOUSE": "s3://bucket/wh",
+        "ROLLUPS_SPECS": str(tmp_path / "specs.yaml"),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "ROLLUPS_SPARK_MASTER": "spark://host:7077",
+        "ROLLUPS_SPARK_REMOTE": "sc://host:15002",
+        "ROLLUPS_SENSOR_INTERVAL_SECONDS": "5",
+        "ROLLUPS_NOW": "2025-06-01T12:00:00+02:00",
+        "ROLLUPS_RUN_LOG_LEVEL": "WARNING",
+        "ROLLUPS_ENTITY_SCOPE_LIMIT": "3",
+        "ROLLUPS_MAX_VERSIONS_PER_TICK": "7",
+        "ROLLUPS_MAX_CDF_ROWS": "0",
+        "DAGSTER_PG_HOST": "db",
+        "UNRELATED": "x",
+    }
+    s = Settings.from_env(env)
+    assert s.warehouse == "s3://bucket/wh" and s.specs == tmp_path / "specs.yaml"
+    assert s.dagster_home == tmp_path / "home"
+    assert (s.spark_master, s.spark_remote) == ("spark://host:7077", "sc://host:15002")
+    assert s.sensor_interval_seconds == 5 and s.run_log_level == "WARNING"
+    assert s.now == datetime(2025, 6, 1, 10, tzinfo=UTC)
+    assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (3, 7)
+    assert s.limits.max_cdf_rows == 0
+    assert s.postgres == {"DAGSTER_PG_HOST": "db"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("ROLLUPS_SENSOR_INTERVAL_SECONDS", "soon", "not a whole number"),
+        ("ROLLUPS_SENSOR_INTERVAL_SECONDS", "0", "at least 1"),
+        # A tick that may read no version would never move detection forward.
+        ("ROLLUPS_MAX_VERSIONS_PER_TICK", "0", "at least 1"),
+        ("ROLLUPS_ENTITY_SCOPE_LIMIT", "-1", "at least 0"),
+        ("ROLLUPS_NOW", "yesterday", "not an ISO-8601"),
+    ],
+)
+def test_a_bad_value_names_the_variable(name: str, value: str, needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle) as info:
+        Settings.from_env({name: value})
+    assert name in str(info.value)
