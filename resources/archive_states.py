@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from resources.control_tables import CompareAndSetConflict, ControlTable
 from resources.delta_tables import with_retries
@@ -71,6 +72,12 @@ class ArchiveStateStore:
 
     def get(self, archive: str) -> ArchiveState:
         return self.all().get(archive) or ArchiveState(archive)
+
+    def history(self, archive: str) -> list[ArchiveState]:
+        """Every state the archive has had, oldest first (who changed it, when and why)."""
+        data = self.table.read()
+        rows = data.filter(pc.equal(data["archive"], archive)).sort_by([("seq", "ascending")])
+        return [_state_from_row(r) for r in rows.to_pylist()]
 
     def update(
         self,
