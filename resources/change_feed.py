@@ -62,6 +62,10 @@ class ChangeFeed:
         table = self.raw.table(spec)
         return None if table is None else table.version()
 
+    def table_id(self, spec: SourceSpec) -> str | None:
+        table = self.raw.table(spec)
+        return None if table is None else str(table.metadata().id)
+
     def changes(self, spec: SourceSpec, version: int) -> "Changes | None":
         """What commit `version` changed, or None for a commit without data change."""
         return read_changes(self.raw, spec, version, self.max_cdf_rows)

@@ -9,7 +9,8 @@ import logging
 from collections.abc import Sequence
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from resources.delta_tables import TABLE_CONFIGURATION, LatestCache, open_table, with_retries
@@ -32,22 +33,29 @@ class ControlTable:
         # them: a whole read of an unchanged table is served from memory.
         self._latest = LatestCache(lambda t: self._conform(t.to_pyarrow_table()))
 
-    def read(self, filter: str | None = None) -> pa.Table:
-        """The table's rows at its latest version (only those matching `filter`, if given).
+    def read(self) -> pa.Table:
+        """The table's rows at its latest version.
 
-        A whole read of the version this object read last returns the same Table object, so
-        callers may memoize what they derive from it.
+        A read of the version this object read last returns the same Table object, so callers
+        may memoize what they derive from it.
         """
-        if filter:
-            table = open_table(self.uri, self.storage_options)
-            if table is None:
-                return self.schema.empty_table()
-            return self._conform(table.to_pyarrow_table(filters=filter))
         latest = self._latest.get(self.uri, self.storage_options)
         return self.schema.empty_table() if latest is None else latest[0]
 
     def _conform(self, data: pa.Table) -> pa.Table:
-        return pa.table(data).select(self.schema.names).cast(self.schema)
+        """`data` in this table's schema; a column added since the rows were written is null."""
+        data = pa.table(data)
+        for f in self.schema:
+            if f.name not in data.column_names:
+                data = data.append_column(f.name, pa.nulls(data.num_rows, f.type))
+        return data.select(self.schema.names).cast(self.schema)
+
+    def _add_missing_columns(self, table: DeltaTable) -> None:
+        """Add the columns of this schema a table written by an earlier release lacks."""
+        present = {f.name for f in table.schema().fields}
+        missing = [f for f in self.schema if f.name not in present]
+        if missing:
+            table.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(missing)).fields))
 
     def append(
         self,
@@ -69,6 +77,8 @@ class ControlTable:
 
         def attempt() -> None:
             table = open_table(self.uri, self.storage_options)
+            if table is not None:
+                self._add_missing_columns(table)
             if cas and table is not None:
                 done = table.transaction_version(cas[0])
                 if done is not None and done >= cas[1]:

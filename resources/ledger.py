@@ -9,7 +9,7 @@ neither lose nor duplicate work.
 """
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -19,6 +19,7 @@ from resources.warehouse import Warehouse
 from rollup_assets.model.jobs import (
     ChangeKind,
     ChangeSource,
+    CursorMove,
     Job,
     JobState,
     LedgerSnapshot,
@@ -53,6 +54,8 @@ LEDGER_SCHEMA = pa.schema(
         ("finished_at", TS),
         ("duration_ms", pa.int64()),
         ("recorded_at", TS),
+        # Cursor rows: the Delta id of the source table the cursor was read on.
+        ("table_id", pa.string()),
     ]
 )
 
@@ -127,6 +130,10 @@ def _job_from_row(row: dict) -> Job:
     )
 
 
+def _copy(snapshot: LedgerSnapshot) -> LedgerSnapshot:
+    return LedgerSnapshot(dict(snapshot.jobs), dict(snapshot.cursors), dict(snapshot.tables))
+
+
 class Ledger:
     def __init__(self, warehouse: Warehouse) -> None:
         self.table = ControlTable(
@@ -138,23 +145,44 @@ class Ledger:
         data = self.table.read()
         parsed = self._parsed
         if parsed is not None and parsed[0] is data:  # the same table version as last time
-            return LedgerSnapshot(dict(parsed[1].jobs), dict(parsed[1].cursors))
+            return _copy(parsed[1])
         rows = data.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
         snapshot = fold(
             (_job_from_row(r) for r in rows if r["kind"] != "cursor"),
-            ((r["source_archive"], r["source_version"]) for r in rows if r["kind"] == "cursor"),
+            (
+                CursorMove(r["source_archive"], r["source_version"], r["table_id"])
+                for r in rows
+                if r["kind"] == "cursor"
+            ),
         )
         self._parsed = (data, snapshot)
-        return LedgerSnapshot(dict(snapshot.jobs), dict(snapshot.cursors))
+        return _copy(snapshot)
 
-    def record(self, jobs: Sequence[Job] = (), cursors: dict[str, int] | None = None) -> None:
-        """Write job events and cursor moves in one commit."""
+    def record(
+        self,
+        jobs: Sequence[Job] = (),
+        cursors: Mapping[str, int] | None = None,
+        *,
+        tables: Mapping[str, str | None] | None = None,
+        forget: Iterable[str] = (),
+    ) -> None:
+        """Write job events and cursor moves in one commit: `cursors` (read on the tables
+        `tables` names), and the cursors of the sources in `forget` dropped."""
         now = datetime.now(UTC)
         rows = [job_row(j) for j in jobs]
-        for source, version in (cursors or {}).items():
+        moves = [CursorMove(source, None) for source in forget]
+        moves += [
+            CursorMove(source, version, (tables or {}).get(source))
+            for source, version in (cursors or {}).items()
+        ]
+        for move in moves:
             row: dict[str, object] = {name: None for name in LEDGER_SCHEMA.names}
             row.update(
-                kind="cursor", source_archive=source, source_version=version, recorded_at=now
+                kind="cursor",
+                source_archive=move.source,
+                source_version=move.version,
+                table_id=move.table_id,
+                recorded_at=now,
             )
             rows.append(row)
         self.table.append(rows)

@@ -145,10 +145,12 @@ def build_sensors(
         feed = ChangeFeed(engine.raw, limits.max_cdf_rows)
         detection = detect(catalog, engine.states.all(), engine.ledger.snapshot(), feed, limits)
         checkpoint("sensor_planned")
-        if detection.jobs or detection.cursors:
+        if detection.jobs or detection.cursors or detection.forget:
             # The jobs and the cursor move together: a crash before this commit re-reads the same
             # versions next tick, a crash after it has them recorded. Nothing lost, nothing doubled.
-            engine.ledger.record(detection.jobs, detection.cursors)
+            engine.ledger.record(
+                detection.jobs, detection.cursors, tables=detection.tables, forget=detection.forget
+            )
         for note in detection.notes:
             context.log.info(note)
         lookup = DagsterRunLookup(context.instance)

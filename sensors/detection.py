@@ -40,6 +40,11 @@ class ChangeReader(Protocol):
         """What commit `version` changed (None: no data change)."""
         ...
 
+    def table_id(self, spec: SourceSpec) -> str | None:
+        """The Delta id of the source's table: a table created again under the same name has
+        another id (and counts its versions from 0 again)."""
+        ...
+
 
 @dataclass(frozen=True)
 class CommitSummary:
@@ -62,6 +67,8 @@ class Detection:
     rows_classified: int
     notes: list[str]
     commits: list[CommitSummary] = field(default_factory=list)
+    tables: dict[str, str | None] = field(default_factory=dict)  # the table each cursor is on
+    forget: list[str] = field(default_factory=list)  # sources whose cursor is dropped
 
 
 def classify(ts: datetime, consumed: datetime | None) -> ChangeKind:
@@ -97,14 +104,29 @@ def detect(
         *catalog.raw.values(),
         *catalog.time_range.values(),
     ]
+    tables: dict[str, str | None] = {}
+    forget: list[str] = []
     for base in bases:
         deps = [d for d in catalog.first_levels(base.name) if _consumes(states.get(d.name))]
+        cursor = snapshot.cursors.get(base.name)
         latest = reader.latest_version(base) if deps else None
         if latest is None:
+            # Nobody consumes the source (or its table is gone): its commits are nobody's dirty
+            # work, and whoever consumes it next starts from first sight.
+            if cursor is not None:
+                forget.append(base.name)
             continue
-        cursor = snapshot.cursors.get(base.name)
+        table = reader.table_id(base)
+        recorded = snapshot.tables.get(base.name)
+        if cursor is not None and (latest < cursor or recorded not in (None, table)):
+            notes.append(
+                f"{base.name}: the table was created again under this name; change detection "
+                "starts over on the new table"
+            )
+            cursor = None
         if cursor is None:
             cursors[base.name] = latest  # first sight: history before now is a backfill's business
+            tables[base.name] = table
             notes.append(f"{base.name}: change detection starts at version {latest}")
             continue
         if latest <= cursor:
@@ -124,11 +146,12 @@ def detect(
                     dirty.append(dep.name)
             commits.append(_summary(base.name, changes, dirty))
         cursors[base.name] = end
+        tables[base.name] = table
         if end < latest:
             notes.append(
                 f"{base.name}: read versions {cursor + 1}..{end}, {latest - end} left for next tick"
             )
-    return Detection(jobs, cursors, versions_read, rows_classified, notes, commits)
+    return Detection(jobs, cursors, versions_read, rows_classified, notes, commits, tables, forget)
 
 
 def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:

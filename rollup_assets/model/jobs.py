@@ -92,9 +92,22 @@ class Job:
 
 
 @dataclass(frozen=True)
+class CursorMove:
+    """Change detection has read source table `source` up to `version`, on the table whose Delta
+    id is `table_id` (a table deleted and created again under the same name is another table, and
+    counts its versions from 0 again). A `version` of None forgets the cursor."""
+
+    source: str
+    version: int | None
+    table_id: str | None = None
+
+
+@dataclass(frozen=True)
 class LedgerSnapshot:
     jobs: dict[str, Job]
     cursors: dict[str, int]
+    # The table each cursor was read on (None: recorded before tables were told apart).
+    tables: dict[str, str | None] = field(default_factory=dict)
 
     def for_rollup(self, rollup: str) -> list[Job]:
         return sorted(
@@ -108,17 +121,25 @@ class LedgerSnapshot:
         return [j for j in self.for_rollup(rollup) if j.state.active]
 
 
-def fold(events: Iterable[Job], cursors: Iterable[tuple[str, int]] = ()) -> LedgerSnapshot:
+def fold(events: Iterable[Job], moves: Iterable[CursorMove] = ()) -> LedgerSnapshot:
     """The ledger's state after `events` (job snapshots, in recording order) and cursor moves:
     each job is its newest event, except that the first terminal state sticks; a cursor is the
-    furthest version recorded for its source."""
+    furthest version recorded for its source since it was last forgotten or moved to another
+    table."""
     jobs: dict[str, Job] = {}
     for job in events:
         prev = jobs.get(job.job_id)
         if prev is not None and prev.state.terminal:
             continue
         jobs[job.job_id] = job
-    moved: dict[str, int] = {}
-    for source, version in cursors:
-        moved[source] = max(moved.get(source, -1), version)
-    return LedgerSnapshot(jobs, moved)
+    cursors: dict[str, int] = {}
+    tables: dict[str, str | None] = {}
+    for move in moves:
+        if move.version is None:
+            cursors.pop(move.source, None)
+            tables.pop(move.source, None)
+        elif move.source in cursors and move.table_id == tables[move.source]:
+            cursors[move.source] = max(cursors[move.source], move.version)
+        else:
+            cursors[move.source], tables[move.source] = move.version, move.table_id
+    return LedgerSnapshot(jobs, cursors, tables)

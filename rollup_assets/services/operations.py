@@ -135,6 +135,10 @@ class Operations:
             actor=self.actor,
         )
         self._purge(name, "archive was deleted")
+        if not isinstance(spec, RollupSpec):
+            # A table created again under this name is another table: change detection must
+            # not go on from where it read the deleted one.
+            self.engine.ledger.record(forget=[name])
         self._drop_tables(spec)
         return state
 

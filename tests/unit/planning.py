@@ -2,14 +2,14 @@
 the ledger (folded like the Delta one), archive states as a plain dict, and the source tables'
 change feed as a list of commits per source."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
 import pyarrow as pa
 
 from resources.change_feed import Changes
-from rollup_assets.model.jobs import ChangeSource, Job, LedgerSnapshot, fold
+from rollup_assets.model.jobs import ChangeSource, CursorMove, Job, LedgerSnapshot, fold
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import merge_windows
@@ -24,11 +24,22 @@ class MemoryLedger:
 
     def __init__(self) -> None:
         self.events: list[Job] = []
-        self.moves: list[tuple[str, int]] = []
+        self.moves: list[CursorMove] = []
 
-    def record(self, jobs: Sequence[Job] = (), cursors: dict[str, int] | None = None) -> None:
+    def record(
+        self,
+        jobs: Sequence[Job] = (),
+        cursors: Mapping[str, int] | None = None,
+        *,
+        tables: Mapping[str, str | None] | None = None,
+        forget: Iterable[str] = (),
+    ) -> None:
         self.events.extend(replace(j, windows=tuple(merge_windows(list(j.windows)))) for j in jobs)
-        self.moves.extend((cursors or {}).items())
+        self.moves.extend(CursorMove(source, None) for source in forget)
+        self.moves.extend(
+            CursorMove(source, version, (tables or {}).get(source))
+            for source, version in (cursors or {}).items()
+        )
 
     def snapshot(self) -> LedgerSnapshot:
         return fold(self.events, self.moves)
@@ -75,7 +86,20 @@ class MemoryFeed:
 
     def __init__(self, *sources: str) -> None:
         self.commits: dict[str, list[Changes | None]] = {name: [None] for name in sources}
+        self.ids: dict[str, str] = {name: f"{name}-1" for name in sources}
         self.read: list[tuple[str, int]] = []  # (source, version) of every `changes` call
+
+    def table_id(self, spec: RawArchiveSpec | TimeRangeArchiveSpec) -> str | None:
+        return self.ids.get(spec.name) if spec.name in self.commits else None
+
+    def recreate(self, source: str) -> None:
+        """The source's table deleted and created again: another table, from version 0."""
+        self.commits[source] = [None]
+        self.ids[source] = f"{source}-{int(self.ids[source].rsplit('-', 1)[1]) + 1}"
+
+    def drop(self, source: str) -> None:
+        """The source's table deleted."""
+        del self.commits[source]
 
     def latest_version(self, spec: RawArchiveSpec | TimeRangeArchiveSpec) -> int | None:
         commits = self.commits.get(spec.name)

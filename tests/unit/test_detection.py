@@ -39,7 +39,7 @@ class Sources:
     def detect(self, limits: DetectionLimits = DEFAULT_LIMITS) -> Detection:
         """One detection tick, recorded in the ledger as the sensor records it."""
         d = detect(CATALOG, self.states, self.ledger.snapshot(), self.feed, limits)
-        self.ledger.record(d.jobs, d.cursors)
+        self.ledger.record(d.jobs, d.cursors, tables=d.tables, forget=d.forget)
         return d
 
     def start_cursor(self) -> None:
@@ -222,3 +222,61 @@ def test_disabled_rollups_still_record_dirty_work(sources: Sources) -> None:
     update(sources.states, "energy_hourly", status=ArchiveStatus.DISABLED)
     sources.write([("m1", T0)])
     assert [j.rollup for j in sources.detect().jobs] == ["energy_hourly"]
+
+
+def test_a_table_created_again_is_read_from_its_start(sources: Sources) -> None:
+    """A raw table deleted and created again counts its versions from 0: the cursor of the old
+    table must not hide the new table's commits (they would be skipped as already read)."""
+    sources.start_cursor()
+    for h in range(6):
+        sources.write([("m1", T0 + h * H)])
+    sources.detect()
+    assert sources.ledger.snapshot().cursors["energy_raw"] == 6
+    sources.feed.recreate("energy_raw")
+    again = sources.detect()  # first sight of the new table: no history, the cursor restarts
+    assert again.jobs == [] and again.cursors == {"energy_raw": 0}
+    assert any("created again" in n for n in again.notes)
+    v = sources.write([("m2", T0 + 2 * H)])
+    d = sources.detect()
+    assert [(j.rollup, j.entities, j.source_version) for j in d.jobs] == [
+        ("energy_hourly", frozenset({"m2"}), v)
+    ]
+    assert sources.ledger.snapshot().tables["energy_raw"] == "energy_raw-2"
+
+
+def test_a_table_created_again_past_the_old_cursor_is_told_apart_by_its_id(
+    sources: Sources,
+) -> None:
+    sources.start_cursor()
+    sources.write([("m1", T0)])
+    sources.detect()
+    sources.feed.recreate("energy_raw")
+    for h in range(3):  # the new table is already past the old cursor (1) when detection runs
+        sources.write([("m3", T0 + h * H)])
+    d = sources.detect()
+    assert d.jobs == [] and d.cursors == {"energy_raw": 3}
+    late = sources.write([("m3", T0 + 5 * H)])
+    assert [j.source_version for j in sources.detect().jobs] == [late]
+
+
+def test_a_source_nobody_consumes_forgets_its_cursor(sources: Sources) -> None:
+    """Commits while no rollup consumes the source are nobody's dirty work: a rollup that
+    consumes it again starts from first sight, not from the old cursor (no history scan)."""
+    sources.start_cursor()
+    sources.write([("m1", T0)])
+    sources.detect()
+    update(sources.states, "energy_hourly", status=ArchiveStatus.DELETED, watermark=None)
+    gone = sources.detect()
+    assert gone.forget == ["energy_raw"] and "energy_raw" not in sources.ledger.snapshot().cursors
+    assert sources.detect().forget == []  # forgotten once
+    sources.write([("m1", T0 + H)])  # history written while nothing consumed the source
+    update(sources.states, "energy_hourly", status=ArchiveStatus.ACTIVATED, watermark=WATERMARK)
+    first = sources.detect()
+    assert first.jobs == [] and first.cursors == {"energy_raw": 2}
+
+
+def test_a_dropped_table_forgets_its_cursor(sources: Sources) -> None:
+    sources.start_cursor()
+    sources.feed.drop("energy_raw")
+    d = sources.detect()
+    assert d.forget == ["energy_raw"] and d.jobs == []
