@@ -115,8 +115,13 @@ class RollupTable:
         *,
         flipped: Written | None = None,
         generation: int | None = None,
+        up_to: int | None = None,
     ) -> int:
         """Delete rows in `buckets` (for `entities`) that are not the active generation.
+
+        With `up_to`, rows of a newer generation stay: a caller that holds no writer's lock (the
+        maintenance sweep) passes the newest generation its pointers know, since a newer one is
+        a recompute's, committed but not flipped yet.
 
         After a recompute's flip, pass its `generation` and what it wrote (`flipped`): files
         holding only that generation have nothing superseded and are not read, and a file much
@@ -161,15 +166,16 @@ class RollupTable:
                 mask = pc.and_(
                     mask, pc.is_in(rows["entity_id"], value_set=pa.array(sorted(entities)))
                 )
-            return mask
+            return _at_most(mask, rows, up_to)
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
 
-    def reclaim(self, spec: RollupSpec, protected: frozenset[int] = frozenset()) -> int:
+    def reclaim(self, spec: RollupSpec, up_to: int | None = None) -> int:
         """Delete rows of generations no pointer references (left by runs that died before the
-        flip), except `protected` ones that a live job is still about to flip."""
+        flip). With `up_to`, only generations up to it: see `sweep`. Without it, call it only
+        while holding the rollup's writer slot (a recompute does, before it writes)."""
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        live = {0, *protected, *pc.unique(pointers["generation"]).to_pylist()}
+        live = {0, *pc.unique(pointers["generation"]).to_pylist()}
         live_arr = pa.array(sorted(live), pa.int64())
 
         def select(files: list[dict]) -> list[dict]:
@@ -177,11 +183,16 @@ class RollupTable:
                 f
                 for f in files
                 if f.get("min.generation") is None
-                or any(g not in live for g in range(f["min.generation"], f["max.generation"] + 1))
+                or any(
+                    g not in live and (up_to is None or g <= up_to)
+                    for g in range(f["min.generation"], f["max.generation"] + 1)
+                )
             ]
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            return pc.invert(pc.is_in(rows["generation"], value_set=live_arr))
+            return _at_most(
+                pc.invert(pc.is_in(rows["generation"], value_set=live_arr)), rows, up_to
+            )
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "reclaim"})
 
@@ -274,3 +285,10 @@ class RollupTable:
                 )
             )
         return removes, adds, dropped
+
+
+def _at_most(mask: pa.ChunkedArray, rows: pa.Table, generation: int | None) -> pa.ChunkedArray:
+    """`mask`, limited to rows of `generation` or older (no limit: None)."""
+    if generation is None:
+        return mask
+    return pc.and_(mask, pc.less_equal(rows["generation"], generation))

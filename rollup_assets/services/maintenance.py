@@ -3,7 +3,8 @@
 Every commit adds a log entry and usually a small file; forward refreshes and control writes add
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
 (a data-neutral rewrite, which change detection ignores), a full sweep deletes every superseded
-or orphaned generation, and vacuum deletes unreferenced files older than the retention (which
+or orphaned generation up to the newest one the pointers know (a newer one belongs to a recompute
+that has not flipped yet), and vacuum deletes unreferenced files older than the retention (which
 must exceed the longest read or run, or pinned snapshots would lose their files).
 """
 
@@ -51,9 +52,14 @@ def maintain(
         if spec.name in active or spec.name not in statuses:
             continue  # a live recompute may still flip its generation: leave this rollup alone
         pointers, _ = read_pointers(store.genmap_uri(spec), warehouse.storage_options)
+        # Maintenance holds no writer's slot: a recompute may start after the check above and
+        # commit rows of a new generation, newer than every pointer read here, before flipping
+        # them. Rows of a newer generation are left alone (a dead run's are reclaimed by the next
+        # recompute of the rollup, which holds its slot).
+        newest = max([0, *pointers["generation"].to_pylist()])
         buckets = sorted({Window(r["bucket_start"], r["bucket_end"]) for r in pointers.to_pylist()})
-        swept = store.sweep(spec, buckets, None) if buckets else 0
-        reclaimed = store.reclaim(spec)
+        swept = store.sweep(spec, buckets, None, up_to=newest) if buckets else 0
+        reclaimed = store.reclaim(spec, up_to=newest)
         report.rows_swept += swept + reclaimed
         if swept or reclaimed:
             report.details.append(
