@@ -21,7 +21,7 @@ from resources.raw_store import IngestResult
 from resources.spark import LOCAL_DEFAULTS, build_session
 from resources.warehouse import Warehouse
 from rollup_assets.definitions import build_definitions
-from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
+from rollup_assets.model.jobs import ChangeSource, Job, JobState, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog
@@ -36,7 +36,6 @@ from rollup_assets.services.operations import Operations
 from tests.system.daemon import write_home
 
 FIRST_LEVEL = "energy_hourly"
-RECOMPUTE_TRIGGERS = (Trigger.PERIODIC, Trigger.CHAIN, Trigger.MANUAL)
 
 
 def bench_session(event_dir: Path, master: str = "local[2]") -> SparkSession:
@@ -184,7 +183,7 @@ class BenchWorld:
             for name in self.catalog.rollups
             for j in self.engine.ledger.history(name, limit=10_000)
             if j.created_at >= since
-            and j.trigger in RECOMPUTE_TRIGGERS
+            and j.trigger.lane is Lane.RECOMPUTE
             and j.state is JobState.COMPLETED
             and j.windows_processed
         ]
@@ -195,5 +194,5 @@ class BenchWorld:
             1
             for name in self.catalog.rollups
             for j in snap.for_rollup(name)
-            if j.trigger in RECOMPUTE_TRIGGERS and not j.state.terminal
+            if j.trigger.lane is Lane.RECOMPUTE and not j.state.terminal
         )

@@ -22,6 +22,7 @@ from rollup_assets.model.jobs import (
     CursorMove,
     Job,
     JobState,
+    Lane,
     LedgerSnapshot,
     Trigger,
     fold,
@@ -190,6 +191,9 @@ class Ledger:
     def job(self, job_id: str) -> Job | None:
         return self.snapshot().jobs.get(job_id)
 
-    def history(self, rollup: str, limit: int = 50) -> list[Job]:
-        jobs = self.snapshot().for_rollup(rollup)
+    def history(self, rollup: str, limit: int = 50, lane: Lane | None = None) -> list[Job]:
+        """The rollup's newest `limit` jobs, newest first (of `lane` only, if given)."""
+        jobs = [
+            j for j in self.snapshot().for_rollup(rollup) if lane is None or j.trigger.lane is lane
+        ]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]

@@ -126,7 +126,7 @@ def _settle(
     busy = False
     now = datetime.now(UTC)
     for job in snapshot.for_rollup(spec.name):
-        if job.state.terminal or job.trigger in (Trigger.FORWARD, Trigger.OPEN_BUCKET):
+        if job.state.terminal or job.trigger.lane is Lane.FORWARD:
             continue
         # A job a run took over in its own chain has no run launched for it: its owner counts.
         owner = job.run_id if job.state.active else None

@@ -89,9 +89,7 @@ def _source_changed(
     done = [
         j
         for j in snapshot.for_rollup(spec.name)
-        if j.trigger in (Trigger.FORWARD, Trigger.OPEN_BUCKET)
-        and j.state is JobState.COMPLETED
-        and j.windows
+        if j.trigger.lane is Lane.FORWARD and j.state is JobState.COMPLETED and j.windows
     ]
     if not done:
         return True

@@ -74,13 +74,24 @@ _lifecycle("delete", "Delete ARCHIVE and its data (rejected while activated roll
 
 @main.command()
 @click.argument("rollup")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--lane",
+    type=click.Choice(["recompute", "forward", "all"]),
+    default="recompute",
+    show_default=True,
+    help="recompute: the job history (manual, late-write and chain recomputes); forward: the "
+    "forward lane's closes and open-bucket refreshes; all: both.",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
-def jobs(rollup: str, limit: int, fmt: str) -> None:
-    """Job history of ROLLUP, newest first."""
+def jobs(rollup: str, limit: int, lane: str, fmt: str) -> None:
+    """Job history of ROLLUP, newest first: its recompute jobs, unless --lane says otherwise."""
+    from rollup_assets.model.jobs import Lane
+
     catalog().rollup(rollup)
-    echo_data([job_row(j) for j in engine().ledger.history(rollup, limit)], fmt)
+    only = None if lane == "all" else Lane(lane)
+    echo_data([job_row(j) for j in engine().ledger.history(rollup, limit, only)], fmt)
 
 
 @main.command()

@@ -18,7 +18,7 @@ from rollup_assets.demo.story import (
     SEED,
     Story,
 )
-from rollup_assets.model.jobs import ChangeSource, Job
+from rollup_assets.model.jobs import ChangeSource, Job, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.jobs import job_name
@@ -203,6 +203,6 @@ def propagate(story: Story) -> list[Job]:
         j
         for name in LEVELS
         for j in snap.for_rollup(name)
-        if j.created_at >= since and j.trigger.value not in ("Forward", "OpenBucket")
+        if j.created_at >= since and j.trigger.lane is Lane.RECOMPUTE
     ]
     return sorted(jobs, key=lambda j: (LEVELS.index(j.rollup), j.created_at))

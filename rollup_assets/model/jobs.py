@@ -15,6 +15,13 @@ from enum import StrEnum
 from rollup_assets.model.windows import Window
 
 
+class Lane(StrEnum):
+    """The two ways a run writes a rollup."""
+
+    FORWARD = "forward"  # close buckets past the watermark, refresh the open bucket (generation 0)
+    RECOMPUTE = "recompute"  # recompute closed buckets at a new generation, then flip
+
+
 class Trigger(StrEnum):
     FORWARD = "Forward"
     OPEN_BUCKET = "OpenBucket"
@@ -22,12 +29,12 @@ class Trigger(StrEnum):
     PERIODIC = "Periodic"
     CHAIN = "ChainPropagation"
 
-
-class Lane(StrEnum):
-    """The two ways a run writes a rollup."""
-
-    FORWARD = "forward"  # close buckets past the watermark, refresh the open bucket (generation 0)
-    RECOMPUTE = "recompute"  # recompute closed buckets at a new generation, then flip
+    @property
+    def lane(self) -> Lane:
+        """The lane whose jobs this trigger starts (the recompute jobs are the job history)."""
+        if self in (Trigger.FORWARD, Trigger.OPEN_BUCKET):
+            return Lane.FORWARD
+        return Lane.RECOMPUTE
 
 
 class JobState(StrEnum):

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from rollup_assets.model.jobs import JobState, LedgerSnapshot, Trigger
+from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveState
@@ -27,14 +27,11 @@ class Health:
     pending_recompute_ranges: list[Window]
 
 
-RECOMPUTE_TRIGGERS = (Trigger.MANUAL, Trigger.PERIODIC, Trigger.CHAIN)
-
-
 def health(
     catalog: Catalog, name: str, snap: LedgerSnapshot, states: dict[str, ArchiveState]
 ) -> Health:
     state = states.get(name) or ArchiveState(name)
-    jobs = [j for j in snap.for_rollup(name) if j.trigger in RECOMPUTE_TRIGGERS]
+    jobs = [j for j in snap.for_rollup(name) if j.trigger.lane is Lane.RECOMPUTE]
     pending = [j for j in jobs if j.state is JobState.PENDING]
     started = [j.started_at for j in jobs if j.started_at]
     ok = [j.finished_at for j in jobs if j.state is JobState.COMPLETED and j.finished_at]

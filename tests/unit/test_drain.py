@@ -116,8 +116,11 @@ def test_frozen_buckets_wait_until_unfreeze(drain: DrainState) -> None:
     assert [lch.job_id for lch in plan(drain).launches] == [job.job_id]
 
 
-def test_nothing_drains_for_a_rollup_that_is_not_activated(drain: DrainState) -> None:
-    update(drain.states, "energy_daily", status=ArchiveStatus.DISABLED)
+@pytest.mark.parametrize("status", [ArchiveStatus.DISABLED, ArchiveStatus.FAILED])
+def test_nothing_drains_for_a_rollup_that_is_not_activated(
+    drain: DrainState, status: ArchiveStatus
+) -> None:
+    update(drain.states, "energy_daily", status=status)
     drain.ledger.record(
         [
             Job(
@@ -128,7 +131,7 @@ def test_nothing_drains_for_a_rollup_that_is_not_activated(drain: DrainState) ->
         ]
     )
     p = plan(drain)
-    assert p.launches == [] and any("wait" in n for n in p.notes)
+    assert p.launches == [] and any("wait" in n and status.value in n for n in p.notes)
 
 
 def test_one_recompute_at_a_time(drain: DrainState) -> None:
