@@ -27,6 +27,7 @@ from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
+from rollup_assets.settings import Settings
 from tests.conftest import World
 from tests.integration import test_chain_oracle as chain
 from tests.oracle import compare_all
@@ -36,7 +37,8 @@ def session_for(url: str, conf: dict[str, str]) -> SparkSession:
     """The session, chosen the way a deployment chooses it: through the environment, which the
     runs' `SparkResource` reads too (and must attach to this session, not stop it)."""
     os.environ["ROLLUPS_SPARK_REMOTE" if url.startswith("sc://") else "ROLLUPS_SPARK_MASTER"] = url
-    return build_session(conf=conf)
+    settings = Settings.from_env()
+    return build_session(master=settings.spark_master, remote=settings.spark_remote, conf=conf)
 
 
 def describe(spark: SparkSession) -> dict:
