@@ -63,7 +63,9 @@ def _lifecycle(action: str, doc: str) -> None:
 
 _lifecycle("activate", "Activate ARCHIVE (provisions tables; a rollup starts one bucket back).")
 _lifecycle(
-    "disable", "Disable ARCHIVE (data kept; pending and running work is failed with the reason)."
+    "disable",
+    "Disable ARCHIVE (data kept; a running recompute stops and is queued again; pending work "
+    "waits until the archive is enabled).",
 )
 _lifecycle("enable", "Re-activate a disabled or failed ARCHIVE; new pending work drains again.")
 _lifecycle("delete", "Delete ARCHIVE and its data (rejected while activated rollups read from it).")

@@ -113,7 +113,7 @@ class Operations:
             reason="disable",
             actor=self.actor,
         )
-        self._purge(name, "archive was disabled")
+        self._requeue_running(name, "archive was disabled")
         return state
 
     def delete(self, name: str) -> ArchiveState:
@@ -148,8 +148,37 @@ class Operations:
         else:
             self.engine.raw.drop(spec)
 
+    def _requeue_running(self, name: str, why: str) -> list[Job]:
+        """Fail the rollup's running jobs with `why` and queue their work again.
+
+        A disabled rollup's pending work waits for it to be enabled (as work detected while it is
+        disabled does): dropping it would lose the corrections it stands for. A running job's
+        run stops before its flip (it re-checks the status), so its buckets are queued again.
+        """
+        snap = self.engine.ledger.snapshot()
+        now = datetime.now(UTC)
+        events: list[Job] = []
+        for j in snap.for_rollup(name):
+            if not j.state.active:
+                continue
+            events.append(j.next(state=JobState.FAILED, error=f"stopped: {why}", finished_at=now))
+            events.append(
+                Job(
+                    name,
+                    j.trigger,
+                    j.windows,
+                    entities=j.entities,
+                    source_archive=j.source_archive,
+                    source_version=j.source_version,
+                    change_kind=j.change_kind,
+                    change_source=j.change_source,
+                )
+            )
+        self.engine.ledger.record(events)
+        return events
+
     def _purge(self, name: str, why: str) -> list[Job]:
-        """Fail the rollup's pending and active jobs with `why` (disable / delete)."""
+        """Fail the archive's pending and active jobs with `why` (a deleted archive)."""
         snap = self.engine.ledger.snapshot()
         now = datetime.now(UTC)
         ended = [

@@ -217,7 +217,7 @@ def test_a_late_write_into_a_frozen_range_waits_for_unfreeze(world: World) -> No
 # -- disable / enable / re-activation -----------------------------------------------------------
 
 
-def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
+def test_disable_keeps_pending_work_and_enable_drains_it(world: World) -> None:
     build(world, (HOURLY,))
     queued = world.ops.request_recompute(HOURLY, LATE_HOUR.start, LATE_HOUR.end + H)
     running = Job(
@@ -235,14 +235,21 @@ def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
     v0 = version(world, HOURLY)
 
     world.ops.disable(HOURLY)
-    for job_id in (queued.job_id, running.job_id):
-        ended = world.engine.ledger.job(job_id)
-        assert ended is not None and ended.state is JobState.FAILED
-        assert ended.error == "purged: archive was disabled" and ended.finished_at is not None
+    # The running job is stopped with the reason and its buckets are queued again; the pending
+    # request waits: a disable loses no correction.
+    stopped = world.engine.ledger.job(running.job_id)
+    assert stopped is not None and stopped.state is JobState.FAILED
+    assert stopped.error == "stopped: archive was disabled" and stopped.finished_at is not None
+    kept = world.engine.ledger.job(queued.job_id)
+    assert kept is not None and kept.state is JobState.PENDING
+    requeued = [
+        j for j in world.engine.ledger.snapshot().pending(HOURLY) if j.job_id != queued.job_id
+    ]
+    assert [(j.trigger, j.windows) for j in requeued] == [(Trigger.PERIODIC, (LATE_HOUR,))]
     h = health(world.catalog, HOURLY, world.engine.ledger.snapshot(), world.engine.states.all())
     assert h.status == "Disabled" and not h.recompute_in_progress
-    assert h.dirty_windows_pending == 0 and h.pending_recompute_ranges == []
-    assert h.last_recompute_failure_reason == "purged: archive was disabled"
+    assert h.dirty_windows_pending == 2 and h.pending_recompute_ranges
+    assert h.last_recompute_failure_reason == "stopped: archive was disabled"
 
     # A recompute of a disabled rollup fails fast with the reason, and writes nothing ...
     with pytest.raises(ArchiveNotActivatedError, match=r"not activated \(status Disabled\)"):
@@ -262,7 +269,11 @@ def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
     reports = world.tick(NOW)
     assert runs_for(reports, HOURLY) == []
     assert version(world, HOURLY) == v0
-    waiting = world.engine.ledger.snapshot().pending(HOURLY)
+    waiting = [
+        j
+        for j in world.engine.ledger.snapshot().pending(HOURLY)
+        if j.job_id not in {queued.job_id, requeued[0].job_id}
+    ]
     assert [(j.trigger, j.windows) for j in waiting] == [(Trigger.PERIODIC, (LATE_HOUR,))]
     with pytest.raises(ArchiveNotActivatedError):
         world.query(HOURLY)
@@ -273,8 +284,9 @@ def test_disable_purges_work_and_enable_drains_new_work(world: World) -> None:
     reports = world.tick(NOW)
     assert runs_for(reports, HOURLY)
     assert version(world, HOURLY) != v0
-    resumed = world.engine.ledger.job(waiting[0].job_id)
-    assert resumed is not None and resumed.state in (JobState.COMPLETED, JobState.COALESCED)
+    for job in (waiting[0], kept, requeued[0]):  # what waited, all of it, drained
+        resumed = world.engine.ledger.job(job.job_id)
+        assert resumed is not None and resumed.state in (JobState.COMPLETED, JobState.COALESCED)
     assert problems(world, (HOURLY,)) == []
     assert world.engine.ledger.snapshot().pending(HOURLY) == []
 
