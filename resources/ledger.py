@@ -25,6 +25,7 @@ from rollup_assets.model.jobs import (
     Lane,
     LedgerSnapshot,
     Trigger,
+    cursor_moves,
     fold,
 )
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
@@ -171,12 +172,7 @@ class Ledger:
         `tables` names), and the cursors of the sources in `forget` dropped."""
         now = datetime.now(UTC)
         rows = [job_row(j) for j in jobs]
-        moves = [CursorMove(source, None) for source in forget]
-        moves += [
-            CursorMove(source, version, (tables or {}).get(source))
-            for source, version in (cursors or {}).items()
-        ]
-        for move in moves:
+        for move in cursor_moves(cursors, tables, forget):
             row: dict[str, object] = {name: None for name in LEDGER_SCHEMA.names}
             row.update(
                 kind="cursor",

@@ -159,16 +159,7 @@ def _settle(
             finished_at=now,
             error=job.error or f"run {last_run} ended before the job completed ({job.state.value})",
         )
-        retry = Job(
-            spec.name,
-            job.trigger,
-            job.windows,
-            entities=job.entities,
-            source_archive=job.source_archive,
-            source_version=job.source_version,
-            change_kind=job.change_kind,
-            change_source=job.change_source,
-        )
+        retry = job.again()
         plan.events += [failed, retry]
         pending.append(retry)
         plan.notes.append(

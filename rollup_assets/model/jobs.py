@@ -7,7 +7,7 @@ Pending jobs *are* the pending recompute ranges.
 
 import dataclasses
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -97,6 +97,20 @@ class Job:
         """This job after a state change (the next event of it)."""
         return dataclasses.replace(self, seq=self.seq + 1, **changes)  # type: ignore[arg-type]
 
+    def again(self, windows: tuple[Window, ...] | None = None) -> "Job":
+        """A new pending job for this job's work (or for `windows` of it): same rollup, trigger,
+        entities and provenance, a new id."""
+        return Job(
+            self.rollup,
+            self.trigger,
+            self.windows if windows is None else windows,
+            entities=self.entities,
+            source_archive=self.source_archive,
+            source_version=self.source_version,
+            change_kind=self.change_kind,
+            change_source=self.change_source,
+        )
+
 
 @dataclass(frozen=True)
 class CursorMove:
@@ -126,6 +140,20 @@ class LedgerSnapshot:
 
     def active(self, rollup: str) -> list[Job]:
         return [j for j in self.for_rollup(rollup) if j.state.active]
+
+
+def cursor_moves(
+    cursors: Mapping[str, int] | None = None,
+    tables: Mapping[str, str | None] | None = None,
+    forget: Iterable[str] = (),
+) -> list[CursorMove]:
+    """The moves that forget the cursors of `forget`, then move `cursors` (read on `tables`)."""
+    moves = [CursorMove(source, None) for source in forget]
+    moves += [
+        CursorMove(source, version, (tables or {}).get(source))
+        for source, version in (cursors or {}).items()
+    ]
+    return moves
 
 
 def fold(events: Iterable[Job], moves: Iterable[CursorMove] = ()) -> LedgerSnapshot:

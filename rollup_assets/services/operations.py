@@ -162,18 +162,7 @@ class Operations:
             if not j.state.active:
                 continue
             events.append(j.next(state=JobState.FAILED, error=f"stopped: {why}", finished_at=now))
-            events.append(
-                Job(
-                    name,
-                    j.trigger,
-                    j.windows,
-                    entities=j.entities,
-                    source_archive=j.source_archive,
-                    source_version=j.source_version,
-                    change_kind=j.change_kind,
-                    change_source=j.change_source,
-                )
-            )
+            events.append(j.again())
         self.engine.ledger.record(events)
         return events
 

@@ -90,18 +90,7 @@ def run_recompute(
     waiting = placement.waiting(job.trigger)
     events: list[Job] = []
     if waiting:
-        events.append(
-            Job(
-                rollup=spec.name,
-                trigger=job.trigger,
-                windows=tuple(sorted(waiting)),
-                entities=job.entities,
-                source_archive=job.source_archive,
-                source_version=job.source_version,
-                change_kind=job.change_kind,
-                change_source=job.change_source,
-            )
-        )
+        events.append(job.again(tuple(sorted(waiting))))
     if not ready:
         note = (
             "nothing to recompute: every bucket is at/after the watermark "

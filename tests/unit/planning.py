@@ -9,7 +9,14 @@ from datetime import datetime
 import pyarrow as pa
 
 from resources.change_feed import Changes
-from rollup_assets.model.jobs import ChangeSource, CursorMove, Job, LedgerSnapshot, fold
+from rollup_assets.model.jobs import (
+    ChangeSource,
+    CursorMove,
+    Job,
+    LedgerSnapshot,
+    cursor_moves,
+    fold,
+)
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import merge_windows
@@ -35,11 +42,7 @@ class MemoryLedger:
         forget: Iterable[str] = (),
     ) -> None:
         self.events.extend(replace(j, windows=tuple(merge_windows(list(j.windows)))) for j in jobs)
-        self.moves.extend(CursorMove(source, None) for source in forget)
-        self.moves.extend(
-            CursorMove(source, version, (tables or {}).get(source))
-            for source, version in (cursors or {}).items()
-        )
+        self.moves.extend(cursor_moves(cursors, tables, forget))
 
     def snapshot(self) -> LedgerSnapshot:
         return fold(self.events, self.moves)
