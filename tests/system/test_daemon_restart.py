@@ -31,7 +31,7 @@ import pytest
 
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window, iso_utc
-from rollup_assets.orchestration.runs import DagsterRunLookup
+from rollup_assets.orchestration.runs import UNFINISHED, DagsterRunLookup
 from tests.conftest import World, days
 from tests.exactly_once import changed_windows, duplicated_rows, exactly_once, old_or_new
 from tests.oracle import compare_all
@@ -49,13 +49,6 @@ WAVE = [
     (date(2024, 11, 27), ["meter-0000"], 1.5),
     (date(2024, 12, 3), ["meter-0001"], 0.5),
     (date(2024, 11, 30), ["meter-0000", "meter-0001"], 2.0),  # local Nov 30 and Dec 1
-]
-UNFINISHED = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
 ]
 
 
