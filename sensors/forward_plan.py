@@ -1,17 +1,18 @@
-"""Forward planning: which rollups have buckets to close or an open bucket to refresh.
+"""Forward planning: which rollups have buckets to close or open buckets to refresh.
 
 A rollup gets one forward run per tick at most, and none while a run writing it or any level
 below it is in flight: that run carries its changes up the chain itself (services/chain.py),
-and whatever it leaves is planned on a later tick. The open bucket is refreshed when its source
-changed inside it since the last forward run read it (a raw source: the time span each ingest
-commit records; a rollup source: its own completed jobs), or when the open bucket moved on, so
-an idle chain, or a correction far back, costs no refresh; a closing run always refreshes it.
+and whatever it leaves is planned on a later tick. An open bucket (model/forward.py) is
+refreshed when its source changed inside it since the last forward run that read it (a raw
+source: the time span each ingest commit records; a rollup source: its own completed jobs), or
+when no forward run has read it yet, so an idle chain, or a correction far back, costs no
+refresh; a closing run always refreshes them.
 """
 
 from datetime import datetime
 from typing import Protocol
 
-from rollup_assets.model.forward import closed_buckets, open_bucket, source_limit
+from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -47,14 +48,13 @@ def plan_forward(
         if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
         closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
-        ob = open_bucket(spec, state, now)
-        if (
-            ob is not None
-            and not closed
-            and not _source_changed(catalog, spec, snapshot, ob, sources)
-        ):
-            ob = None
-        buckets = [*closed, *([ob] if ob is not None and ob not in closed else [])]
+        refresh = [
+            ob
+            for ob in open_buckets(spec, state, now)
+            if ob not in closed
+            and (closed or _source_changed(catalog, spec, snapshot, ob, sources))
+        ]
+        buckets = [*closed, *refresh]
         if buckets:
             trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
             launches.append(Launch(spec.name, Lane.FORWARD, trigger, buckets))
@@ -85,17 +85,16 @@ def _source_changed(
     sources: SourceLog,
 ) -> bool:
     """Did the source change inside the open `bucket` since the last forward run read it?"""
-    open_start = bucket.start
-    done = [
+    read = [
         j
         for j in snapshot.for_rollup(spec.name)
-        if j.trigger.lane is Lane.FORWARD and j.state is JobState.COMPLETED and j.windows
+        if j.trigger.lane is Lane.FORWARD
+        and j.state is JobState.COMPLETED
+        and any(w.start <= bucket.start < w.end for w in j.windows)
     ]
-    if not done:
-        return True
-    last = max(done, key=lambda j: j.created_at)
-    if not any(w.start <= open_start < w.end for w in last.windows):
-        return True  # a new open bucket has never been refreshed
+    if not read:
+        return True  # no forward run has read this open bucket yet
+    last = max(read, key=lambda j: j.created_at)
     source = catalog.archive(spec.source)
     if isinstance(source, RollupSpec):
         return _source_jobs_reach(snapshot, source.name, last, bucket)

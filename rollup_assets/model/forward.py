@@ -1,9 +1,11 @@
 """The forward lane's rules: which buckets may close now, and which bucket is open.
 
 Buckets close in order once `bucket_end <= now - watermark_lag` (and, for a rollup of a rollup,
-once the source level has closed them too); frozen buckets never close. The open bucket is the
-one containing `now`, refreshed without moving the watermark. A new rollup starts one bucket
-back: no implicit history scan (history is a backfill).
+once the source level has closed them too); frozen buckets never close. The open buckets are the
+ones the clock has not closed yet: the bucket containing `now`, and a bucket that has ended but
+is still inside the watermark lag (late readings may still arrive for it). They are refreshed
+without moving the watermark, so a reading of the last minutes is visible before its bucket
+closes. A new rollup starts one bucket back: no implicit history scan (history is a backfill).
 """
 
 from datetime import UTC, datetime
@@ -56,15 +58,23 @@ def closed_buckets(
     return out
 
 
-def open_bucket(spec: RollupSpec, state: ArchiveState, now: datetime) -> Window | None:
+def open_buckets(spec: RollupSpec, state: ArchiveState, now: datetime) -> list[Window]:
+    """The buckets at or after the watermark that the clock has not closed yet, in order: the
+    one containing `now`, and any that ended less than `watermark_lag` ago. Frozen ones and
+    those before the rollup's first partition are left out."""
     if not spec.refresh_open_bucket:
-        return None
-    w = Bucketing.of(spec).window_of(now)
-    if w.start < first_bucket_start(spec) or state.is_frozen(w.end):
-        return None
-    if state.watermark is not None and w.start < state.watermark:
-        return None
-    return w
+        return []
+    b = Bucketing.of(spec)
+    horizon = as_utc(now) - spec.watermark_lag
+    first = first_bucket_start(spec)
+    floor = first if state.watermark is None else max(first, state.watermark)
+    out: list[Window] = []
+    w = b.window_of(now)
+    while w.end > horizon and w.start >= floor:
+        if not state.is_frozen(w.end):
+            out.append(w)
+        w = Window(b.prev_start(w.start), w.start)
+    return out[::-1]
 
 
 def forward_work(
@@ -75,13 +85,15 @@ def forward_work(
     states: dict[str, ArchiveState],
 ) -> list[Window]:
     """What the forward lane of `spec` has to do after its source changed in `changed`: buckets
-    that may close now, and the open bucket if the change reached into it (or buckets close)."""
+    that may close now, and the open buckets the change reached into (all of them when buckets
+    close)."""
     state = states.get(spec.name)
     if state is None:
         return []
     closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
-    ob = open_bucket(spec, state, now)
-    touched = ob is not None and any(w.overlaps(ob) for w in changed)
-    if ob is not None and (touched or closed) and ob not in closed:
-        return [*closed, ob]
-    return closed
+    refresh = [
+        ob
+        for ob in open_buckets(spec, state, now)
+        if ob not in closed and (closed or any(w.overlaps(ob) for w in changed))
+    ]
+    return [*closed, *refresh]

@@ -18,7 +18,7 @@ from rollup_assets.model.windows import Window
 class Lane(StrEnum):
     """The two ways a run writes a rollup."""
 
-    FORWARD = "forward"  # close buckets past the watermark, refresh the open bucket (generation 0)
+    FORWARD = "forward"  # close buckets past the watermark, refresh open buckets (generation 0)
     RECOMPUTE = "recompute"  # recompute closed buckets at a new generation, then flip
 
 

@@ -1,10 +1,11 @@
-"""The forward lane: close buckets past the watermark, and keep the open bucket live.
+"""The forward lane: close buckets past the watermark, and keep the open buckets live.
 
 Which buckets may close, and which is open, is the model's rule (`model.forward`). A forward run
 first *claims* the buckets it will close (so a source write racing the run is classified as
 retroactive and recomputed later, never lost), replaces their generation-0 rows in one atomic
-commit, records the job, and then advances the watermark. The open bucket (the one containing
-`now`) is re-aggregated without moving the watermark. Frozen buckets are never written.
+commit, records the job, and then advances the watermark. The open buckets (the one containing
+`now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
+watermark. Frozen buckets are never written.
 """
 
 import logging
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from rollup_assets.model.errors import ArchiveNotActivatedError
-from rollup_assets.model.forward import closed_buckets, open_bucket, source_limit
+from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.propagation import propagation_jobs
@@ -68,10 +69,11 @@ def run_forward(
         if w.start not in wanted:
             break
         closed.append(w)
-    ob = open_bucket(spec, state, now)
-    refresh = ob if ob is not None and ob.start in wanted and ob not in closed else None
+    refresh = [
+        ob for ob in open_buckets(spec, state, now) if ob.start in wanted and ob not in closed
+    ]
     trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
-    buckets = [*closed, *([refresh] if refresh else [])]
+    buckets = [*closed, *refresh]
     job = Job(spec.name, trigger, tuple(buckets), run_id=run_id, started_at=started, generation=0)
     if not buckets:
         note = "nothing to do: no bucket has closed and no open bucket was requested"
@@ -101,7 +103,11 @@ def run_forward(
         )
     what = f"closing {len(closed)} bucket(s)" if closed else ""
     if refresh:
-        what += (" and " if what else "") + "refreshing the open bucket"
+        what += (" and " if what else "") + (
+            "refreshing the open bucket"
+            if len(refresh) == 1
+            else f"refreshing {len(refresh)} open buckets"
+        )
     say(f"{spec.name}: forward {what}")
     try:
         frame, versions = engine.partials(spark, spec, buckets, None)

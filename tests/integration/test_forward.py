@@ -1,5 +1,5 @@
-"""The forward lane with a pinned clock: buckets close once, the open bucket stays live, and a
-recompute never claims the open bucket."""
+"""The forward lane with a pinned clock: buckets close once, the open buckets (the current one and
+an ended one inside the watermark lag) stay live, and a recompute never claims an open bucket."""
 
 import itertools
 from datetime import UTC, datetime, timedelta
@@ -132,3 +132,38 @@ def test_a_recompute_never_claims_the_open_bucket(world: World) -> None:
     assert pc.all(pc.greater(gens["energy_kwh_count"], 0)).as_py()
     pointers = world.engine.rollups.snapshot(world.catalog.rollup("energy_hourly")).pointers
     assert all(p < open_start for p in pointers["bucket_start"].to_pylist())
+
+
+def test_a_bucket_inside_the_watermark_lag_stays_live_until_it_closes(world: World) -> None:
+    # 09:02: the 08:00 bucket has ended but closes only at 09:05 (the 5-minute lag).
+    now = datetime(2025, 6, 10, 9, 2, tzinfo=UTC)
+    lagging = datetime(2025, 6, 10, 8, 0, tzinfo=UTC)
+    world.ops.activate("energy_raw", now=now)
+    world.ingest(readings(lagging, lagging + H))
+    world.activate_all(now)
+    assert world.engine.states.get("energy_hourly").watermark == lagging
+
+    def live_levels_equal_the_raw_data() -> None:
+        raw = world.raw()
+        for name in ("energy_hourly", "energy_daily"):
+            spec = world.catalog.rollup(name)
+            assert compare(world.query(name), oracle(raw, spec), spec) == [], name
+
+    world.tick(now)
+    assert world.engine.states.get("energy_hourly").watermark == lagging  # not closed yet
+    live_levels_equal_the_raw_data()
+
+    # A reading arrives late inside the lag: the next tick refreshes the ended bucket.
+    world.ingest(
+        pa.Table.from_pylist(
+            [{"entity_id": "m1", "ts": lagging + 55 * timedelta(minutes=1), "energy_kwh": 100.0}]
+        )
+    )
+    world.tick(now + timedelta(minutes=1))
+    assert world.engine.states.get("energy_hourly").watermark == lagging
+    live_levels_equal_the_raw_data()
+
+    # Past the lag the bucket closes: the watermark moves on and nothing changes for readers.
+    world.tick(now + timedelta(minutes=4))
+    assert world.engine.states.get("energy_hourly").watermark == lagging + H
+    live_levels_equal_the_raw_data()

@@ -1,9 +1,11 @@
 """The forward planner's rules: what closes, what waits, and when the open bucket is refreshed."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from rollup_assets.model.forward import open_buckets
 from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
@@ -97,9 +99,10 @@ def test_closed_buckets_are_launched_in_the_forward_lane_with_the_open_bucket() 
 
 
 def test_a_bucket_closes_only_after_the_watermark_lag() -> None:
+    # Inside the lag the ended bucket is still open: refreshed, not closed.
     early = plan(states(hourly=W), W + H + 4 * M, FakeSourceLog())
     assert [(lch.trigger, lch.buckets) for lch in early] == [
-        (Trigger.OPEN_BUCKET, [Window(W + H, W + 2 * H)])
+        (Trigger.OPEN_BUCKET, [Window(W, W + H), Window(W + H, W + 2 * H)])
     ]
     due = plan(states(hourly=W), W + H + 5 * M, FakeSourceLog())
     assert [(lch.trigger, lch.buckets) for lch in due] == [
@@ -149,6 +152,37 @@ def test_a_level_is_launched_when_the_level_below_has_nothing_to_do() -> None:
 
 
 OPEN = Window(W, W + H)  # the open hourly bucket at W + 30 min
+
+
+def test_open_buckets_are_the_ones_the_clock_has_not_closed() -> None:
+    hourly = CATALOG.rollup("energy_hourly")
+    state = states(hourly=W)["energy_hourly"]
+    assert open_buckets(hourly, state, W + 30 * M) == [OPEN]
+    # Ended less than the 5-minute lag ago: still open, ahead of the current one.
+    assert open_buckets(hourly, state, W + H + 4 * M) == [OPEN, Window(W + H, W + 2 * H)]
+    assert open_buckets(hourly, state, W + H + 5 * M) == [Window(W + H, W + 2 * H)]
+    # At 04:10 a lag of 150 minutes keeps the buckets ending after 01:40 open (never one before
+    # the watermark).
+    slow = replace(hourly, watermark_lag=150 * M)
+    now = W + 4 * H + 10 * M
+    hours = [Window(W + i * H, W + (i + 1) * H) for i in range(5)]
+    assert open_buckets(slow, state, now) == hours[1:]
+    marked = replace(state, watermark=W + 3 * H)
+    assert open_buckets(slow, marked, now) == hours[3:]
+    # Frozen buckets and a rollup that does not refresh its open buckets have none.
+    assert open_buckets(hourly, replace(state, frozen_until=W + H), W + 30 * M) == []
+    assert open_buckets(replace(hourly, refresh_open_bucket=False), state, W + 30 * M) == []
+
+
+def test_each_open_bucket_is_refreshed_until_a_forward_run_has_read_it() -> None:
+    # The run that read the bucket now inside the lag did not read the current one yet.
+    ledger = MemoryLedger()
+    ledger.record([refreshed("energy_hourly", OPEN, W + 10 * M, source_version=4)])
+    sources = FakeSourceLog({"energy_raw": 4})
+    launches = plan(states(hourly=W), W + H + 2 * M, sources, ledger.snapshot())
+    assert launches == [
+        Launch("energy_hourly", Lane.FORWARD, Trigger.OPEN_BUCKET, [Window(W + H, W + 2 * H)])
+    ]
 
 
 def test_the_open_bucket_is_refreshed_until_a_forward_run_has_read_it() -> None:
