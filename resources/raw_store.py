@@ -44,12 +44,19 @@ MERGE_ATTEMPTS = 8
 @dataclass(frozen=True)
 class IngestResult:
     archive: str
-    version: int
+    version: int  # the commit's version; the table's current one when nothing changed
     rows: int
     min_ts: dt.datetime
     max_ts: dt.datetime
     entities: int
     change_source: ChangeSource
+    inserted: int = 0
+    updated: int = 0
+
+    @property
+    def unchanged(self) -> int:
+        """Rows equal to the stored ones: not written, so they are nobody's dirty work."""
+        return self.rows - self.inserted - self.updated
 
 
 class RawStore:
@@ -112,6 +119,9 @@ class RawStore:
     ) -> IngestResult:
         """Validate the whole file, then upsert it in one MERGE commit.
 
+        A row equal to the stored one (every column the same, NaN equal to NaN; an optional
+        column left null keeps the stored value) is not rewritten: it changes nothing, so it is
+        not in the change feed and makes nothing dirty. A file of such rows commits nothing.
         Raises IngestValidationError, leaving the table untouched, if any row is invalid.
         """
         reader = BatchReader(spec, path)
@@ -123,6 +133,12 @@ class RawStore:
             c.name: f"s.{c.name}" if c.required else f"COALESCE(s.{c.name}, t.{c.name})"
             for c in spec.columns
         }
+        differs = " OR ".join(
+            f"(s.{c.name} IS DISTINCT FROM t.{c.name})"
+            if c.required
+            else f"(s.{c.name} IS NOT NULL AND s.{c.name} IS DISTINCT FROM t.{c.name})"
+            for c in spec.columns
+        )
         metadata = {
             "rollups.operation": "ingest",
             "rollups.change_source": change_source.value,
@@ -132,7 +148,7 @@ class RawStore:
             "rollups.file": Path(path).name,
         }
 
-        def merge() -> int:
+        def merge() -> tuple[int, dict]:
             table = self.table(spec)
             if table is None:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
@@ -146,14 +162,14 @@ class RawStore:
                 commit_properties=CommitProperties(custom_metadata=metadata),
             )
             if updates:
-                merger = merger.when_matched_update(updates=updates)
+                merger = merger.when_matched_update(updates=updates, predicate=differs)
             # `table` now stands at this commit's version (not refreshed past it).
-            merger.when_not_matched_insert_all().execute()
-            return table.version()
+            metrics = merger.when_not_matched_insert_all().execute()
+            return table.version(), metrics
 
         # A concurrent ingest added rows to the partitions this MERGE read: run the MERGE again
         # on a fresh snapshot (the upsert then applies on top of it).
-        version = with_retries(
+        version, metrics = with_retries(
             merge,
             retryable=lambda exc: isinstance(exc, CommitFailedError),
             attempts=MERGE_ATTEMPTS,
@@ -167,6 +183,8 @@ class RawStore:
             as_utc(summary.max_ts),
             summary.entities,
             change_source,
+            inserted=int(metrics.get("num_target_rows_inserted", 0)),
+            updated=int(metrics.get("num_target_rows_updated", 0)),
         )
 
     # -- reads ---------------------------------------------------------------------------------

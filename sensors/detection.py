@@ -3,9 +3,10 @@
 For every raw or time-range archive that activated rollups read, each commit after the cursor is
 examined (what it changed comes from a `ChangeReader`: the change feed in production, anything
 in tests). A changed row is retroactive for a dependent when `ts < consumed watermark` (a write
-exactly at the watermark is an Append, which the forward lane picks up). It is value-agnostic:
-re-ingesting identical data still marks its buckets dirty. Each dirty set becomes a Pending job
-for that dependent, scoped to the touched entities when they are few.
+exactly at the watermark is an Append, which the forward lane picks up). Re-ingesting identical
+rows makes nothing dirty: the ingest does not rewrite them, so they are not in the change feed
+(`RawStore.ingest`). Each dirty set becomes a Pending job for that dependent, scoped to the
+touched entities when they are few.
 """
 
 import logging

@@ -353,14 +353,32 @@ def test_producers_fill_different_optional_columns_of_one_reading(
     ]
 
 
-def test_reingesting_the_same_batch_changes_nothing_but_the_version(
+def test_reingesting_the_same_batch_commits_nothing(store: RawStore, tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "b.parquet", as_arrow(readings(6)))
+    first = ingest(store, path)
+    assert (first.inserted, first.updated, first.unchanged) == (6, 0, 0)
+    before = stored_rows(store)
+    again = ingest(store, path)
+    assert again.version == first.version == delta(store).version()
+    assert (again.inserted, again.updated, again.unchanged) == (0, 0, 6)
+    assert stored_rows(store) == before
+
+
+def test_only_rows_that_differ_are_rewritten_and_in_the_change_feed(
     store: RawStore, tmp_path: Path
 ) -> None:
-    path = write_parquet(tmp_path / "b.parquet", as_arrow(readings(6)))
-    ingest(store, path)
-    before = stored_rows(store)
-    assert ingest(store, path).version == 2
-    assert stored_rows(store) == before
+    rows = readings(8)
+    rows[0]["power_kw"] = math.nan  # optional NaN is stored as null ("missing")
+    ingest(store, write_parquet(tmp_path / "a.parquet", as_arrow(rows)))
+    again = [dict(r) for r in rows]
+    again[1]["energy_kwh"] += 1.0  # differs
+    again[2]["voltage_v"] = None  # an optional null keeps the stored value: unchanged
+    again[3]["power_kw"] = 99.0  # differs
+    result = ingest(store, write_parquet(tmp_path / "b.parquet", as_arrow(again)))
+    assert (result.inserted, result.updated, result.unchanged) == (0, 2, 6)
+    cdf = pa.table(delta(store).load_cdf(starting_version=result.version)).to_pylist()
+    changed = {(r["entity_id"], r["ts"]) for r in cdf if r["_commit_version"] == result.version}
+    assert changed == {(again[i]["entity_id"], again[i]["ts"]) for i in (1, 3)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,7 +687,7 @@ def test_every_ingest_is_one_commit_carrying_its_metadata(store: RawStore, tmp_p
     batches = [
         ("Pipeline", readings(6)),
         ("Import", readings(4, T0 + timedelta(days=40))),
-        ("Manual", readings(3)),  # upserts three existing readings
+        ("Manual", [{**r, "energy_kwh": 0.5} for r in readings(3)]),  # corrects three
     ]
     for i, (source, rows) in enumerate(batches, start=1):
         result = ingest(
