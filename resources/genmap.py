@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from resources.delta_files import write_parquet_file
 from resources.delta_tables import CommitPlan, LatestCache, commit, file_actions, remove_action
 from resources.warehouse import filesystem_for
-from rollup_assets.model.windows import Window
+from rollup_assets.model.cells import Cells
 
 TS = pa.timestamp("us", tz="UTC")
 GENMAP_SCHEMA = pa.schema(
@@ -102,43 +102,51 @@ def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
 
 def flipped_pointers(
     current: pa.Table,
-    buckets: list[Window],
-    entities: frozenset[str] | None,
+    cells: Cells,
     generation: int,
     job_id: str,
     run_id: str,
 ) -> pa.Table:
-    """The pointer table after making `generation` active on `buckets` (for `entities`, or all).
+    """The pointer table after making `generation` active on `cells`: a global pointer for a
+    bucket covering every entity, an entity pointer for each named cell.
 
     Pointers the new ones supersede are dropped, so the table keeps one global pointer per bucket
     at most, plus entity pointers newer than it.
     """
-    starts = pa.array([b.start for b in buckets], TS)
-    in_buckets = pc.is_in(current["bucket_start"], value_set=starts)
-    if entities is None:
-        keep = pc.invert(in_buckets)
-    else:
-        ents = pa.array(sorted(entities), pa.string())
-        superseded = pc.and_(
-            in_buckets, pc.fill_null(pc.is_in(current["entity_id"], value_set=ents), False)
+    whole = [w for w, scope in cells if scope is None]
+    named = [(w, e) for w, scope in cells if scope is not None for e in sorted(scope)]
+    superseded = pc.is_in(current["bucket_start"], value_set=pa.array([w.start for w in whole], TS))
+    superseded = pc.fill_null(superseded, False).to_numpy(zero_copy_only=False).copy()
+    if named and current.num_rows:
+        hits = (
+            current.select(["bucket_start", "entity_id"])
+            .append_column("__i", pa.array(np.arange(current.num_rows), pa.int64()))
+            .join(
+                pa.table(
+                    {
+                        "bucket_start": pa.array([w.start for w, _ in named], TS),
+                        "entity_id": pa.array([e for _, e in named], pa.string()),
+                    }
+                ),
+                ["bucket_start", "entity_id"],
+                join_type="inner",
+            )
         )
-        keep = pc.invert(superseded)
-    kept = current.filter(keep)
+        superseded[hits["__i"].to_numpy()] = True
+    kept = current.filter(pa.array(~superseded, pa.bool_()))
     now = datetime.now(UTC)
-    ent_list: list[str | None] = [None] if entities is None else list(sorted(entities))
     new = pa.Table.from_pylist(
         [
             {
-                "bucket_start": b.start,
-                "bucket_end": b.end,
+                "bucket_start": w.start,
+                "bucket_end": w.end,
                 "entity_id": e,
                 "generation": generation,
                 "job_id": job_id,
                 "run_id": run_id,
                 "flipped_at": now,
             }
-            for b in buckets
-            for e in ent_list
+            for w, e in [*((w, None) for w in whole), *named]
         ],
         schema=GENMAP_SCHEMA,
     )

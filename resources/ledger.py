@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from resources.control_tables import ControlTable
 from resources.warehouse import Warehouse
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import (
     ChangeKind,
     ChangeSource,
@@ -58,6 +59,12 @@ LEDGER_SCHEMA = pa.schema(
         ("recorded_at", TS),
         # Cursor rows: the Delta id of the source table the cursor was read on.
         ("table_id", pa.string()),
+        # Job rows: per bucket, the entities covered, when narrower than windows x entities.
+        ("cells", pa.string()),
+        ("technique", pa.string()),
+        ("source_rows", pa.int64()),
+        ("cells_changed", pa.int64()),
+        ("cells_skipped", pa.int64()),
     ]
 )
 
@@ -87,7 +94,33 @@ def job_row(job: Job) -> dict:
         "finished_at": job.finished_at,
         "duration_ms": job.duration_ms,
         "recorded_at": datetime.now(UTC),
+        "cells": None if job.cells is None else encode_cells(job.cells),
+        "technique": job.technique,
+        "source_rows": job.source_rows,
+        "cells_changed": job.cells_changed,
+        "cells_skipped": job.cells_skipped,
     }
+
+
+def encode_cells(cells: Cells) -> str:
+    """[[entities or null, [[start, end], ...]], ...]: the buckets of each scope as merged spans
+    (`placement.cells_of` expands them to buckets again)."""
+    return json.dumps(
+        [
+            [None if scope is None else sorted(scope), json.loads(encode_windows(windows))]
+            for scope, windows in cells.groups()
+        ]
+    )
+
+
+def decode_cells(text: str | None) -> Cells | None:
+    if not text:
+        return None
+    by_window: dict[Window, frozenset[str] | None] = {}
+    for scope, spans in json.loads(text):
+        for w in decode_windows(json.dumps(spans)):
+            by_window[w] = None if scope is None else frozenset(scope)
+    return Cells(tuple(sorted(by_window.items(), key=lambda item: item[0])))
 
 
 def encode_windows(windows: Iterable[Window]) -> str:
@@ -129,6 +162,11 @@ def _job_from_row(row: dict) -> Job:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         duration_ms=row["duration_ms"],
+        cells=decode_cells(row.get("cells")),
+        technique=row.get("technique"),
+        source_rows=row.get("source_rows"),
+        cells_changed=row.get("cells_changed"),
+        cells_skipped=row.get("cells_skipped"),
     )
 
 

@@ -43,6 +43,7 @@ from resources.rollup_table import RollupTable, Written, in_windows
 from resources.schemas import PART_COLUMN, data_schema, spark_schema, table_schema
 from resources.warehouse import data_file_uri, spark_uri
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import Alignment, RollupSpec
 from rollup_assets.model.windows import Window
 
@@ -217,17 +218,16 @@ class RollupStore(RollupTable):
     def flip(
         self,
         spec: RollupSpec,
-        buckets: list[Window],
-        entities: frozenset[str] | None,
+        cells: Cells,
         generation: int,
         *,
         job_id: str,
         run_id: str,
     ) -> int:
-        """The atomic commit point: `generation` becomes active on `buckets` (for `entities`)."""
+        """The atomic commit point: `generation` becomes active on `cells`."""
         return write_pointer_table(
             self.genmap_uri(spec),
-            lambda cur: flipped_pointers(cur, buckets, entities, generation, job_id, run_id),
+            lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id),
             metadata={
                 "rollups.operation": "flip",
                 "rollups.generation": str(generation),

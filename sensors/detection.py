@@ -5,12 +5,11 @@ examined (what it changed comes from a `ChangeReader`: the change feed in produc
 in tests). A changed row is retroactive for a dependent when `ts < consumed watermark` (a write
 exactly at the watermark is an Append, which the forward lane picks up). Re-ingesting identical
 rows makes nothing dirty: the ingest does not rewrite them, so they are not in the change feed
-(`RawStore.ingest`). Each dirty set becomes a Pending job for that dependent, scoped to the
-touched entities when they are few.
+(`RawStore.ingest`). Each commit's dirty cells (bucket, entity) become a Pending job for that
+dependent; a bucket touched for more entities than the limit is dirty for every entity.
 """
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -20,8 +19,9 @@ import pyarrow.compute as pc
 
 from resources.change_feed import Changes
 from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeKind, Job, LedgerSnapshot, Trigger
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.placement import buckets_in, job_scope
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -77,14 +77,6 @@ def classify(ts: datetime, consumed: datetime | None) -> ChangeKind:
     if consumed is not None and ts < consumed:
         return ChangeKind.RETROACTIVE_MODIFY
     return ChangeKind.APPEND
-
-
-def scope_of(entities: Iterable[str | None], limit: int) -> frozenset[str] | None:
-    """The entities a change touched, or None (every entity) past `limit` or when unknown."""
-    ids = set(entities)
-    if None in ids or len(ids) > limit:
-        return None
-    return frozenset(e for e in ids if e is not None)
 
 
 def detect(
@@ -183,31 +175,36 @@ def _dirty_job(
     if consumed is None:
         return None
     b = Bucketing.of(dep)
-    buckets: set[Window] = set()
-    entities: list[str | None] = []
+    pairs: list[tuple[Window, str | None]] = []
     if changes.rows is not None and changes.rows.num_rows:
         retro = changes.rows.filter(
             pc.less(changes.rows["ts"], pa.scalar(consumed, pa.timestamp("us", tz="UTC")))
         )
         if retro.num_rows == 0:
             return None
-        starts = pc.unique(retro["ts"]).to_pylist()
-        buckets = {b.window_of(t) for t in starts}
-        entities = pc.unique(retro["entity_id"]).to_pylist()
+        keys = retro.group_by(["entity_id", "ts"]).aggregate([])
+        window_of: dict[datetime, Window] = {}
+        for entity, t in zip(keys["entity_id"].to_pylist(), keys["ts"].to_pylist(), strict=True):
+            w = window_of.get(t)
+            if w is None:
+                w = window_of[t] = b.window_of(t)
+            pairs.append((w, entity))
     for lo, hi, entity in changes.ranges:
         if classify(lo, consumed) is ChangeKind.APPEND:
             continue
         hi = min(hi, consumed - timedelta(microseconds=1))
-        buckets.update(b.windows(lo, hi + timedelta(microseconds=1)))
-        entities.append(entity)
-    valid = [w for w in buckets_in(dep, sorted(buckets)) if w.start < consumed]
-    if not valid:
+        pairs += [(w, entity) for w in b.windows(lo, hi + timedelta(microseconds=1))]
+    cells = Cells.from_pairs(pairs, limits.entity_scope_limit)
+    cells = cells.restrict(w for w in buckets_in(dep, list(cells.windows)) if w.start < consumed)
+    if not cells:
         return None
+    windows, entities, exact = job_scope(cells, limits.entity_scope_limit)
     return Job(
         rollup=dep.name,
         trigger=Trigger.PERIODIC,
-        windows=tuple(valid),
-        entities=scope_of(entities, limits.entity_scope_limit),
+        windows=windows,
+        entities=entities,
+        cells=exact,
         source_archive=base,
         source_version=changes.version,
         change_kind=ChangeKind.RETROACTIVE_MODIFY,

@@ -10,8 +10,9 @@ Per rollup, each tick:
     run that writes the rollup's source is still in flight: that run carries the chain to this
     level itself, and a run launched meanwhile would only take the level from it (a new process
     and Spark session per level). When that run ends, whatever it left is launched;
-  * the buckets of all pending jobs that are ready (below the watermark, not frozen) merge into
-    one job; the jobs it absorbed are recorded as Coalesced, the rest keeps waiting.
+  * the cells of all pending jobs that are ready (below the watermark, not frozen) merge into
+    one job, their union per bucket (never the cross product of buckets and entities); the jobs
+    it absorbed are recorded as Coalesced, the rest keeps waiting.
 """
 
 import logging
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
-from rollup_assets.model.placement import buckets_in, place
+from rollup_assets.model.placement import buckets_in, cells_of, job_scope, place
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -147,7 +149,7 @@ def _settle(
             )
             plan.events += [
                 done,
-                *propagation_jobs(catalog, spec, list(job.windows), job.entities, None, states),
+                *propagation_jobs(catalog, spec, cells_of(spec, job), None, states),
             ]
             plan.sweeps.append(done)
             plan.notes.append(
@@ -212,17 +214,17 @@ def _merge(
         )
         return
     first = contributors[0]
-    buckets = sorted({w for j in contributors for w in ready_by_job[j.job_id]})
-    scopes = [j.entities for j in contributors]
-    entities = None
-    if all(s is not None for s in scopes):
-        union = frozenset().union(*scopes)  # type: ignore[arg-type]
-        entities = union if len(union) <= entity_scope_limit else None
+    cells = Cells.collect(
+        (item for j in contributors for item in cells_of(spec, j).restrict(ready_by_job[j.job_id])),
+        entity_scope_limit,
+    )
+    windows, entities, exact = job_scope(cells, entity_scope_limit)
     merged = Job(
         spec.name,
         first.trigger,
-        tuple(buckets),
+        windows,
         entities=entities,
+        cells=exact,
         source_archive=first.source_archive,
         source_version=first.source_version,
         change_kind=first.change_kind,
@@ -241,5 +243,7 @@ def _merge(
                     finished_at=datetime.now(UTC),
                 )
             )
-    plan.launches.append(Launch(spec.name, Lane.RECOMPUTE, merged.trigger, buckets, merged.job_id))
+    plan.launches.append(
+        Launch(spec.name, Lane.RECOMPUTE, merged.trigger, list(windows), merged.job_id)
+    )
     plan.notes.append(f"{spec.name}: coalesced {len(contributors)} job(s) into {merged.job_id}")

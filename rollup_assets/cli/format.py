@@ -9,7 +9,10 @@ from datetime import datetime
 
 import pyarrow as pa
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job
+from rollup_assets.model.placement import cells_of
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import iso_utc
 
@@ -87,7 +90,16 @@ def state_row(state: ArchiveState) -> dict:
     }
 
 
-def job_row(job: Job) -> dict:
+def _cells_text(cells: Cells) -> str:
+    whole = sum(1 for _, scope in cells if scope is None)
+    named = sum(len(scope) for _, scope in cells if scope is not None)
+    text = f"{named} in {len(cells) - whole} bucket(s)"
+    return text + (f" + {whole} bucket(s) for every entity" if whole else "")
+
+
+def job_row(job: Job, spec: RollupSpec | None = None) -> dict:
+    """One job for display; with its rollup's `spec`, a job narrower than its windows x
+    entities shows how many cells it covers."""
     spans = [str(w) for w in job.windows]
     return {
         "job_id": job.job_id,
@@ -99,6 +111,12 @@ def job_row(job: Job) -> dict:
         if len(spans) == 1
         else (f"{len(spans)} spans from {spans[0]}" if spans else ""),
         "entities": "all" if job.entities is None else ",".join(sorted(job.entities)),
+        # The cells it covers when narrower than every window for those entities.
+        "cells": None if job.cells is None or spec is None else _cells_text(cells_of(spec, job)),
+        "technique": job.technique,
+        "source_rows": job.source_rows,
+        "cells_changed": job.cells_changed,
+        "cells_skipped": job.cells_skipped,
         "generation": job.generation,
         "started_at": iso_utc(job.started_at) if job.started_at else None,
         "finished_at": iso_utc(job.finished_at) if job.finished_at else None,

@@ -91,9 +91,9 @@ def jobs(rollup: str, limit: int, lane: str, fmt: str) -> None:
     """Job history of ROLLUP, newest first: its recompute jobs, unless --lane says otherwise."""
     from rollup_assets.model.jobs import Lane
 
-    catalog().rollup(rollup)
+    spec = catalog().rollup(rollup)
     only = None if lane == "all" else Lane(lane)
-    echo_data([job_row(j) for j in engine().ledger.history(rollup, limit, only)], fmt)
+    echo_data([job_row(j, spec) for j in engine().ledger.history(rollup, limit, only)], fmt)
 
 
 @main.command()

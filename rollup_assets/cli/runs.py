@@ -173,7 +173,7 @@ def recompute(
     final = engine().ledger.job(job.job_id) or job
     if final.coalesced_into:
         final = engine().ledger.job(final.coalesced_into) or final
-    echo_data(job_row(final), fmt)
+    echo_data(job_row(final, catalog().rollup(rollup)), fmt)
 
 
 @main.command()

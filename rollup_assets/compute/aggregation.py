@@ -28,6 +28,8 @@ SPARK_TYPES: dict[ColumnType, T.DataType] = {
     ColumnType.BOOLEAN: T.BooleanType(),
     ColumnType.STRING: T.StringType(),
 }
+# The count of source rows behind each partial row (dropped before rows are written).
+SOURCE_ROWS = "__source_rows"
 _TRUNC_UNIT = {
     Alignment.CALENDAR_DAY: "DAY",
     Alignment.ISO8601_WEEK: "WEEK",  # Spark's WEEK truncates to Monday, as ISO 8601 does
@@ -71,28 +73,52 @@ def _partial_expr(sc: StoredColumn, spec: RollupSpec, source: ArchiveSpec) -> Co
 
 
 def rollup_partials(
-    source_rows: DataFrame, targets: DataFrame, spec: RollupSpec, source: ArchiveSpec
+    source_rows: DataFrame,
+    targets: DataFrame | None,
+    spec: RollupSpec,
+    source: ArchiveSpec,
+    cell_targets: DataFrame | None = None,
 ) -> DataFrame:
-    """Aggregate source rows into `spec`'s partial columns for the target buckets only.
+    """Aggregate source rows into `spec`'s partial columns for the target cells only.
 
-    `targets` has one row per bucket to produce (`bucket_start`, `bucket_end`, UTC); rows that
-    fall in other buckets are dropped. Output: entity_id, bucket_start, bucket_end, partials.
+    `targets` has one row per bucket to produce for every entity (`bucket_start`, `bucket_end`,
+    UTC); `cell_targets` one row per cell to produce (those and `entity_id`). A bucket is in one
+    of them at most. Rows that fall in other cells are dropped. Output: entity_id,
+    bucket_start, bucket_end, the partials, and `SOURCE_ROWS` (the source rows behind each).
     """
     placed = source_rows.withColumn("__bucket", bucket_start(F.col(source.time_column), spec))
     if isinstance(source, RollupSpec):
         placed = placed.drop("bucket_start", "bucket_end")
-    joined = placed.join(
-        F.broadcast(targets.withColumnRenamed("bucket_start", "__bucket")),
-        on="__bucket",
-        how="inner",
-    )
+    parts = []
+    if targets is not None:
+        parts.append(
+            placed.join(
+                F.broadcast(targets.withColumnRenamed("bucket_start", "__bucket")),
+                on="__bucket",
+                how="inner",
+            )
+        )
+    if cell_targets is not None:
+        parts.append(
+            placed.join(
+                F.broadcast(cell_targets.withColumnRenamed("bucket_start", "__bucket")),
+                on=["__bucket", ENTITY_COLUMN],
+                how="inner",
+            )
+        )
+    assert parts, "rollup_partials needs targets, cell targets or both"
+    joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     aggs = [_partial_expr(sc, spec, source) for sc in spec.stored_columns]
     return (
         joined.groupBy(ENTITY_COLUMN, "__bucket", "bucket_end")
-        .agg(*aggs)
+        .agg(*aggs, F.count(F.lit(1)).alias(SOURCE_ROWS))
         .withColumnRenamed("__bucket", "bucket_start")
         .select(
-            ENTITY_COLUMN, "bucket_start", "bucket_end", *[sc.name for sc in spec.stored_columns]
+            ENTITY_COLUMN,
+            "bucket_start",
+            "bucket_end",
+            *[sc.name for sc in spec.stored_columns],
+            SOURCE_ROWS,
         )
     )
 

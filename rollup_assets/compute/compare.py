@@ -1,4 +1,9 @@
-"""Comparing stored partials with freshly computed ones, cell by cell (pure Spark)."""
+"""Comparing stored partials with freshly computed ones, cell by cell (pure Spark).
+
+The asset check compares with a tolerance for float sums (`diff_partials`); a recompute decides
+what it writes by exact equality (`cell_changes`): a cell whose fresh partials equal the stored
+ones bit for bit (NaN equal to NaN) is unchanged.
+"""
 
 import functools
 import operator
@@ -26,6 +31,24 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
         close = F.abs(a - b) <= F.lit(REL_TOLERANCE) * F.greatest(F.lit(1.0), F.abs(a), F.abs(b))
         return (a.isNull() & b.isNull()) | close
     return a.eqNullSafe(b)
+
+
+CHANGED = "__changed"
+
+
+def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataFrame:
+    """Every cell (entity_id, bucket_start) of `fresh` or `stored`, with `CHANGED`: do the
+    partials differ, or does only one side have a row? Other columns of `fresh` (such as the
+    count of source rows behind it) are kept, null for a cell only `stored` has."""
+    names = [sc.name for sc in spec.stored_columns]
+    keys = ["entity_id", "bucket_start"]
+    extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
+    s = stored.select(*keys, *[F.col(n).alias(f"s__{n}") for n in names], F.lit(True).alias("__s"))
+    f = fresh.select(*keys, *names, *extra, F.lit(True).alias("__f"))
+    joined = f.join(s, on=keys, how="full_outer")
+    same = functools.reduce(operator.and_, [F.col(n).eqNullSafe(F.col(f"s__{n}")) for n in names])
+    both = F.col("__f").isNotNull() & F.col("__s").isNotNull()
+    return joined.select(*keys, *extra, (~(both & same)).alias(CHANGED))
 
 
 def diff_partials(

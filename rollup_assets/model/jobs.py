@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window
 
 
@@ -74,7 +75,7 @@ class Job:
     rollup: str
     trigger: Trigger
     windows: tuple[Window, ...]
-    entities: frozenset[str] | None = None  # None: every entity
+    entities: frozenset[str] | None = None  # None: every entity (of at least one bucket)
     state: JobState = JobState.PENDING
     job_id: str = field(default_factory=new_job_id)
     seq: int = 0
@@ -92,6 +93,15 @@ class Job:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     duration_ms: int | None = None
+    # Per bucket, the entities the job covers there, when that is narrower than every window
+    # for `entities` (None: `windows` x `entities`). See `placement.cells_of`.
+    cells: Cells | None = None
+    # What the run found: how it computed (`technique`), the source rows it aggregated, and the
+    # cells whose partials changed (written and flipped) or did not (left as they are).
+    technique: str | None = None
+    source_rows: int | None = None
+    cells_changed: int | None = None
+    cells_skipped: int | None = None
 
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""
@@ -109,6 +119,7 @@ class Job:
             source_version=self.source_version,
             change_kind=self.change_kind,
             change_source=self.change_source,
+            cells=self.cells,
         )
 
 

@@ -9,7 +9,8 @@ unfreeze.
 from dataclasses import dataclass
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
-from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells, Scope
+from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window, merge_windows
@@ -23,6 +24,32 @@ def buckets_in(spec: RollupSpec, spans: list[Window]) -> list[Window]:
     for span in merge_windows(spans):
         out.update(w for w in b.windows(max(span.start, first), span.end) if w.start >= first)
     return sorted(out)
+
+
+def cells_of(spec: RollupSpec, job: Job) -> Cells:
+    """The job's cells, bucket by bucket: the entities `job.cells` names for a bucket (its
+    spans expanded to buckets), else the job's `entities`."""
+    buckets = buckets_in(spec, list(job.windows))
+    if job.cells is None:
+        return Cells.of(buckets, job.entities)
+    named: dict[Window, Scope] = {}
+    for span, scope in job.cells:
+        for w in buckets_in(spec, [span]):
+            named[w] = scope
+    return Cells(tuple((w, named.get(w, job.entities)) for w in buckets))
+
+
+def job_scope(
+    cells: Cells, entity_limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+) -> tuple[tuple[Window, ...], Scope, Cells | None]:
+    """A job's `windows`, `entities` and `cells` for covering exactly `cells`: the buckets, every
+    entity they name (None past `entity_limit` or when a bucket covers every entity), and the
+    cells themselves unless they are just that cross product."""
+    entities = cells.entities
+    if entities is not None and len(entities) > entity_limit:
+        entities = None
+    product = cells.is_product() and all(scope == entities for _, scope in cells)
+    return cells.windows, entities, None if product else cells
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,14 @@ def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.Asse
         else ", ".join(sorted(outcome.job.entities)),
         "table_version": outcome.version if outcome.version is not None else -1,
     }
+    job = outcome.job
+    if job.technique is not None:
+        meta |= {
+            "technique": job.technique,
+            "source_rows": job.source_rows or 0,
+            "cells_changed": job.cells_changed or 0,
+            "cells_skipped": job.cells_skipped or 0,
+        }
     for w in outcome.buckets:
         yield dg.AssetMaterialization(
             asset_key=dg.AssetKey(spec.name),

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from rollup_assets.compute.compare import diff_partials
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
@@ -28,7 +29,7 @@ def compare_with_source(
     buckets = [w for w in buckets_in(spec, spans) if mark is not None and w.end <= mark]
     if not buckets:
         return CheckDiff(0, 0, 0)
-    fresh, _ = engine.partials(spark, spec, buckets, None)
+    fresh, _ = engine.partials(spark, spec, Cells.of(buckets))
     stored = engine.rollups.read_spark(spark, spec, buckets)
     diff = diff_partials(fresh, stored, spec)
     return CheckDiff(len(buckets), diff.rows, diff.differing, diff.examples)

@@ -10,16 +10,25 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from resources.archive_states import ArchiveStateStore
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
 from resources.warehouse import Warehouse
-from rollup_assets.compute.aggregation import rollup_partials
+from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
+from rollup_assets.compute.compare import CHANGED, cell_changes
+from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
 from rollup_assets.model.errors import ArchiveNotActivatedError, ArchiveSchemaImmutableError
 from rollup_assets.model.jobs import Job
-from rollup_assets.model.specs import ArchiveSpec, Catalog, RollupSpec, schema_fingerprint
+from rollup_assets.model.specs import (
+    ENTITY_COLUMN,
+    ArchiveSpec,
+    Catalog,
+    RollupSpec,
+    schema_fingerprint,
+)
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
 
@@ -77,15 +86,15 @@ class Engine:
     # -- compute -----------------------------------------------------------------------------
 
     def partials(
-        self,
-        spark: SparkSession,
-        spec: RollupSpec,
-        buckets: list[Window],
-        entities: frozenset[str] | None,
+        self, spark: SparkSession, spec: RollupSpec, cells: Cells
     ) -> tuple[DataFrame, dict[str, int]]:
-        """The partial aggregates of `buckets` (for `entities`), and the source versions read."""
+        """The partial aggregates of `cells` (with the count of source rows behind each, in
+        `SOURCE_ROWS`), and the source versions read. Only the source rows of the cells are
+        aggregated; the read itself is pruned to their buckets and (when every bucket names
+        them) their entities."""
         source = self.catalog.archive(spec.source)
-        spans = merge_windows(buckets)
+        spans = merge_windows(list(cells.windows))
+        entities = cells.entities
         if isinstance(source, RollupSpec):
             snap = self.rollups.snapshot(source)
             rows = self.rollups.read_spark(spark, source, spans, entities, snapshot=snap)
@@ -93,15 +102,123 @@ class Engine:
         else:
             rows, version = self.raw.read_spark(spark, source, spans, entities)
             versions = {source.name: _v(version)}
-        targets = spark.createDataFrame(
+        whole, named = _targets(spark, cells)
+        return rollup_partials(rows, whole, spec, source, named), versions
+
+    def changed_cells(
+        self, spark: SparkSession, spec: RollupSpec, fresh: DataFrame, cells: Cells
+    ) -> "CellOutcome":
+        """Which of `cells` the `fresh` partials change, compared exactly with the stored ones
+        (see `model.cells.changed_cells`), and how many source rows they were built from."""
+        stored = self.rollups.read_spark(
+            spark, spec, merge_windows(list(cells.windows)), cells.entities
+        )
+        whole, named = _targets(spark, cells)
+        parts = []
+        if whole is not None:
+            parts.append(stored.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
+        if named is not None:
+            keys = named.select("bucket_start", ENTITY_COLUMN)
+            parts.append(stored.join(F.broadcast(keys), ["bucket_start", ENTITY_COLUMN]))
+        stored = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        compared = cell_changes(fresh, stored, spec).persist()
+        try:
+            per_bucket = (
+                compared.groupBy("bucket_start")
+                .agg(
+                    F.count(F.lit(1)).alias("cells"),
+                    F.sum(F.col(CHANGED).cast("long")).alias("changed"),
+                    F.sum(F.coalesce(F.col(SOURCE_ROWS), F.lit(0))).alias("rows"),
+                )
+                .toArrow()
+                .to_pylist()
+            )
+            by_start = {w.start: w for w in cells.windows}
+            counts = {
+                by_start[r["bucket_start"]]: CellCounts(r["cells"], r["changed"] or 0)
+                for r in per_bucket
+            }
+            to_name = [
+                w
+                for w, scope in cells
+                if w in counts and counts[w].changed and not rewrites_whole(scope, counts[w])
+            ]
+            changed_entities: dict[Window, set[str]] = {}
+            if to_name:
+                starts = [w.start for w in to_name]
+                picked = (
+                    compared.where(F.col(CHANGED) & F.col("bucket_start").isin(starts))
+                    .select(ENTITY_COLUMN, "bucket_start")
+                    .toArrow()
+                    .to_pylist()
+                )
+                for r in picked:
+                    changed_entities.setdefault(by_start[r["bucket_start"]], set()).add(
+                        r[ENTITY_COLUMN]
+                    )
+        finally:
+            compared.unpersist()
+        written = changed_cells(
+            cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}
+        )
+        total = sum(c.cells for c in counts.values())
+        changed = sum(c.changed for c in counts.values())
+        return CellOutcome(
+            written,
+            cells_changed=changed,
+            cells_skipped=total - changed,
+            source_rows=sum(int(r["rows"] or 0) for r in per_bucket),
+        )
+
+    def rows_of(self, spark: SparkSession, fresh: DataFrame, cells: Cells) -> DataFrame:
+        """The rows of `fresh` in `cells`."""
+        whole, named = _targets(spark, cells)
+        parts = []
+        if whole is not None:
+            parts.append(fresh.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
+        if named is not None:
+            keys = named.select("bucket_start", ENTITY_COLUMN)
+            parts.append(fresh.join(F.broadcast(keys), ["bucket_start", ENTITY_COLUMN]))
+        if not parts:
+            return fresh.limit(0)
+        return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What comparing a recompute's fresh partials with the stored ones found."""
+
+    cells: Cells  # what to write and flip
+    cells_changed: int  # cells whose partials changed (or appeared, or vanished)
+    cells_skipped: int  # cells whose partials did not change
+    source_rows: int  # source rows aggregated
+
+
+def _targets(spark: SparkSession, cells: Cells) -> tuple[DataFrame | None, DataFrame | None]:
+    """(every-entity buckets: bucket_start, bucket_end; named cells: those and entity_id)."""
+    whole = [w for w, scope in cells if scope is None]
+    named = [(w, e) for w, scope in cells if scope is not None for e in sorted(scope)]
+    whole_df = named_df = None
+    if whole:
+        whole_df = spark.createDataFrame(
             pa.table(
                 {
-                    "bucket_start": pa.array([w.start for w in buckets], TS),
-                    "bucket_end": pa.array([w.end for w in buckets], TS),
+                    "bucket_start": pa.array([w.start for w in whole], TS),
+                    "bucket_end": pa.array([w.end for w in whole], TS),
                 }
             )
         )
-        return rollup_partials(rows, targets, spec, source), versions
+    if named:
+        named_df = spark.createDataFrame(
+            pa.table(
+                {
+                    "bucket_start": pa.array([w.start for w, _ in named], TS),
+                    "bucket_end": pa.array([w.end for w, _ in named], TS),
+                    ENTITY_COLUMN: pa.array([e for _, e in named], pa.string()),
+                }
+            )
+        )
+    return whole_df, named_df
 
 
 def _v(version: int | None) -> int:

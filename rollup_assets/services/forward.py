@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
 from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
@@ -110,7 +111,7 @@ def run_forward(
         )
     say(f"{spec.name}: forward {what}")
     try:
-        frame, versions = engine.partials(spark, spec, buckets, None)
+        frame, versions = engine.partials(spark, spec, Cells.of(buckets))
         written = engine.rollups.write_rows(
             frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
         )
@@ -146,7 +147,7 @@ def run_forward(
         source_archive=src[0],
         source_version=src[1],
     )
-    propagated = propagation_jobs(engine.catalog, spec, buckets, None, version, states)
+    propagated = propagation_jobs(engine.catalog, spec, Cells.of(buckets), version, states)
     engine.ledger.record([done, *propagated])
     if closed:
         new_mark = closed[-1].end

@@ -1,11 +1,14 @@
 """The recompute lane: the optimistic atomic swap.
 
-1. Running:  claim a new generation N, read the source, aggregate the job's buckets (and
-             entities), let the executors write the rows, commit them (still invisible).
+1. Running:  claim a new generation N, read the source rows of the job's cells, aggregate
+             them, and compare each cell with the stored one: unchanged cells are left as
+             they are (not written, not flipped, not propagated; a job where nothing changed
+             completes here). The executors write the changed cells' rows, which are
+             committed (still invisible).
 2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
              pointers to N in one commit - the moment readers switch.
-3. Completed, together with the pending jobs this causes one level up (one ledger commit);
-   then sweep the generations the flip superseded.
+3. Completed, together with the pending jobs the changed cells cause one level up (one ledger
+   commit); then sweep the generations the flip superseded.
 
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
@@ -18,13 +21,14 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     RecomputeAbortedError,
     RollupsError,
 )
 from rollup_assets.model.jobs import Job, JobState, Trigger
-from rollup_assets.model.placement import buckets_in, place
+from rollup_assets.model.placement import buckets_in, cells_of, place
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
@@ -33,6 +37,20 @@ from rollup_assets.services.engine import Engine, RunOutcome
 from rollup_assets.services.faults import checkpoint
 
 log = logging.getLogger(__name__)
+TECHNIQUE = "recompute"  # every cell aggregated again from its source rows
+
+
+def describe_cells(cells: Cells) -> str:
+    """'3 bucket(s) for every entity' / '2 bucket(s), 5 cell(s)' and the like."""
+    whole = sum(1 for _, scope in cells if scope is None)
+    named = sum(len(scope) for _, scope in cells if scope is not None)
+    parts = []
+    if whole:
+        parts.append(f"{whole} bucket(s) for every entity")
+    if named:
+        buckets = len(cells) - whole
+        parts.append(f"{named} cell(s) in {buckets} bucket(s)")
+    return " and ".join(parts) or "no cell"
 
 
 def start_job(
@@ -112,6 +130,7 @@ def run_recompute(
         say(f"{spec.name}: {note}")
         return RunOutcome(done, [], note=note)
 
+    cells = cells_of(spec, job).restrict(ready)
     generation = engine.rollups.next_generation(spec)
     running = job.next(
         state=JobState.RUNNING,
@@ -119,6 +138,7 @@ def run_recompute(
         started_at=datetime.now(UTC),
         generation=generation,
         windows=tuple(ready),
+        technique=TECHNIQUE,
     )
     engine.ledger.record([*events, running])
     try:
@@ -128,20 +148,46 @@ def run_recompute(
                 f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "
                 "that died before its flip"
             )
-        scope = "all entities" if job.entities is None else f"{len(job.entities)} entit(y/ies)"
+        say(f"{spec.name}: recomputing {describe_cells(cells)} at generation {generation}")
+        fresh, versions = engine.partials(spark, spec, cells)
+        fresh = fresh.persist()
+        try:
+            found = engine.changed_cells(spark, spec, fresh, cells)
+            changed = found.cells
+            if changed:
+                written = engine.rollups.write_rows(
+                    engine.rows_of(spark, fresh, changed),
+                    spec,
+                    generation=generation,
+                    job_id=job.job_id,
+                    run_id=run_id,
+                    source_versions=versions,
+                )
+        finally:
+            fresh.unpersist()
         say(
-            f"{spec.name}: recomputing {len(ready)} bucket(s) for {scope} "
-            f"at generation {generation}"
+            f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "
+            f"unchanged (left as they are), from {found.source_rows} source row(s)"
         )
-        frame, versions = engine.partials(spark, spec, ready, job.entities)
-        written = engine.rollups.write_rows(
-            frame,
-            spec,
-            generation=generation,
-            job_id=job.job_id,
-            run_id=run_id,
-            source_versions=versions,
-        )
+        counted = {
+            "source_rows": found.source_rows,
+            "cells_changed": found.cells_changed,
+            "cells_skipped": found.cells_skipped,
+        }
+        if not changed:
+            duration = int((time.monotonic() - t0) * 1000)
+            done = running.next(
+                state=JobState.COMPLETED,
+                windows_processed=0,
+                rows_processed=0,
+                finished_at=datetime.now(UTC),
+                duration_ms=duration,
+                **counted,
+            )
+            engine.ledger.record([done])
+            note = "nothing changed: every recomputed cell equals the stored one"
+            say(f"{spec.name}: {note}")
+            return RunOutcome(done, [], 0, generation, None, versions, duration, note=note)
         checkpoint("after_write")
         version = engine.rollups.commit_generation(
             spec,
@@ -154,33 +200,35 @@ def run_recompute(
             },
         )
         checkpoint("after_commit")
-        swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows)
+        swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows, **counted)
         engine.ledger.record([swapping])
         _check_still_ours(engine, spec, running)
-        engine.rollups.flip(spec, ready, job.entities, generation, job_id=job.job_id, run_id=run_id)
+        engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
         checkpoint("after_flip")
         duration = int((time.monotonic() - t0) * 1000)
         done = swapping.next(
             state=JobState.COMPLETED,
-            windows_processed=len(ready),
+            windows_processed=len(changed),
             finished_at=datetime.now(UTC),
             duration_ms=duration,
         )
-        propagated = propagation_jobs(
-            engine.catalog, spec, ready, job.entities, version, engine.states.all()
-        )
+        propagated = propagation_jobs(engine.catalog, spec, changed, version, engine.states.all())
         engine.ledger.record([done, *propagated])
         checkpoint("during_sweep")
         swept = engine.rollups.sweep(
-            spec, ready, job.entities, flipped=written, generation=generation
+            spec,
+            list(changed.windows),
+            changed.entities,
+            flipped=written,
+            generation=generation,
         )
         say(
-            f"{spec.name}: generation {generation} active on {len(ready)} bucket(s); "
+            f"{spec.name}: generation {generation} active on {describe_cells(changed)}; "
             f"swept {swept} superseded row(s)"
         )
         return RunOutcome(
             done,
-            ready,
+            list(changed.windows),
             written.rows,
             generation,
             version,

@@ -1,5 +1,6 @@
-"""Generation swaps: a re-materialized partition gets a new generation, the old one is swept,
-and a run that dies between its row commit and its pointer flip changes nothing visible."""
+"""Generation swaps: the changed cells of a re-materialized partition get a new generation (the
+unchanged ones are left as they are), the superseded rows are swept, and a run that dies between
+its row commit and its pointer flip changes nothing visible."""
 
 from datetime import UTC, date, datetime, timedelta
 
@@ -46,11 +47,12 @@ def table_rows(world: World, rollup: str) -> pa.Table:
     return pa.table(t.to_pyarrow_table())
 
 
-def generations_in(world: World, start: datetime) -> set[int]:
+def generations_in(world: World, start: datetime, entity: str | None = None) -> set[int]:
     rows = table_rows(world, "energy_hourly")
-    return set(
-        rows.filter(pc.equal(rows["bucket_start"], pa.scalar(start, TS)))["generation"].to_pylist()
-    )
+    rows = rows.filter(pc.equal(rows["bucket_start"], pa.scalar(start, TS)))
+    if entity is not None:
+        rows = rows.filter(pc.equal(rows["entity_id"], entity))
+    return set(rows["generation"].to_pylist())
 
 
 def test_rematerializing_one_partition_swaps_only_that_window(world: World) -> None:
@@ -79,9 +81,16 @@ def test_rematerializing_one_partition_swaps_only_that_window(world: World) -> N
     assert after.filter(pc.invert(in_hour)).equals(
         before.filter(pc.invert(pc.equal(before["bucket_start"], pa.scalar(HOUR_START, TS))))
     )
-    # The window moved to a new generation and the superseded one was swept.
-    gen_after = generations_in(world, HOUR_START)
+    # The corrected cell moved to a new generation and its superseded row was swept; the
+    # window's other meters did not change, so their rows were left as they were.
+    gen_after = generations_in(world, HOUR_START, "meter-0001")
     assert len(gen_after) == 1 and min(gen_after) > max(gen_before)
+    assert generations_in(world, HOUR_START, "meter-0002") == gen_before
+    pointers = world.engine.rollups.snapshot(world.catalog.rollup("energy_hourly")).pointers
+    flipped = pointers.filter(pc.equal(pointers["generation"], min(gen_after)))
+    assert flipped.select(["bucket_start", "entity_id"]).to_pylist() == [
+        {"bucket_start": HOUR_START, "entity_id": "meter-0001"}
+    ]
     other_after = {
         r["generation"]
         for r in table_rows(world, "energy_hourly").to_pylist()
@@ -103,7 +112,7 @@ def test_a_run_that_dies_before_the_flip_changes_nothing(
     assert not run.success and "after_commit" in (run.error or "")
     # The new generation's rows are committed but unreferenced: readers still see the old values.
     assert world.query("energy_hourly").equals(before)
-    dead_gens = generations_in(world, HOUR_START)
+    dead_gens = generations_in(world, HOUR_START, "meter-0001")
     assert len(dead_gens) == 2
 
     monkeypatch.delenv("ROLLUPS_FAULT")
@@ -111,9 +120,11 @@ def test_a_run_that_dies_before_the_flip_changes_nothing(
     assert run.success, run.error
     after = world.query("energy_hourly")
     assert not after.equals(before)
-    # The next run reclaimed the dead run's rows and swept the superseded ones: one generation left.
-    gens = generations_in(world, HOUR_START)
+    # The next run reclaimed the dead run's rows and swept the superseded ones: one generation left
+    # for the corrected cell (the unchanged meters keep theirs).
+    gens = generations_in(world, HOUR_START, "meter-0001")
     assert len(gens) == 1 and min(gens) > max(dead_gens)
+    assert generations_in(world, HOUR_START) == {min(dead_gens), *gens}
     jobs = world.engine.ledger.history("energy_hourly")
     assert [j.state.value for j in jobs[:2]] == ["Completed", "Failed"]
     assert "after_commit" in (jobs[1].error or "")

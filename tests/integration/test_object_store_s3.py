@@ -28,6 +28,7 @@ from resources.schemas import archive_data_schema
 from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.compute.aggregation import rollup_partials
 from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
@@ -107,7 +108,7 @@ def _recompute(
     )
     assert written.adds and written.rows > 0
     store.commit_generation(spec, written, {"rollups.operation": "test"})
-    store.flip(spec, buckets, None, generation, job_id="test", run_id="test")
+    store.flip(spec, Cells.of(buckets), generation, job_id="test", run_id="test")
     return buckets, store.sweep(spec, buckets, None)
 
 

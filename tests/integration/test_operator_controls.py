@@ -23,6 +23,7 @@ from resources.warehouse import Warehouse
 from rollup_assets.cli import app as cli
 from rollup_assets.definitions import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     ArchiveSchemaImmutableError,
@@ -32,6 +33,7 @@ from rollup_assets.model.errors import (
     RollupSourceMissingError,
 )
 from rollup_assets.model.jobs import Job, JobState, Lane, Trigger
+from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveStatus
@@ -395,6 +397,7 @@ def test_cli_materialize_leaves_the_levels_above_to_the_sensors_unless_downstrea
         pending = world.engine.ledger.snapshot().pending(DAILY)
         assert [(j.trigger, j.windows) for j in pending] == [(Trigger.CHAIN, (DAY_09,))]
 
+        late_write(world, scale=5.0)  # corrected once more: this time the run carries it up
         res = runner.invoke(cli.main, [*args, "--downstream", "--format", "json"])
         assert res.exit_code == 0, res.output
         first = json.loads(res.stdout)[0]
@@ -492,6 +495,32 @@ def _rows_of(world: World, name: str, entity: str, window: Window) -> list[tuple
     ]
 
 
+def corrupt(world: World, name: str, window: Window, entity: str) -> None:
+    """A stored value gone wrong (what a manual recompute is for): the entity's rows of the
+    rollup in `window` replaced by a generation whose energy sums are off by 1000."""
+    from pyspark.sql import SparkSession
+
+    store, spec = world.engine.rollups, world.catalog.rollup(name)
+    rows = store.read_arrow(spec, [window], frozenset({entity}))
+    i = rows.schema.get_field_index("energy_kwh_sum")
+    bad = rows.set_column(i, "energy_kwh_sum", pc.add(rows["energy_kwh_sum"], 1000.0))
+    keep = ["entity_id", "bucket_start", "bucket_end", *[c.name for c in spec.stored_columns]]
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    generation = store.next_generation(spec)
+    written = store.write_rows(
+        spark.createDataFrame(bad.select(keep)),
+        spec,
+        generation=generation,
+        job_id="corrupt",
+        run_id="corrupt",
+        source_versions={},
+    )
+    store.commit_generation(spec, written, {"rollups.operation": "test"})
+    cells = Cells.of(buckets_in(spec, [window]), frozenset({entity}))
+    store.flip(spec, cells, generation, job_id="corrupt", run_id="corrupt")
+
+
 @contextlib.contextmanager
 def _module_world(root: Path) -> Iterator[World]:
     """Like the `world` fixture, for a world shared by a module."""
@@ -513,6 +542,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory, spark) -> Iterator[ChainWorl
         build(world, tuple(world.catalog.rollups), start=CHAIN_START)
         assert compare_all(world.query, world.raw(), world.catalog) == []
         m2_before = _rows_of(world, HOURLY, "m2", SCOPED)
+        corrupt(world, HOURLY, SCOPED, "m1")
+        assert compare_all(world.query, world.raw(), world.catalog, names=[HOURLY]) != []
         job = world.ops.request_recompute(HOURLY, SCOPED.start, SCOPED.end, frozenset({"m1"}))
         noop = world.ops.request_recompute(DAILY, DAY_10.start, DAY_10.end)
         # The recompute changes no values, so open buckets need no refresh: recompute lane only.
@@ -525,7 +556,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory, spark) -> Iterator[ChainWorl
         yield ChainWorld(world, manual, m2_before, _rows_of(world, HOURLY, "m2", SCOPED), open_noop)
 
 
-def test_a_scoped_manual_recompute_rewrites_only_its_entities_and_propagates(
+def test_a_scoped_manual_recompute_repairs_only_its_entities_and_propagates_what_changed(
     chain: ChainWorld,
 ) -> None:
     world, job = chain.world, chain.manual
@@ -542,19 +573,18 @@ def test_a_scoped_manual_recompute_rewrites_only_its_entities_and_propagates(
         (SCOPED.start, "m1"),
         (SCOPED.start + H, "m1"),
     ]
-    # Chain propagation: daily 06-08, then the closed ISO week containing it, for m1 only.
-    expected = {DAILY: (DAY_08,), WEEKLY: (WEEK_23,)}
-    for name, windows in expected.items():
-        chained = [
-            j
-            for j in jobs(world, name)
-            if j.trigger is Trigger.CHAIN and j.created_at > job.created_at
-        ]
-        assert [(j.windows, j.entities, j.state) for j in chained] == [
-            (windows, frozenset({"m1"}), JobState.COMPLETED)
-        ], name
-        ptrs = [p for p in pointers(world, name) if p["job_id"] == chained[0].job_id]
-        assert [(p["bucket_start"], p["entity_id"]) for p in ptrs] == [(windows[0].start, "m1")]
+    # Chain propagation to daily 06-08 for m1 only; the day's partial was right all along (only
+    # the hourly rows had gone wrong), so nothing changes there and the chain stops.
+    since = job.created_at
+    [daily] = [j for j in jobs(world, DAILY) if j.trigger is Trigger.CHAIN and j.created_at > since]
+    assert (daily.windows, daily.entities, daily.state) == (
+        (DAY_08,),
+        frozenset({"m1"}),
+        JobState.COMPLETED,
+    )
+    assert (daily.cells_changed, daily.cells_skipped, daily.windows_processed) == (0, 1, 0)
+    assert not [p for p in pointers(world, DAILY) if p["job_id"] == daily.job_id]
+    assert not [j for j in jobs(world, WEEKLY) if j.created_at > since]
     for name in ("energy_monthly", "energy_yearly"):  # their buckets are still open: no chain
         assert not [j for j in jobs(world, name) if j.trigger is Trigger.CHAIN]
     assert compare_all(world.query, world.raw(), world.catalog) == []

@@ -9,6 +9,7 @@ from datetime import datetime
 import pyarrow as pa
 
 from resources.change_feed import Changes
+from resources.ledger import decode_cells, encode_cells
 from rollup_assets.model.jobs import (
     ChangeSource,
     CursorMove,
@@ -26,8 +27,8 @@ CHANGED_ROWS = pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", 
 
 class MemoryLedger:
     """Job events and cursor moves in recording order, folded by `model.jobs.fold` as the Delta
-    ledger folds its rows. A job's windows come back merged, as they do from the Delta ledger
-    (which stores the union of a job's windows)."""
+    ledger folds its rows. A job's windows (and the spans of its cells) come back merged, as they
+    do from the Delta ledger (which stores the union of a job's windows)."""
 
     def __init__(self) -> None:
         self.events: list[Job] = []
@@ -41,7 +42,14 @@ class MemoryLedger:
         tables: Mapping[str, str | None] | None = None,
         forget: Iterable[str] = (),
     ) -> None:
-        self.events.extend(replace(j, windows=tuple(merge_windows(list(j.windows)))) for j in jobs)
+        self.events.extend(
+            replace(
+                j,
+                windows=tuple(merge_windows(list(j.windows))),
+                cells=decode_cells(encode_cells(j.cells)) if j.cells is not None else None,
+            )
+            for j in jobs
+        )
         self.moves.extend(cursor_moves(cursors, tables, forget))
 
     def snapshot(self) -> LedgerSnapshot:

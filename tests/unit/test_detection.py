@@ -7,13 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeKind, ChangeSource, Trigger
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.placement import buckets_in, cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.settings import DetectionLimits
-from sensors.detection import DEFAULT_LIMITS, Detection, classify, detect, scope_of
+from sensors.detection import DEFAULT_LIMITS, Detection, classify, detect
 from tests.unit.planning import MemoryFeed, MemoryLedger, activated, update
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)
@@ -69,12 +70,6 @@ def test_nothing_consumed_means_nothing_dirty() -> None:
     assert classify(T0, None) is ChangeKind.APPEND
 
 
-def test_scope_is_every_entity_past_the_limit_or_when_one_is_unknown() -> None:
-    assert scope_of(["m1", "m2", "m1"], 2) == frozenset({"m1", "m2"})
-    assert scope_of(["m1", "m2", "m3"], 2) is None
-    assert scope_of(["m1", None], 32) is None
-
-
 def test_the_first_detection_places_the_cursor_without_reading_history(
     sources: Sources,
 ) -> None:
@@ -114,6 +109,14 @@ def test_retroactive_rows_map_to_exact_buckets_and_entities(sources: Sources) ->
         Window(T0 + timedelta(hours=9), T0 + timedelta(hours=10)),
     ]
     assert job.entities == frozenset({"m1", "m2"})
+    # Two cells, not the cross product of two hours and two meters.
+    expected = Cells(
+        (
+            (Window(T0 + timedelta(hours=3), T0 + timedelta(hours=4)), frozenset({"m1"})),
+            (Window(T0 + timedelta(hours=9), T0 + timedelta(hours=10)), frozenset({"m2"})),
+        )
+    )
+    assert cells_of(HOURLY, job) == expected
     assert (
         job.change_kind is ChangeKind.RETROACTIVE_MODIFY
         and job.change_source is ChangeSource.MANUAL
@@ -125,8 +128,9 @@ def test_retroactive_rows_map_to_exact_buckets_and_entities(sources: Sources) ->
     assert summary.dirty_rollups == ["energy_hourly"]
     assert summary.min_ts == T0 + timedelta(hours=3, minutes=15)
     assert summary.max_ts == WATERMARK + timedelta(hours=1)
-    # The job is in the ledger as pending work.
-    assert [j.job_id for j in sources.ledger.snapshot().pending("energy_hourly")] == [job.job_id]
+    # The job is in the ledger as pending work, with its cells.
+    [pending] = sources.ledger.snapshot().pending("energy_hourly")
+    assert pending.job_id == job.job_id and cells_of(HOURLY, pending) == expected
 
 
 def test_many_entities_are_not_scoped(sources: Sources) -> None:
@@ -199,6 +203,12 @@ def test_file_ranges_stop_at_what_was_consumed(sources: Sources) -> None:
         Window(WATERMARK - H, WATERMARK),
     ]
     assert job.entities is None
+    assert cells_of(HOURLY, job) == Cells(
+        (
+            (Window(T0 + 5 * H, T0 + 6 * H), None),
+            (Window(WATERMARK - H, WATERMARK), frozenset({"m1"})),
+        )
+    )
 
 
 def test_commits_that_change_no_row_are_skipped(sources: Sources) -> None:

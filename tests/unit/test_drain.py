@@ -5,7 +5,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, JobState, Lane, Trigger
+from rollup_assets.model.placement import cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -16,6 +18,7 @@ T0 = datetime(2025, 5, 1, tzinfo=UTC)
 WATERMARK = datetime(2025, 5, 2, tzinfo=UTC)
 H = timedelta(hours=1)
 CATALOG = load_catalog()
+HOURLY = CATALOG.rollup("energy_hourly")
 
 
 class FakeRuns:
@@ -76,6 +79,10 @@ def test_overlapping_jobs_coalesce_into_one_run(drain: DrainState) -> None:
     assert p.launches[0].buckets == list(hours(1, 2, 3)) and merged.entities == frozenset(
         {"m1", "m2"}
     )
+    # The union of their cells, not every hour for both meters.
+    m1, m2 = frozenset({"m1"}), frozenset({"m2"})
+    h1, h2, h3 = hours(1, 2, 3)
+    assert cells_of(HOURLY, merged) == Cells(((h1, m1), (h2, m1 | m2), (h3, m2)))
     for old in (a, b):
         recorded = drain.ledger.job(old.job_id)
         assert recorded is not None and recorded.state is JobState.COALESCED
@@ -91,6 +98,9 @@ def test_one_scope_for_all_entities_wins(drain: DrainState) -> None:
     )
     merged = drain.ledger.job(plan(drain).launches[0].job_id)
     assert merged is not None and merged.entities is None
+    # ... for the bucket it covers; the other keeps its one entity.
+    h1, h5 = hours(1, 5)
+    assert cells_of(HOURLY, merged) == Cells(((h1, frozenset({"m1"})), (h5, None)))
 
 
 def test_buckets_past_the_watermark_wait(drain: DrainState) -> None:

@@ -1,0 +1,162 @@
+"""Cells: the unit of a rollup's work, one bucket of one entity.
+
+Work is kept per bucket: the entities of the bucket it covers, or every entity (a change that
+cannot name its entities, or one that named more than a bucket's limit). Coalescing takes the
+union per bucket, never the cross product of every touched bucket with every touched entity: a
+late reading of meter A on Monday and one of meter B on Friday are two cells, not four.
+"""
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from rollup_assets.model.windows import Window
+
+# The entities of one bucket a piece of work covers; None: every entity.
+Scope = frozenset[str] | None
+
+# A bucket naming more entities than this is recomputed for every entity (one pointer per bucket
+# instead of one per cell).
+DEFAULT_BUCKET_ENTITY_LIMIT = 32
+
+
+def _join(a: Scope, b: Scope, limit: int) -> Scope:
+    if a is None or b is None:
+        return None
+    union = a | b
+    return None if len(union) > limit else union
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A set of cells: per bucket (in order, each once), the entities covered."""
+
+    by_window: tuple[tuple[Window, Scope], ...] = ()
+
+    @staticmethod
+    def of(windows: Iterable[Window], entities: Scope = None) -> "Cells":
+        """Every one of `windows` for the same `entities` (None: every entity)."""
+        return Cells(tuple((w, entities) for w in sorted(set(windows))))
+
+    @staticmethod
+    def from_pairs(
+        pairs: Iterable[tuple[Window, str | None]], limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+    ) -> "Cells":
+        """The cells of (bucket, entity) pairs; an entity of None stands for every entity."""
+        named: dict[Window, set[str]] = {}
+        every: set[Window] = set()
+        for w, entity in pairs:
+            if entity is None:
+                every.add(w)
+            else:
+                named.setdefault(w, set()).add(entity)
+        out: dict[Window, Scope] = {w: None for w in every}
+        for w, ids in named.items():
+            if w not in every:
+                out[w] = None if len(ids) > limit else frozenset(ids)
+        return Cells(tuple(sorted(out.items(), key=lambda item: item[0])))
+
+    def __bool__(self) -> bool:
+        return bool(self.by_window)
+
+    def __iter__(self) -> Iterator[tuple[Window, Scope]]:
+        return iter(self.by_window)
+
+    def __len__(self) -> int:
+        return len(self.by_window)
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        return tuple(w for w, _ in self.by_window)
+
+    @property
+    def entities(self) -> Scope:
+        """Every entity any bucket covers (None: some bucket covers every entity)."""
+        out: set[str] = set()
+        for _, scope in self.by_window:
+            if scope is None:
+                return None
+            out |= scope
+        return frozenset(out)
+
+    @property
+    def named(self) -> int | None:
+        """How many (bucket, entity) cells are named (None: some bucket covers every entity)."""
+        total = 0
+        for _, scope in self.by_window:
+            if scope is None:
+                return None
+            total += len(scope)
+        return total
+
+    def scope(self, window: Window) -> Scope:
+        for w, scope in self.by_window:
+            if w == window:
+                return scope
+        raise KeyError(window)
+
+    @staticmethod
+    def collect(
+        items: Iterable[tuple[Window, Scope]], limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+    ) -> "Cells":
+        """The union of (bucket, scope) items: per bucket the union of their scopes (every
+        entity past `limit`)."""
+        merged: dict[Window, Scope] = {}
+        for w, scope in items:
+            merged[w] = _join(merged[w], scope, limit) if w in merged else scope
+        return Cells(tuple(sorted(merged.items(), key=lambda item: item[0])))
+
+    def union(self, other: "Cells", limit: int = DEFAULT_BUCKET_ENTITY_LIMIT) -> "Cells":
+        return Cells.collect([*self.by_window, *other.by_window], limit)
+
+    def restrict(self, windows: Iterable[Window]) -> "Cells":
+        """Only the buckets in `windows`."""
+        keep = set(windows)
+        return Cells(tuple((w, s) for w, s in self.by_window if w in keep))
+
+    def groups(self) -> list[tuple[Scope, list[Window]]]:
+        """The buckets grouped by the entities they cover (every-entity buckets first)."""
+        by_scope: dict[Scope, list[Window]] = {}
+        for w, scope in self.by_window:
+            by_scope.setdefault(scope, []).append(w)
+        return sorted(
+            by_scope.items(), key=lambda item: (item[0] is not None, sorted(item[0] or ()))
+        )
+
+    def is_product(self) -> bool:
+        """Do all buckets cover the same entities (the cross product of buckets and entities)?"""
+        return len({scope for _, scope in self.by_window}) <= 1
+
+
+@dataclass(frozen=True)
+class CellCounts:
+    """What a recompute found in one bucket: cells compared (fresh or stored), cells changed."""
+
+    cells: int
+    changed: int
+
+
+def rewrites_whole(scope: Scope, counts: CellCounts) -> bool:
+    """Is a changed bucket rewritten whole (every entity, one pointer) rather than cell by cell?
+    Only for every-entity work, and only when at least half its cells changed: fewer changes
+    are cheaper as per-cell pointers, and per-entity work never touches other entities."""
+    return scope is None and counts.changed > 0 and 2 * counts.changed >= counts.cells
+
+
+def changed_cells(
+    cells: Cells,
+    counts: dict[Window, CellCounts],
+    changed_entities: dict[Window, frozenset[str]],
+) -> Cells:
+    """The part of `cells` a recompute writes and flips: buckets rewritten whole (every
+    entity), and otherwise exactly the changed entities of each bucket. Unchanged cells are left
+    as they are (their stored partial equals the fresh one)."""
+    out: list[tuple[Window, Scope]] = []
+    for w, scope in cells:
+        c = counts.get(w)
+        if c is None or c.changed == 0:
+            continue
+        if rewrites_whole(scope, c):
+            out.append((w, None))
+        elif changed_entities.get(w):
+            out.append((w, changed_entities[w]))
+    return Cells(tuple(out))

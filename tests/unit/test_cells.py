@@ -1,0 +1,133 @@
+"""Cells: work kept per bucket, unions instead of cross products, and what a recompute writes."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resources.ledger import decode_cells, encode_cells
+from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
+from rollup_assets.model.jobs import Job, Trigger
+from rollup_assets.model.placement import cells_of, job_scope
+from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.windows import Window, merge_windows
+from tests.unit.planning import activated
+
+CATALOG = load_catalog()
+HOURLY = CATALOG.rollup("energy_hourly")
+H = timedelta(hours=1)
+T0 = datetime(2025, 3, 3, tzinfo=UTC)  # a Monday; Vienna is UTC+1
+
+
+def hour(i: int) -> Window:
+    return Window(T0 + i * H, T0 + (i + 1) * H)
+
+
+def test_pairs_become_cells_per_bucket_never_a_cross_product() -> None:
+    cells = Cells.from_pairs([(hour(3), "a"), (hour(90), "b"), (hour(3), "c")])
+    assert cells == Cells(((hour(3), frozenset({"a", "c"})), (hour(90), frozenset({"b"}))))
+    assert cells.named == 3 and cells.entities == frozenset({"a", "b", "c"})
+    # An unnamed entity, or more than the limit, makes the bucket every entity's.
+    assert Cells.from_pairs([(hour(1), "a"), (hour(1), None)]).scope(hour(1)) is None
+    assert Cells.from_pairs([(hour(1), e) for e in "abc"], limit=2).scope(hour(1)) is None
+
+
+def test_union_is_per_bucket_and_every_entity_absorbs() -> None:
+    a = Cells(((hour(1), frozenset({"a"})), (hour(2), frozenset({"a"}))))
+    b = Cells(((hour(2), frozenset({"b"})), (hour(5), None)))
+    assert a.union(b) == Cells(
+        ((hour(1), frozenset({"a"})), (hour(2), frozenset({"a", "b"})), (hour(5), None))
+    )
+    assert a.union(Cells(((hour(1), None),))).scope(hour(1)) is None
+    assert a.union(b, limit=1).scope(hour(2)) is None
+
+
+def test_a_job_keeps_cells_only_when_narrower_than_its_cross_product() -> None:
+    product = Cells.of([hour(1), hour(2)], frozenset({"a"}))
+    assert job_scope(product) == ((hour(1), hour(2)), frozenset({"a"}), None)
+    every = Cells.of([hour(1), hour(2)])
+    assert job_scope(every) == ((hour(1), hour(2)), None, None)
+    scattered = Cells(((hour(1), frozenset({"a"})), (hour(2), frozenset({"b"}))))
+    _, entities, exact = job_scope(scattered)
+    assert entities == frozenset({"a", "b"}) and exact == scattered
+    # Past the job's entity limit the envelope says every entity; the cells stay exact.
+    assert job_scope(scattered, entity_limit=1)[1:] == (None, scattered)
+
+
+def test_cells_of_a_job_expand_spans_and_follow_its_windows() -> None:
+    scattered = Cells(
+        ((hour(1), frozenset({"a"})), (hour(2), frozenset({"a"})), (hour(7), frozenset({"b"})))
+    )
+    windows, entities, exact = job_scope(scattered)
+    job = Job("energy_hourly", Trigger.PERIODIC, tuple(merge_windows(list(windows))), entities)
+    job = Job(job.rollup, job.trigger, job.windows, job.entities, cells=exact)
+    assert cells_of(HOURLY, job) == scattered
+    # The ledger stores spans per scope; they come back as the same cells.
+    stored = Job(
+        job.rollup, job.trigger, job.windows, job.entities, cells=decode_cells(encode_cells(exact))
+    )
+    assert cells_of(HOURLY, stored) == scattered
+    # A job narrowed to some of its windows covers only their cells.
+    assert cells_of(HOURLY, job.next(windows=(hour(7),))) == Cells(((hour(7), frozenset({"b"})),))
+    # Without cells: the cross product of windows and entities.
+    plain = Job("energy_hourly", Trigger.MANUAL, (Window(hour(1).start, hour(3).end),), None)
+    assert cells_of(HOURLY, plain) == Cells.of([hour(1), hour(2), hour(3)])
+
+
+def test_propagation_lifts_each_cell_into_the_bucket_containing_it() -> None:
+    states = activated(CATALOG, T0 + 30 * 24 * H)
+    cells = Cells(((hour(0), frozenset({"a"})), (hour(30), frozenset({"b"})), (hour(31), None)))
+    [daily] = propagation_jobs(CATALOG, HOURLY, cells, 7, states)
+    assert daily.rollup == "energy_daily" and daily.source_version == 7
+    vienna_day = timedelta(hours=23)  # Vienna's March 3 starts at 23:00 UTC on March 2
+    day0 = Window(T0 - H, T0 + vienna_day)
+    day1 = Window(day0.end, day0.end + 24 * H)
+    assert cells_of(CATALOG.rollup("energy_daily"), daily) == Cells(
+        ((day0, frozenset({"a"})), (day1, None))
+    )
+
+
+@pytest.mark.parametrize(
+    ("scope", "counts", "whole"),
+    [
+        (None, CellCounts(10, 5), True),
+        (None, CellCounts(10, 4), False),
+        (None, CellCounts(10, 0), False),
+        (frozenset({"a", "b"}), CellCounts(2, 2), False),
+    ],
+)
+def test_a_bucket_is_rewritten_whole_only_for_every_entity_work_that_mostly_changed(
+    scope: frozenset[str] | None, counts: CellCounts, whole: bool
+) -> None:
+    assert rewrites_whole(scope, counts) is whole
+
+
+def test_a_recompute_writes_only_the_changed_cells() -> None:
+    cells = Cells(((hour(1), None), (hour(2), None), (hour(3), frozenset({"a", "b"}))))
+    counts = {hour(1): CellCounts(4, 3), hour(2): CellCounts(4, 1), hour(3): CellCounts(2, 0)}
+    changed = changed_cells(cells, counts, {hour(2): frozenset({"c"})})
+    assert changed == Cells(((hour(1), None), (hour(2), frozenset({"c"}))))
+
+
+names = st.sampled_from("abcdef")
+pairs = st.lists(st.tuples(st.integers(0, 40).map(hour), st.one_of(st.none(), names)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs, pairs)
+def test_union_covers_exactly_the_cells_of_both(left: list, right: list) -> None:
+    """Every (bucket, entity) of either side is covered by the union, and nothing else is
+    (a bucket covers every entity only if one side did, or the limit was passed)."""
+    a, b = Cells.from_pairs(left, limit=4), Cells.from_pairs(right, limit=4)
+    u = a.union(b, limit=4)
+    assert set(u.windows) == set(a.windows) | set(b.windows)
+    for w, scope in u:
+        sides = [c.scope(w) for c in (a, b) if w in c.windows]
+        if scope is not None:
+            assert all(s is not None for s in sides)
+            assert scope == frozenset().union(*sides)
+        else:
+            named = [s for s in sides if s is not None]
+            assert len(named) < len(sides) or len(frozenset().union(*named)) > 4
