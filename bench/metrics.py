@@ -178,9 +178,13 @@ class DriverReads:
         reads = self.reads
 
         def counted(
-            store: RollupStore, spec: RollupSpec, f: dict, columns: Sequence[str] | None = None
+            store: RollupStore,
+            spec: RollupSpec,
+            f: dict,
+            columns: Sequence[str] | None = None,
+            *args: object,
         ) -> pa.Table:
-            table = original(store, spec, f, columns)
+            table = original(store, spec, f, columns, *args)
             reads.append((time.time(), table.num_rows))
             return table
 

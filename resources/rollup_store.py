@@ -149,7 +149,7 @@ class RollupStore(RollupTable):
             return schema.empty_table()
 
         def read(f: dict) -> pa.Table:
-            data = self._read_file(spec, f, schema.names).cast(schema)
+            data = self._read_file(spec, f, schema.names, spans, entities).cast(schema)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
@@ -208,6 +208,42 @@ class RollupStore(RollupTable):
         writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
         rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
         return Written([add_action(r) for r in rows], sum(int(r["num_rows"]) for r in rows))
+
+    def write_rows_arrow(
+        self,
+        rows: pa.Table,
+        spec: RollupSpec,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """`write_rows` for a few rows already on the driver: the same files, written here with
+        the executors' writer, without a Spark job."""
+        n = rows.num_rows
+        if n == 0:
+            return Written([], 0)
+        stamp = {
+            "generation": pa.array([generation] * n, pa.int64()),
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "job_id": pa.array([job_id] * n, pa.string()),
+            "source_versions": pa.array(
+                [json.dumps(source_versions, sort_keys=True)] * n, pa.string()
+            ),
+        }
+        fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
+        stamp[PART_COLUMN] = pc.strftime(rows["bucket_start"], format=fmt)
+        for name, values in stamp.items():
+            rows = rows.append_column(name, values)
+        schema = table_schema(spec)
+        data = rows.select(schema.names).cast(schema)
+        data = data.sort_by(
+            [(PART_COLUMN, "ascending"), ("entity_id", "ascending"), ("bucket_start", "ascending")]
+        )
+        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
+        files = [r for batch in writer(iter(data.to_batches())) for r in batch.to_pylist()]
+        return Written([add_action(r) for r in files], sum(int(r["num_rows"]) for r in files))
 
     def commit_generation(
         self, spec: RollupSpec, written: Written, metadata: dict[str, str]

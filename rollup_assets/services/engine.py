@@ -6,7 +6,9 @@ Dagster resource provides it to runs and sensors, and the CLI and the tests buil
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -18,7 +20,7 @@ from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
-from rollup_assets.compute.compare import CHANGED, cell_changes
+from rollup_assets.compute.compare import CHANGED, cell_changes, cell_changes_arrow
 from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
 from rollup_assets.model.errors import ArchiveNotActivatedError, ArchiveSchemaImmutableError
 from rollup_assets.model.jobs import Job
@@ -34,6 +36,9 @@ from rollup_assets.model.windows import Window, merge_windows
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")
+# A job naming at most this many cells is compared and written on the driver (no second Spark
+# job); a larger one, or one with buckets for every entity, stays on Spark.
+DRIVER_CELLS = 50_000
 
 
 @dataclass(frozen=True)
@@ -105,26 +110,62 @@ class Engine:
         whole, named = _targets(spark, cells)
         return rollup_partials(rows, whole, spec, source, named), versions
 
-    def changed_cells(
-        self, spark: SparkSession, spec: RollupSpec, fresh: DataFrame, cells: Cells
-    ) -> "CellOutcome":
-        """Which of `cells` the `fresh` partials change, compared exactly with the stored ones
-        (see `model.cells.changed_cells`), and how many source rows they were built from."""
-        stored = self.rollups.read_spark(
-            spark, spec, merge_windows(list(cells.windows)), cells.entities
-        )
+    def recompute(self, spark: SparkSession, spec: RollupSpec, cells: Cells) -> "Recomputed":
+        """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
+        cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
+        few named cells is compared on the driver (its rows collected, the stored ones read
+        with delta-rs); a larger one stays on Spark, where the rows are cached until
+        `Recomputed.release`."""
+        fresh, versions = self.partials(spark, spec, cells)
+        spans = merge_windows(list(cells.windows))
+        if cells.named is not None and cells.named <= DRIVER_CELLS:
+            rows = fresh.toArrow()
+            stored = self.rollups.read_arrow(spec, spans, cells.entities)
+            keys = pa.table(
+                {
+                    "bucket_start": pa.array([w.start for w, sc in cells for _ in sc or ()], TS),
+                    ENTITY_COLUMN: pa.array(
+                        [e for _, sc in cells for e in sorted(sc or ())], pa.string()
+                    ),
+                }
+            )
+            stored = stored.join(keys, ["bucket_start", ENTITY_COLUMN], join_type="inner")
+            compared = cell_changes_arrow(rows, stored, spec).to_pylist()
+            found = _found(cells, compared, partial=None)
+            wanted = pa.table(
+                {
+                    "bucket_start": pa.array(
+                        [w.start for w, sc in found.cells for _ in sc or ()], TS
+                    ),
+                    ENTITY_COLUMN: pa.array(
+                        [e for _, sc in found.cells for e in sorted(sc or ())], pa.string()
+                    ),
+                }
+            )
+            rows = rows.cast(
+                pa.schema(
+                    [
+                        f.with_type(TS) if f.name in ("bucket_start", "bucket_end") else f
+                        for f in rows.schema
+                    ]
+                )
+            )
+            picked = rows.join(wanted, ["bucket_start", ENTITY_COLUMN], join_type="inner")
+            return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
+        fresh = fresh.persist()
+        stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
         whole, named = _targets(spark, cells)
         parts = []
         if whole is not None:
             parts.append(stored.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
         if named is not None:
-            keys = named.select("bucket_start", ENTITY_COLUMN)
-            parts.append(stored.join(F.broadcast(keys), ["bucket_start", ENTITY_COLUMN]))
+            keys_df = named.select("bucket_start", ENTITY_COLUMN)
+            parts.append(stored.join(F.broadcast(keys_df), ["bucket_start", ENTITY_COLUMN]))
         stored = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        compared = cell_changes(fresh, stored, spec).persist()
+        compared_df = cell_changes(fresh, stored, spec).persist()
         try:
             per_bucket = (
-                compared.groupBy("bucket_start")
+                compared_df.groupBy("bucket_start")
                 .agg(
                     F.count(F.lit(1)).alias("cells"),
                     F.sum(F.col(CHANGED).cast("long")).alias("changed"),
@@ -133,41 +174,23 @@ class Engine:
                 .toArrow()
                 .to_pylist()
             )
-            by_start = {w.start: w for w in cells.windows}
-            counts = {
-                by_start[r["bucket_start"]]: CellCounts(r["cells"], r["changed"] or 0)
-                for r in per_bucket
-            }
-            to_name = [
-                w
-                for w, scope in cells
-                if w in counts and counts[w].changed and not rewrites_whole(scope, counts[w])
-            ]
-            changed_entities: dict[Window, set[str]] = {}
-            if to_name:
-                starts = [w.start for w in to_name]
-                picked = (
-                    compared.where(F.col(CHANGED) & F.col("bucket_start").isin(starts))
-                    .select(ENTITY_COLUMN, "bucket_start")
+
+            def changed_rows(starts: list[datetime]) -> list[dict]:
+                return (
+                    compared_df.where(F.col(CHANGED) & F.col("bucket_start").isin(starts))
+                    .select(ENTITY_COLUMN, "bucket_start", F.lit(True).alias(CHANGED))
                     .toArrow()
                     .to_pylist()
                 )
-                for r in picked:
-                    changed_entities.setdefault(by_start[r["bucket_start"]], set()).add(
-                        r[ENTITY_COLUMN]
-                    )
+
+            found = _found(cells, per_bucket, partial=changed_rows)
         finally:
-            compared.unpersist()
-        written = changed_cells(
-            cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}
-        )
-        total = sum(c.cells for c in counts.values())
-        changed = sum(c.changed for c in counts.values())
-        return CellOutcome(
-            written,
-            cells_changed=changed,
-            cells_skipped=total - changed,
-            source_rows=sum(int(r["rows"] or 0) for r in per_bucket),
+            compared_df.unpersist()
+        return Recomputed(
+            self.rows_of(spark, fresh, found.cells).drop(SOURCE_ROWS),
+            found,
+            versions,
+            release=fresh.unpersist,
         )
 
     def rows_of(self, spark: SparkSession, fresh: DataFrame, cells: Cells) -> DataFrame:
@@ -192,6 +215,65 @@ class CellOutcome:
     cells_changed: int  # cells whose partials changed (or appeared, or vanished)
     cells_skipped: int  # cells whose partials did not change
     source_rows: int  # source rows aggregated
+
+
+@dataclass
+class Recomputed:
+    """A recompute's rows to write (a Spark frame, or a table on the driver), what the comparison
+    found, and the source versions read."""
+
+    rows: DataFrame | pa.Table
+    found: CellOutcome
+    versions: dict[str, int]
+    release: Callable[[], object] = lambda: None  # drop what the comparison cached
+
+
+def _found(
+    cells: Cells,
+    compared: list[dict],
+    partial: Callable[[list[datetime]], list[dict]] | None,
+) -> CellOutcome:
+    """The outcome from compared cells: rows of (bucket_start, entity_id, CHANGED, SOURCE_ROWS)
+    when `partial` is None; otherwise per-bucket counts (bucket_start, cells, changed, rows),
+    with `partial(starts)` naming the changed cells of the given buckets when needed."""
+    by_start = {w.start: w for w in cells.windows}
+    counts: dict[Window, CellCounts] = {}
+    changed_entities: dict[Window, set[str]] = {}
+    if partial is None:
+        tally: dict[Window, list[int]] = {}
+        rows = 0
+        for r in compared:
+            w = by_start[r["bucket_start"]]
+            t = tally.setdefault(w, [0, 0])
+            t[0] += 1
+            rows += int(r.get(SOURCE_ROWS) or 0)
+            if r[CHANGED]:
+                t[1] += 1
+                changed_entities.setdefault(w, set()).add(r[ENTITY_COLUMN])
+        counts = {w: CellCounts(c, ch) for w, (c, ch) in tally.items()}
+    else:
+        counts = {
+            by_start[r["bucket_start"]]: CellCounts(r["cells"], r["changed"] or 0) for r in compared
+        }
+        rows = sum(int(r["rows"] or 0) for r in compared)
+        to_name = [
+            w
+            for w, scope in cells
+            if w in counts and counts[w].changed and not rewrites_whole(scope, counts[w])
+        ]
+        if to_name:
+            for r in partial([w.start for w in to_name]):
+                changed_entities.setdefault(by_start[r["bucket_start"]], set()).add(
+                    r[ENTITY_COLUMN]
+                )
+    written = changed_cells(
+        cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}
+    )
+    total = sum(c.cells for c in counts.values())
+    changed = sum(c.changed for c in counts.values())
+    return CellOutcome(
+        written, cells_changed=changed, cells_skipped=total - changed, source_rows=rows
+    )
 
 
 def _targets(spark: SparkSession, cells: Cells) -> tuple[DataFrame | None, DataFrame | None]:

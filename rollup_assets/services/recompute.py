@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from rollup_assets.model.cells import Cells
@@ -149,14 +150,18 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: recomputing {describe_cells(cells)} at generation {generation}")
-        fresh, versions = engine.partials(spark, spec, cells)
-        fresh = fresh.persist()
+        result = engine.recompute(spark, spec, cells)
+        found, versions = result.found, result.versions
+        changed = found.cells
         try:
-            found = engine.changed_cells(spark, spec, fresh, cells)
-            changed = found.cells
             if changed:
-                written = engine.rollups.write_rows(
-                    engine.rows_of(spark, fresh, changed),
+                write = (
+                    engine.rollups.write_rows_arrow
+                    if isinstance(result.rows, pa.Table)
+                    else engine.rollups.write_rows
+                )
+                written = write(
+                    result.rows,  # type: ignore[arg-type]
                     spec,
                     generation=generation,
                     job_id=job.job_id,
@@ -164,7 +169,7 @@ def run_recompute(
                     source_versions=versions,
                 )
         finally:
-            fresh.unpersist()
+            result.release()
         say(
             f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "
             f"unchanged (left as they are), from {found.source_rows} source row(s)"

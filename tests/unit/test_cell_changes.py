@@ -1,0 +1,79 @@
+"""Which cells a recompute changed (exact comparison on the driver), and row-group pruning of the
+stored rows it compares with."""
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from resources.rollup_table import _may_hold
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.windows import Window
+
+HOURLY = load_catalog().rollup("energy_hourly")
+T0 = datetime(2025, 3, 3, tzinfo=UTC)
+H = timedelta(hours=1)
+TS = pa.timestamp("us", tz="UTC")
+
+
+def partials(rows: list[tuple[str, int, float | None]], source_rows: bool = False) -> pa.Table:
+    """Hourly partial rows (entity, hour offset, energy sum); the other partials follow."""
+    out = {
+        "entity_id": pa.array([e for e, _, _ in rows], pa.string()),
+        "bucket_start": pa.array([T0 + h * H for _, h, _ in rows], TS),
+        "bucket_end": pa.array([T0 + (h + 1) * H for _, h, _ in rows], TS),
+    }
+    for sc in HOURLY.stored_columns:
+        if sc.partial == "count":
+            out[sc.name] = pa.array([1] * len(rows), pa.int64())
+        else:
+            out[sc.name] = pa.array([v for _, _, v in rows], pa.float64())
+    if source_rows:
+        out[SOURCE_ROWS] = pa.array([4] * len(rows), pa.int64())
+    return pa.table(out)
+
+
+def test_a_cell_is_unchanged_only_when_every_partial_is_equal_on_both_sides() -> None:
+    nan = float("nan")
+    fresh = partials(
+        [("same", 0, 1.5), ("moved", 0, 2.0), ("new", 0, 1.0), ("nan", 0, nan), ("null", 0, None)],
+        source_rows=True,
+    )
+    stored = partials(
+        [("same", 0, 1.5), ("moved", 0, 2.5), ("gone", 0, 1.0), ("nan", 0, nan), ("null", 0, None)]
+    )
+    out = cell_changes_arrow(fresh, stored, HOURLY)
+    changed = {r["entity_id"]: r[CHANGED] for r in out.to_pylist()}
+    assert changed == {
+        "same": False,
+        "moved": True,
+        "new": True,  # only fresh: a cell that appeared
+        "gone": True,  # only stored: a cell that vanished
+        "nan": False,
+        "null": False,
+    }
+    # The fresh side's extra columns come along (null for a cell only stored has).
+    rows = {r["entity_id"]: r[SOURCE_ROWS] for r in out.to_pylist()}
+    assert rows["same"] == 4 and rows["gone"] is None
+
+
+def test_row_groups_are_pruned_by_bucket_and_entity_statistics(tmp_path: Path) -> None:
+    table = partials([(f"m{i:02d}", i % 3, 1.0) for i in range(40)]).sort_by("entity_id")
+    pq.write_table(table, tmp_path / "f.parquet", row_group_size=10)
+    meta = pq.ParquetFile(tmp_path / "f.parquet").metadata
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    assert len(groups) == 4  # m00-m09, m10-m19, m20-m29, m30-m39
+    hour = [Window(T0, T0 + H)]
+    assert [_may_hold(g, hour, frozenset({"m15"})) for g in groups] == [False, True, False, False]
+    assert [_may_hold(g, hour, None) for g in groups] == [True] * 4
+    later = [Window(T0 + 5 * H, T0 + 6 * H)]
+    assert [_may_hold(g, later, None) for g in groups] == [False] * 4
+    assert [_may_hold(g, None, frozenset({"m05", "m33"})) for g in groups] == [
+        True,
+        False,
+        False,
+        True,
+    ]
