@@ -121,27 +121,9 @@ class Engine:
         if cells.named is not None and cells.named <= DRIVER_CELLS:
             rows = fresh.toArrow()
             stored = self.rollups.read_arrow(spec, spans, cells.entities)
-            keys = pa.table(
-                {
-                    "bucket_start": pa.array([w.start for w, sc in cells for _ in sc or ()], TS),
-                    ENTITY_COLUMN: pa.array(
-                        [e for _, sc in cells for e in sorted(sc or ())], pa.string()
-                    ),
-                }
-            )
-            stored = stored.join(keys, ["bucket_start", ENTITY_COLUMN], join_type="inner")
+            stored = stored.join(_cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
             found = _found(cells, compared, partial=None)
-            wanted = pa.table(
-                {
-                    "bucket_start": pa.array(
-                        [w.start for w, sc in found.cells for _ in sc or ()], TS
-                    ),
-                    ENTITY_COLUMN: pa.array(
-                        [e for _, sc in found.cells for e in sorted(sc or ())], pa.string()
-                    ),
-                }
-            )
             rows = rows.cast(
                 pa.schema(
                     [
@@ -150,18 +132,10 @@ class Engine:
                     ]
                 )
             )
-            picked = rows.join(wanted, ["bucket_start", ENTITY_COLUMN], join_type="inner")
+            picked = rows.join(_cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
         fresh = fresh.persist()
-        stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
-        whole, named = _targets(spark, cells)
-        parts = []
-        if whole is not None:
-            parts.append(stored.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
-        if named is not None:
-            keys_df = named.select("bucket_start", ENTITY_COLUMN)
-            parts.append(stored.join(F.broadcast(keys_df), ["bucket_start", ENTITY_COLUMN]))
-        stored = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        stored = _within(spark, self.rollups.read_spark(spark, spec, spans, cells.entities), cells)
         compared_df = cell_changes(fresh, stored, spec).persist()
         try:
             per_bucket = (
@@ -187,24 +161,11 @@ class Engine:
         finally:
             compared_df.unpersist()
         return Recomputed(
-            self.rows_of(spark, fresh, found.cells).drop(SOURCE_ROWS),
+            _within(spark, fresh, found.cells).drop(SOURCE_ROWS),
             found,
             versions,
             release=fresh.unpersist,
         )
-
-    def rows_of(self, spark: SparkSession, fresh: DataFrame, cells: Cells) -> DataFrame:
-        """The rows of `fresh` in `cells`."""
-        whole, named = _targets(spark, cells)
-        parts = []
-        if whole is not None:
-            parts.append(fresh.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
-        if named is not None:
-            keys = named.select("bucket_start", ENTITY_COLUMN)
-            parts.append(fresh.join(F.broadcast(keys), ["bucket_start", ENTITY_COLUMN]))
-        if not parts:
-            return fresh.limit(0)
-        return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
 @dataclass(frozen=True)
@@ -274,6 +235,33 @@ def _found(
     return CellOutcome(
         written, cells_changed=changed, cells_skipped=total - changed, source_rows=rows
     )
+
+
+KEYS = ["bucket_start", ENTITY_COLUMN]
+
+
+def _cell_keys(cells: Cells) -> pa.Table:
+    """The named cells of `cells` as (bucket_start, entity_id) rows."""
+    named = [(w.start, e) for w, scope in cells for e in sorted(scope or ())]
+    return pa.table(
+        {
+            "bucket_start": pa.array([start for start, _ in named], TS),
+            ENTITY_COLUMN: pa.array([e for _, e in named], pa.string()),
+        }
+    )
+
+
+def _within(spark: SparkSession, frame: DataFrame, cells: Cells) -> DataFrame:
+    """The rows of `frame` in `cells`."""
+    whole, named = _targets(spark, cells)
+    parts = []
+    if whole is not None:
+        parts.append(frame.join(F.broadcast(whole.select("bucket_start")), "bucket_start"))
+    if named is not None:
+        parts.append(frame.join(F.broadcast(named.select(*KEYS)), KEYS))
+    if not parts:
+        return frame.limit(0)
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
 def _targets(spark: SparkSession, cells: Cells) -> tuple[DataFrame | None, DataFrame | None]:
