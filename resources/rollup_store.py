@@ -182,7 +182,7 @@ class RollupStore(RollupTable):
 
     def write_rows(
         self,
-        frame: DataFrame,
+        frame: DataFrame | pa.Table,
         spec: RollupSpec,
         *,
         generation: int,
@@ -191,7 +191,17 @@ class RollupStore(RollupTable):
         source_versions: dict[str, int],
     ) -> Written:
         """Executors write `frame` (entity_id, bucket_start, bucket_end, partials) as Parquet files
-        stamped with `generation`; returns the Delta add actions (nothing is committed yet)."""
+        stamped with `generation`; returns the Delta add actions (nothing is committed yet). A
+        table of a few rows already on the driver is written there, with the same writer."""
+        if isinstance(frame, pa.Table):
+            return self._write_local(
+                frame,
+                spec,
+                generation=generation,
+                job_id=job_id,
+                run_id=run_id,
+                source_versions=source_versions,
+            )
         df = (
             frame.withColumn("generation", F.lit(generation).cast("long"))
             .withColumn("run_id", F.lit(run_id))
@@ -209,7 +219,7 @@ class RollupStore(RollupTable):
         rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
         return Written([add_action(r) for r in rows], sum(int(r["num_rows"]) for r in rows))
 
-    def write_rows_arrow(
+    def _write_local(
         self,
         rows: pa.Table,
         spec: RollupSpec,
@@ -219,8 +229,8 @@ class RollupStore(RollupTable):
         run_id: str,
         source_versions: dict[str, int],
     ) -> Written:
-        """`write_rows` for a few rows already on the driver: the same files, written here with
-        the executors' writer, without a Spark job."""
+        """`write_rows` for rows already on the driver: the same files, written here with the
+        executors' writer, without a Spark job."""
         n = rows.num_rows
         if n == 0:
             return Written([], 0)

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from rollup_assets.model.cells import Cells
@@ -155,13 +154,8 @@ def run_recompute(
         changed = found.cells
         try:
             if changed:
-                write = (
-                    engine.rollups.write_rows_arrow
-                    if isinstance(result.rows, pa.Table)
-                    else engine.rollups.write_rows
-                )
-                written = write(
-                    result.rows,  # type: ignore[arg-type]
+                written = engine.rollups.write_rows(
+                    result.rows,
                     spec,
                     generation=generation,
                     job_id=job.job_id,
