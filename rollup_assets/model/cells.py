@@ -10,20 +10,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from rollup_assets.model.windows import Window
+from rollup_assets.settings import DetectionLimits
 
 # The entities of one bucket a piece of work covers; None: every entity.
 Scope = frozenset[str] | None
 
 # A bucket naming more entities than this is recomputed for every entity (one pointer per bucket
-# instead of one per cell).
-DEFAULT_BUCKET_ENTITY_LIMIT = 32
+# instead of one per cell); ROLLUPS_ENTITY_SCOPE_LIMIT sets it for detection and coalescing.
+DEFAULT_BUCKET_ENTITY_LIMIT = DetectionLimits().entity_scope_limit
 
 
-def _join(a: Scope, b: Scope, limit: int) -> Scope:
+def _join(a: Scope, b: Scope, limit: int | None) -> Scope:
     if a is None or b is None:
         return None
     union = a | b
-    return None if len(union) > limit else union
+    return None if limit is not None and len(union) > limit else union
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,10 @@ class Cells:
 
     @staticmethod
     def collect(
-        items: Iterable[tuple[Window, Scope]], limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+        items: Iterable[tuple[Window, Scope]], limit: int | None = DEFAULT_BUCKET_ENTITY_LIMIT
     ) -> "Cells":
         """The union of (bucket, scope) items: per bucket the union of their scopes (every
-        entity past `limit`)."""
+        entity past `limit`; None: no limit)."""
         merged: dict[Window, Scope] = {}
         for w, scope in items:
             merged[w] = _join(merged[w], scope, limit) if w in merged else scope

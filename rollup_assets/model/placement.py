@@ -40,13 +40,13 @@ def cells_of(spec: RollupSpec, job: Job) -> Cells:
 
 
 def job_scope(
-    cells: Cells, entity_limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+    cells: Cells, entity_limit: int | None = DEFAULT_BUCKET_ENTITY_LIMIT
 ) -> tuple[tuple[Window, ...], Scope, Cells | None]:
     """A job's `windows`, `entities` and `cells` for covering exactly `cells`: the buckets, every
     entity they name (None past `entity_limit` or when a bucket covers every entity), and the
     cells themselves unless they are just that cross product."""
     entities = cells.entities
-    if entities is not None and len(entities) > entity_limit:
+    if entities is not None and entity_limit is not None and len(entities) > entity_limit:
         entities = None
     product = cells.is_product() and all(scope == entities for _, scope in cells)
     return cells.windows, entities, None if product else cells

@@ -23,12 +23,17 @@ def propagation_jobs(
         consumed = state.consumed_until
         if consumed is None or state.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED):
             continue
+        # No limit here: the cells below were already sized by detection and coalescing, and
+        # the recompute decides per bucket whether to rewrite it whole.
         lifted = Cells.collect(
-            (up, scope)
-            for window, scope in cells
-            if window.start < consumed
-            for up in buckets_in(dep, [window])
-            if up.start < consumed
+            (
+                (up, scope)
+                for window, scope in cells
+                if window.start < consumed
+                for up in buckets_in(dep, [window])
+                if up.start < consumed
+            ),
+            limit=None,
         )
         if not lifted:
             continue
