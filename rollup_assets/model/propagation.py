@@ -23,17 +23,14 @@ def propagation_jobs(
         consumed = state.consumed_until
         if consumed is None or state.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED):
             continue
-        # No limit here: the cells below were already sized by detection and coalescing, and
-        # the recompute decides per bucket whether to rewrite it whole.
+        # A bucket above gathers the entities of many buckets below: past the limit it is
+        # recomputed for every entity (one pointer, and rewritten whole if most cells changed).
         lifted = Cells.collect(
-            (
-                (up, scope)
-                for window, scope in cells
-                if window.start < consumed
-                for up in buckets_in(dep, [window])
-                if up.start < consumed
-            ),
-            limit=None,
+            (up, scope)
+            for window, scope in cells
+            if window.start < consumed
+            for up in buckets_in(dep, [window])
+            if up.start < consumed
         )
         if not lifted:
             continue
