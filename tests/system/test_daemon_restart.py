@@ -28,6 +28,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import sqlalchemy.exc
 
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window, iso_utc
@@ -69,17 +70,33 @@ def wave_runs(world: World, since: datetime, statuses: list[dg.DagsterRunStatus]
     ]
 
 
-def run_workers(world: World, daemon: psutil.Process, runs: list) -> dict[str, psutil.Process]:
-    """run id -> the process executing it: the pid each run worker reported when it started,
-    checked to be one of the daemon's descendants."""
+def worker_pids(world: World, runs: list) -> dict[str, int]:
+    """run id -> the pid each run worker reported when it started (runs whose event log cannot
+    be read right now are left out: a worker frozen in the middle of a commit holds its lock)."""
     lookup = DagsterRunLookup(world.instance)
-    mine = {p.pid: p for p in daemon.children(recursive=True)}
     out = {}
     for run in runs:
-        pid = lookup._worker_pid(run)
-        if pid is not None and int(pid) in mine:
-            out[run.run_id] = mine[int(pid)]
+        try:
+            pid = lookup._worker_pid(run)
+        except sqlalchemy.exc.OperationalError:
+            continue
+        if pid is not None:
+            out[run.run_id] = int(pid)
     return out
+
+
+def run_workers(
+    world: World, daemon: psutil.Process, runs: list, known: dict[str, int]
+) -> dict[str, psutil.Process]:
+    """run id -> the process executing it: the pid each run worker reported when it started (as
+    read before the stop in `known`, or now), checked to be one of the daemon's descendants."""
+    mine = {p.pid: p for p in daemon.children(recursive=True)}
+    pids = {**worker_pids(world, [r for r in runs if r.run_id not in known]), **known}
+    return {
+        run.run_id: mine[pids[run.run_id]]
+        for run in runs
+        if run.run_id in pids and pids[run.run_id] in mine
+    }
 
 
 def kill_tree(proc: psutil.Process) -> int:
@@ -149,9 +166,12 @@ def test_daemon_restart_mid_wave_lands_every_correction_once(
             # report anything), SIGKILL every in-flight run worker with its Spark JVM, then the
             # rest of the group: no run gets to record its end.
             daemon = psutil.Process(proc.pid)
+            # Worker pids are read before the stop: a worker frozen in the middle of writing an
+            # event keeps its run's event log locked.
+            known = worker_pids(world, wave_runs(world, since, UNFINISHED))
             os.killpg(proc.pid, signal.SIGSTOP)
             running = wave_runs(world, since, UNFINISHED)
-            workers = run_workers(world, daemon, running)
+            workers = run_workers(world, daemon, running, known)
             for worker in workers.values():
                 killed_processes += kill_tree(worker)
             killed_runs = sorted(workers)
