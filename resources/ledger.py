@@ -65,6 +65,9 @@ LEDGER_SCHEMA = pa.schema(
         ("source_rows", pa.int64()),
         ("cells_changed", pa.int64()),
         ("cells_skipped", pa.int64()),
+        ("plan", pa.string()),
+        ("change_rows", pa.int64()),
+        ("cells_applied", pa.int64()),
     ]
 )
 
@@ -99,6 +102,9 @@ def job_row(job: Job) -> dict:
         "source_rows": job.source_rows,
         "cells_changed": job.cells_changed,
         "cells_skipped": job.cells_skipped,
+        "plan": job.plan,
+        "change_rows": job.change_rows,
+        "cells_applied": job.cells_applied,
     }
 
 
@@ -167,6 +173,9 @@ def _job_from_row(row: dict) -> Job:
         source_rows=row.get("source_rows"),
         cells_changed=row.get("cells_changed"),
         cells_skipped=row.get("cells_skipped"),
+        plan=row.get("plan"),
+        change_rows=row.get("change_rows"),
+        cells_applied=row.get("cells_applied"),
     )
 
 

@@ -8,12 +8,14 @@ value when the incoming one is null (COALESCE), so several producers can fill on
 
 import datetime as dt
 import logging
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
@@ -26,10 +28,12 @@ from resources.delta_tables import (
     file_actions,
     open_table,
     prune_files,
+    read_commit,
     with_retries,
 )
+from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
-from resources.warehouse import Warehouse, data_file_uri, spark_uri
+from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
@@ -39,6 +43,16 @@ log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
+# The change data feed's columns: what a row change was, and the commit that made it.
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+# Commits whose deletes are retention (old rows dropped on purpose): the rollups keep what they
+# aggregated from those rows, so such deletes are nobody's change.
+RETENTION_OPERATION = "retention"
+
+
+class ChangeFeedGone(Exception):
+    """The change feed no longer reaches back to a version (log cleaned up, files vacuumed)."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +242,96 @@ class RawStore:
         df = rows_within(df, spec.time_column, spans, entities)
         return df, table.version()
 
+    def changes(
+        self,
+        spec: SourceSpec,
+        after: int,
+        upto: int,
+        spans: Sequence[Window],
+        entities: frozenset[str] | None,
+    ) -> tuple[pa.Table, int]:
+        """Every row change committed after version `after` up to `upto` to rows whose time
+        falls in `spans` (and entity in `entities`): the archive's columns, `CHANGE_TYPE`
+        (insert, delete, update_preimage, update_postimage) and `COMMIT_VERSION`; and how many
+        change rows were read to find them.
+
+        Read from each commit's change files where it has them, otherwise from the files it
+        added (inserts) and removed (deletes), as the change data feed defines. Commits that
+        change no row, commits of this project's ingests outside `spans` (their time range is
+        in the commit) and retention commits are skipped. Raises ChangeFeedGone when a commit
+        or a file it names is no longer there.
+        """
+        merged = merge_windows(list(spans))
+        schema = archive_data_schema(spec)
+        out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
+            pa.field(COMMIT_VERSION, pa.int64())
+        )
+        uri = self.uri(spec)
+        parts: list[pa.Table] = []
+        read = 0
+        for version in range(after + 1, upto + 1):
+            try:
+                actions = read_commit(uri, version, self.options)
+            except FileNotFoundError:
+                raise ChangeFeedGone(
+                    f"'{spec.name}': commit {version} is no longer in the table's log"
+                ) from None
+            info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get("rollups.operation") == RETENTION_OPERATION:
+                continue
+            cdc = [a["cdc"] for a in actions if "cdc" in a]
+            if info.get("operation") in NO_DATA_OPERATIONS and not cdc:
+                continue
+            lo, hi = info.get("rollups.min_ts"), info.get("rollups.max_ts")
+            if lo is not None and hi is not None:
+                first, last = dt.datetime.fromisoformat(lo), dt.datetime.fromisoformat(hi)
+                if not any(first < w.end and w.start <= last for w in merged):
+                    continue
+            files: list[tuple[dict, str | None]]
+            if cdc:
+                files = [(body, None) for body in cdc]
+            else:
+                files = [
+                    (a[kind], "insert" if kind == "add" else "delete")
+                    for a in actions
+                    for kind in ("add", "remove")
+                    if kind in a and a[kind].get("dataChange", True)
+                ]
+            for body, change_type in files:
+                if not _day_may_overlap(body, merged):
+                    continue
+                rows = self._read_change_file(spec, body["path"], change_type)
+                read += rows.num_rows
+                mask = in_windows(rows[spec.time_column], merged)
+                if entities is not None:
+                    wanted = pa.array(sorted(entities), pa.string())
+                    mask = pc.and_(mask, pc.is_in(rows["entity_id"], value_set=wanted))
+                rows = rows.filter(mask)
+                if rows.num_rows:
+                    rows = rows.append_column(
+                        COMMIT_VERSION, pa.array([version] * rows.num_rows, pa.int64())
+                    )
+                    parts.append(rows.select(out_schema.names).cast(out_schema))
+        return (pa.concat_tables(parts) if parts else out_schema.empty_table()), read
+
+    def _read_change_file(self, spec: SourceSpec, path: str, change_type: str | None) -> pa.Table:
+        """One change file (its `CHANGE_TYPE` column), or a data file whose every row had
+        `change_type`, with the archive's columns as stored."""
+        schema = archive_data_schema(spec)
+        fs, root = filesystem_for(self.uri(spec), self.options)
+        names = [*schema.names, *([CHANGE_TYPE] if change_type is None else [])]
+        try:
+            with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
+                data = pq.read_table(fh, columns=names)
+        except FileNotFoundError:
+            raise ChangeFeedGone(f"'{spec.name}': file {path} is no longer there") from None
+        kinds = (
+            data[CHANGE_TYPE].cast(pa.string())
+            if change_type is None
+            else pa.array([change_type] * data.num_rows, pa.string())
+        )
+        return data.select(schema.names).cast(schema).append_column(CHANGE_TYPE, kinds)
+
     def read_arrow(
         self,
         spec: SourceSpec,
@@ -252,3 +356,13 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
         return data
+
+
+def _day_may_overlap(body: dict, merged: Sequence[Window]) -> bool:
+    """Could a file of the UTC-day partition in `body` hold rows in `merged`?"""
+    day = (body.get("partitionValues") or {}).get(DAY_COLUMN)
+    if not day:
+        return True
+    d0 = dt.datetime.combine(dt.date.fromisoformat(day), dt.time(0), tzinfo=dt.UTC)
+    d1 = d0 + dt.timedelta(days=1)
+    return any(w.start < d1 and d0 < w.end for w in merged)

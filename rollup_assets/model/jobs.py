@@ -102,6 +102,11 @@ class Job:
     source_rows: int | None = None
     cells_changed: int | None = None
     cells_skipped: int | None = None
+    # Why the technique was chosen (the cost model's reasoning), the source change rows applied
+    # as deltas, and the cells corrected from changes (changed or not).
+    plan: str | None = None
+    change_rows: int | None = None
+    cells_applied: int | None = None
 
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""

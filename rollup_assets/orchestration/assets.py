@@ -67,6 +67,9 @@ def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.Asse
             "source_rows": job.source_rows or 0,
             "cells_changed": job.cells_changed or 0,
             "cells_skipped": job.cells_skipped or 0,
+            "cells_applied": job.cells_applied or 0,
+            "change_rows": job.change_rows or 0,
+            "plan": job.plan or "",
         }
     for w in outcome.buckets:
         yield dg.AssetMaterialization(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -91,12 +92,16 @@ class Engine:
     # -- compute -----------------------------------------------------------------------------
 
     def partials(
-        self, spark: SparkSession, spec: RollupSpec, cells: Cells
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        cells: Cells,
+        raw_table: DeltaTable | None = None,
     ) -> tuple[DataFrame, dict[str, int]]:
         """The partial aggregates of `cells` (with the count of source rows behind each, in
-        `SOURCE_ROWS`), and the source versions read. Only the source rows of the cells are
-        aggregated; the read itself is pruned to their buckets and (when every bucket names
-        them) their entities."""
+        `SOURCE_ROWS`), and the source versions read (a raw source at `raw_table`'s version
+        when given). Only the source rows of the cells are aggregated; the read itself is pruned
+        to their buckets and (when every bucket names them) their entities."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         entities = cells.entities
@@ -105,23 +110,29 @@ class Engine:
             rows = self.rollups.read_spark(spark, source, spans, entities, snapshot=snap)
             versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
         else:
-            rows, version = self.raw.read_spark(spark, source, spans, entities)
+            rows, version = self.raw.read_spark(spark, source, spans, entities, table=raw_table)
             versions = {source.name: _v(version)}
         whole, named = _targets(spark, cells)
         return rollup_partials(rows, whole, spec, source, named), versions
 
-    def recompute(self, spark: SparkSession, spec: RollupSpec, cells: Cells) -> "Recomputed":
+    def recompute(
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        cells: Cells,
+        raw_table: DeltaTable | None = None,
+    ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
         cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
         few named cells is compared on the driver (its rows collected, the stored ones read
         with delta-rs); a larger one stays on Spark, where the rows are cached until
         `Recomputed.release`."""
-        fresh, versions = self.partials(spark, spec, cells)
+        fresh, versions = self.partials(spark, spec, cells, raw_table)
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
             rows = fresh.toArrow()
             stored = self.rollups.read_arrow(spec, spans, cells.entities)
-            stored = stored.join(_cell_keys(cells), KEYS, join_type="inner")
+            stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
             found = _found(cells, compared, partial=None)
             rows = rows.cast(
@@ -132,7 +143,7 @@ class Engine:
                     ]
                 )
             )
-            picked = rows.join(_cell_keys(found.cells), KEYS, join_type="inner")
+            picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
         fresh = fresh.persist()
         stored = _within(spark, self.rollups.read_spark(spark, spec, spans, cells.entities), cells)
@@ -187,6 +198,10 @@ class Recomputed:
     found: CellOutcome
     versions: dict[str, int]
     release: Callable[[], object] = lambda: None  # drop what the comparison cached
+    technique: str = "recompute"  # how the partials were computed
+    reason: str = ""  # why that technique
+    change_rows: int = 0  # source change rows consumed (applied as deltas)
+    cells_applied: int = 0  # cells corrected from changes (changed or not)
 
 
 def _found(
@@ -240,7 +255,7 @@ def _found(
 KEYS = ["bucket_start", ENTITY_COLUMN]
 
 
-def _cell_keys(cells: Cells) -> pa.Table:
+def cell_keys(cells: Cells) -> pa.Table:
     """The named cells of `cells` as (bucket_start, entity_id) rows."""
     named = [(w.start, e) for w, scope in cells for e in sorted(scope or ())]
     return pa.table(

@@ -1,9 +1,10 @@
 """The recompute lane: the optimistic atomic swap.
 
-1. Running:  claim a new generation N, read the source rows of the job's cells, aggregate
-             them, and compare each cell with the stored one: unchanged cells are left as
-             they are (not written, not flipped, not propagated; a job where nothing changed
-             completes here). The executors write the changed cells' rows, which are
+1. Running:  claim a new generation N, correct the job's cells (from their source's changes
+             where that is exact and cheaper, otherwise from their source rows: see
+             `services.incremental`), and compare each cell with the stored one: unchanged
+             cells are left as they are (not written, not flipped, not propagated; a job
+             where nothing changed completes here). The changed cells' rows are written and
              committed (still invisible).
 2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
              pointers to N in one commit - the moment readers switch.
@@ -35,9 +36,9 @@ from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, RunOutcome
 from rollup_assets.services.faults import checkpoint
+from rollup_assets.services.incremental import correct
 
 log = logging.getLogger(__name__)
-TECHNIQUE = "recompute"  # every cell aggregated again from its source rows
 
 
 def describe_cells(cells: Cells) -> str:
@@ -138,7 +139,6 @@ def run_recompute(
         started_at=datetime.now(UTC),
         generation=generation,
         windows=tuple(ready),
-        technique=TECHNIQUE,
     )
     engine.ledger.record([*events, running])
     try:
@@ -148,8 +148,9 @@ def run_recompute(
                 f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "
                 "that died before its flip"
             )
-        say(f"{spec.name}: recomputing {describe_cells(cells)} at generation {generation}")
-        result = engine.recompute(spark, spec, cells)
+        say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
+        result = correct(engine, spark, spec, cells)
+        say(f"{spec.name}: {result.technique}: {result.reason}")
         found, versions = result.found, result.versions
         changed = found.cells
         try:
@@ -166,10 +167,15 @@ def run_recompute(
             result.release()
         say(
             f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "
-            f"unchanged (left as they are), from {found.source_rows} source row(s)"
+            f"unchanged (left as they are), from {found.source_rows} source row(s) and "
+            f"{result.change_rows} change row(s)"
         )
         counted = {
+            "technique": result.technique,
+            "plan": result.reason,
             "source_rows": found.source_rows,
+            "change_rows": result.change_rows,
+            "cells_applied": result.cells_applied,
             "cells_changed": found.cells_changed,
             "cells_skipped": found.cells_skipped,
         }

@@ -1,0 +1,209 @@
+"""Correcting a rollup's cells: from their source's changes where that is exact and cheaper,
+from their source rows otherwise.
+
+The cost model, per job:
+
+- **delta**: a first-level rollup over a raw (or time-range) archive with its change data feed
+  on, and a job of named cells (at most `DRIVER_CELLS`). Each cell's stored partials reflect a
+  source version (the lineage every row stores); the changes committed after it are read from
+  the change feed (only the commits, days and entities of the job's cells) and applied on the
+  driver, without reading the cells' source rows and without a Spark job
+  (`model.deltas.apply_to_cells`). Cells a change cannot correct exactly (a retracted extreme,
+  a delete, no stored partial, ...) are recomputed from their source rows, at the same source
+  version, in the same generation.
+- **recompute**: everything else (a rollup over a rollup, buckets for every entity, jobs too
+  large for the driver, a source without change feed, more than `MAX_APPLY_COMMITS` commits to
+  read back, a change feed no longer reaching back): the cells are aggregated again from their
+  source rows.
+
+The job records which technique ran and why (`Recomputed.technique`, `Recomputed.reason`).
+"""
+
+import bisect
+import json
+from datetime import datetime
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
+from resources.schemas import data_schema
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.deltas import Change, ChangeType, StoredCell, apply_to_cells
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.services.engine import (
+    DRIVER_CELLS,
+    KEYS,
+    CellOutcome,
+    Engine,
+    Recomputed,
+    cell_keys,
+)
+
+# Reading further back than this many source commits costs more than reading the cells' rows.
+MAX_APPLY_COMMITS = 1_000
+DELTA = "delta"
+CellKey = tuple[str, datetime]  # (entity, bucket start)
+RECOMPUTE = "recompute"
+
+
+def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells) -> Recomputed:
+    """The corrected partials of `cells`, compared with the stored ones (see the module)."""
+    unfit = _delta_unfit(engine, spec, cells)
+    if unfit is not None:
+        result = engine.recompute(spark, spec, cells)
+        result.technique, result.reason = RECOMPUTE, unfit
+        return result
+    source = engine.catalog.archive(spec.source)
+    table = engine.raw.table(source)  # type: ignore[arg-type]
+    assert table is not None
+    version = table.version()
+    spans = merge_windows(list(cells.windows))
+    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities)
+    stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
+    stored = _stored_cells(stored_rows, spec, source.name)
+    by_start = {w.start: w for w in cells.windows}
+    keys: list[CellKey] = [(e, w.start) for w, scope in cells for e in sorted(scope or ())]
+    oldest = min((c.version for c in stored.values()), default=version)
+    if version - oldest > MAX_APPLY_COMMITS:
+        result = engine.recompute(spark, spec, cells, raw_table=table)
+        result.technique = RECOMPUTE
+        result.reason = (
+            f"{version - oldest} source commits since the oldest stored partial "
+            f"(more than {MAX_APPLY_COMMITS}): reading the cells' rows is cheaper"
+        )
+        return result
+    try:
+        changes, read = engine.raw.changes(
+            source,  # type: ignore[arg-type]
+            oldest,
+            version,
+            spans,
+            cells.entities,
+        )
+    except ChangeFeedGone as gone:
+        result = engine.recompute(spark, spec, cells, raw_table=table)
+        result.technique, result.reason = RECOMPUTE, f"change feed unavailable: {gone}"
+        return result
+    applied = apply_to_cells(
+        keys,
+        stored,
+        _changes(changes, source.time_column, cells.windows, spec),
+        spec.stored_columns,
+    )
+    rows = _rows(applied.changed, by_start, spec)
+    changed_pairs = [(by_start[start], entity) for entity, start in applied.changed]
+    found = CellOutcome(
+        Cells.collect([(w, frozenset([e])) for w, e in changed_pairs], limit=None),
+        cells_changed=len(applied.changed),
+        cells_skipped=len(applied.unchanged),
+        source_rows=0,
+    )
+    reason = (
+        f"{len(keys)} named cell(s): corrected from {applied.change_rows} change row(s) "
+        f"({read} read) of {source.name} up to version {version}"
+    )
+    technique = DELTA
+    if applied.recompute:
+        leftover = Cells.collect(
+            [(by_start[start], frozenset([entity])) for entity, start in applied.recompute],
+            limit=None,
+        )
+        again = engine.recompute(spark, spec, leftover, raw_table=table)
+        try:
+            assert isinstance(again.rows, pa.Table)
+            rows = pa.concat_tables([rows, again.rows.select(rows.column_names).cast(rows.schema)])
+        finally:
+            again.release()
+        found = CellOutcome(
+            Cells.collect([*found.cells, *again.found.cells], limit=None),
+            cells_changed=found.cells_changed + again.found.cells_changed,
+            cells_skipped=found.cells_skipped + again.found.cells_skipped,
+            source_rows=again.found.source_rows,
+        )
+        technique = f"{DELTA}+{RECOMPUTE}"
+        reason += f"; recomputed from source rows: {applied.reasons()}"
+    return Recomputed(
+        rows,
+        found,
+        {source.name: version},
+        technique=technique,
+        reason=reason,
+        change_rows=applied.change_rows,
+        cells_applied=len(applied.changed) + len(applied.unchanged),
+    )
+
+
+def _delta_unfit(engine: Engine, spec: RollupSpec, cells: Cells) -> str | None:
+    """Why `cells` of `spec` are recomputed rather than corrected from changes (None: they
+    are corrected from changes)."""
+    source = engine.catalog.archive(spec.source)
+    if isinstance(source, RollupSpec):
+        return f"source {source.name} is a rollup: cells are merged again from its partials"
+    if cells.named is None:
+        whole = sum(1 for _, scope in cells if scope is None)
+        return f"{whole} bucket(s) for every entity: aggregated again from their source rows"
+    if cells.named > DRIVER_CELLS:
+        return f"{cells.named} cells (more than {DRIVER_CELLS}): aggregated again on Spark"
+    table = engine.raw.table(source)
+    if table is None:
+        return f"source {source.name} has no table"
+    if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
+        return f"source {source.name} has no change data feed"
+    return None
+
+
+def _stored_cells(rows: pa.Table, spec: RollupSpec, source: str) -> dict[CellKey, StoredCell]:
+    """The stored cells with the source version their partials reflect (a row without one is
+    left out, so it is recomputed)."""
+    names = [sc.name for sc in spec.stored_columns]
+    out: dict[CellKey, StoredCell] = {}
+    for r in rows.select([*KEYS, *names, "source_versions"]).to_pylist():
+        version = json.loads(r["source_versions"] or "{}").get(source)
+        if version is None or version < 0:
+            continue
+        out[(r[ENTITY_COLUMN], r["bucket_start"])] = StoredCell(
+            int(version), {n: r[n] for n in names}
+        )
+    return out
+
+
+def _changes(
+    changes: pa.Table, time_column: str, windows: tuple[Window, ...], spec: RollupSpec
+) -> list[tuple[CellKey, int, Change]]:
+    """(cell, commit version, change) for every change row (each lies in one of `windows`)."""
+    ordered = sorted(windows)
+    starts = [w.start for w in ordered]
+    columns = sorted({sc.column for sc in spec.stored_columns})
+    out: list[tuple[CellKey, int, Change]] = []
+    for r in changes.select(
+        [ENTITY_COLUMN, time_column, CHANGE_TYPE, COMMIT_VERSION, *columns]
+    ).to_pylist():
+        i = bisect.bisect_right(starts, r[time_column]) - 1
+        if i < 0 or not ordered[i].start <= r[time_column] < ordered[i].end:
+            continue
+        out.append(
+            (
+                (r[ENTITY_COLUMN], ordered[i].start),
+                int(r[COMMIT_VERSION]),
+                Change(ChangeType(r[CHANGE_TYPE]), {c: r[c] for c in columns}),
+            )
+        )
+    return out
+
+
+def _rows(
+    changed: dict[CellKey, dict], by_start: dict[datetime, Window], spec: RollupSpec
+) -> pa.Table:
+    """The corrected cells as rollup rows (entity_id, bucket_start, bucket_end, partials)."""
+    schema = data_schema(spec)
+    names = [ENTITY_COLUMN, "bucket_start", "bucket_end", *[sc.name for sc in spec.stored_columns]]
+    wanted = pa.schema([schema.field(n) for n in names])
+    rows = []
+    for (entity, start), partials in sorted(changed.items()):
+        rows.append(
+            {ENTITY_COLUMN: entity, "bucket_start": start, "bucket_end": by_start[start].end}
+            | partials
+        )
+    return pa.Table.from_pylist(rows, schema=wanted)
