@@ -13,7 +13,8 @@ from bench.context import Bench
 from bench.generate import NOW, PERIOD_END, Dataset, late_readings
 from bench.harness import BenchWorld, RunSpan
 from bench.metrics import measure, median, say
-from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.jobs import ChangeSource, Job
+from rollup_assets.model.windows import Window
 from rollup_assets.services.query import query_arrow
 
 # The ISO week still open at NOW starts here (Monday 2025-12-29 00:00 Vienna): late readings
@@ -62,6 +63,7 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
         elif run.rollup in levels:
             levels[run.rollup]["runs"] += 1
             levels[run.rollup]["rows_read"] += rows
+    work = job_figures(jobs)
     last = max((j.finished_at for j in jobs if j.finished_at), default=None)
     latency = (last - committed).total_seconds() if last else None
     recompute_rows = sum(v["rows_read"] for v in levels.values())
@@ -76,7 +78,55 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
         "levels": levels,
         "forward_lane": forward,
         "levels_recomputed": sorted({j.rollup for j in jobs}),
+        "jobs": work,
         "_changes": table.select(["entity_id", "ts"]),
+    }
+
+
+def job_figures(jobs: list[Job]) -> dict:
+    """What the jobs recorded, summed: cells changed / skipped as unchanged / corrected from
+    changes, change rows applied, source rows aggregated, and jobs per technique."""
+    techniques: dict[str, int] = {}
+    for j in jobs:
+        if j.technique:
+            techniques[j.technique] = techniques.get(j.technique, 0) + 1
+    return {
+        "cells_changed": sum(j.cells_changed or 0 for j in jobs),
+        "cells_skipped": sum(j.cells_skipped or 0 for j in jobs),
+        "cells_applied": sum(j.cells_applied or 0 for j in jobs),
+        "change_rows": sum(j.change_rows or 0 for j in jobs),
+        "source_rows": sum(j.source_rows or 0 for j in jobs),
+        "techniques": techniques,
+    }
+
+
+def identical_reingest(bench: Bench, world: BenchWorld, day: datetime) -> dict:
+    """Re-ingest one stored UTC day of every meter, byte for byte: what it recomputes."""
+    spec = world.catalog.raw["energy_raw"]
+    stored = world.engine.raw.read_arrow(spec, [Window(day, day + timedelta(days=1))])
+    path = bench.work / "identical-day.parquet"
+    pq.write_table(stored.drop_columns(["day"]), path)
+    since = datetime.now(UTC)
+    with measure(bench.probe, f"identical re-ingest of {stored.num_rows:,} rows") as step:
+        result = world.ingest(path, ChangeSource.MANUAL)
+        world.tick(NOW)
+    jobs = world.recompute_jobs_since(since)
+    return {
+        "rows": stored.num_rows,
+        "inserted": result.inserted,
+        "updated": result.updated,
+        "raw_version": result.version,
+        "tick_loop": step.as_dict(),
+        "jobs": len(jobs),
+        "cells_recomputed": sum((j.cells_changed or 0) + (j.cells_skipped or 0) for j in jobs),
+    }
+
+
+def pointer_rows(world: BenchWorld) -> dict[str, int]:
+    """Rows of each rollup's pointer table (what a read resolves generations against)."""
+    return {
+        name: world.engine.rollups.snapshot(spec).pointers.num_rows
+        for name, spec in world.catalog.rollups.items()
     }
 
 
@@ -191,6 +241,10 @@ def run_corrections(bench: Bench, world: BenchWorld, dataset: Dataset, chain: Pa
             bench.spark, bench.catalog, recent, chain, bench.work / "lookback", horizon
         )
     out["lookback"] = step.as_dict()
+    day = CLOSED_UNTIL.replace(hour=0) - timedelta(days=3)
+    out["identical_reingest"] = identical_reingest(bench, world, day)
+    out["pointer_rows"] = pointer_rows(world)
+    say(f"pointer rows after the correction waves: {out['pointer_rows']}")
     with measure(bench.probe, "verify: every touched window equals the oracle", False):
         out["wrong_windows_after"] = wrong_windows_ours(world, pa.concat_tables(all_changes))
     say(f"windows still wrong after the automatic recompute: {out['wrong_windows_after']}")

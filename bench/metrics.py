@@ -22,8 +22,9 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 
+from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
-from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
 
 MB = 1024 * 1024
 _T0 = time.monotonic()
@@ -165,36 +166,48 @@ class SparkEventLog:
 
 
 class DriverReads:
-    """Counts the rows of every rollup-table file the driver reads (installed once)."""
+    """Counts the rows the driver reads outside Spark (installed once): every rollup-table file
+    (row groups read, before filtering) and every change file a correction reads from the
+    change feed."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []
-        self._original: Callable | None = None
+        self._originals: dict[str, Callable] = {}
 
     def install(self) -> None:
-        if self._original is not None:
+        if self._originals:
             return
-        original = RollupStore._read_file
         reads = self.reads
+        rollup_file = RollupStore._read_file
+        change_file = RawStore._read_change_file
 
-        def counted(
+        def counted_rollup_file(
             store: RollupStore,
             spec: RollupSpec,
             f: dict,
             columns: Sequence[str] | None = None,
             *args: object,
         ) -> pa.Table:
-            table = original(store, spec, f, columns, *args)
+            table = rollup_file(store, spec, f, columns, *args)
             reads.append((time.time(), table.num_rows))
             return table
 
-        self._original = original
-        RollupStore._read_file = counted  # type: ignore[method-assign]
+        def counted_change_file(
+            store: RawStore, spec: RawArchiveSpec, path: str, change_type: str | None
+        ) -> pa.Table:
+            table = change_file(store, spec, path, change_type)
+            reads.append((time.time(), table.num_rows))
+            return table
+
+        self._originals = {"rollup": rollup_file, "change": change_file}
+        RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
+        RawStore._read_change_file = counted_change_file  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
-        if self._original is not None:
-            RollupStore._read_file = self._original  # type: ignore[method-assign]
-            self._original = None
+        if self._originals:
+            RollupStore._read_file = self._originals["rollup"]  # type: ignore[method-assign]
+            RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
+            self._originals = {}
 
     def rows_between(self, start: float, end: float) -> int:
         return sum(n for t, n in self.reads if start <= t <= end)

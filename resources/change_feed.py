@@ -3,7 +3,8 @@
 The changed rows come from the change data feed (inserts, deletes, and both images of an
 update); for a table without CDF, or a commit too large to read row by row, from the per-file
 time statistics of the files it added and removed (an over-approximation). Commits that change no
-row (compaction, vacuum, checkpoints) are skipped.
+row (compaction, vacuum, checkpoints) are skipped, and so are retention deletes (old rows dropped
+on purpose, which the rollups keep).
 """
 
 import json
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 
 from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
-from resources.raw_store import RawStore
+from resources.raw_store import RETENTION_OPERATION, RawStore
 from resources.rollup_store import RollupStore
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
@@ -79,6 +80,8 @@ def read_changes(
     info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     if info.get("operation") in NO_DATA_OPERATIONS and not any("cdc" in a for a in actions):
         return None
+    if info.get("rollups.operation") == RETENTION_OPERATION:
+        return None  # rows dropped on purpose: the rollups keep what they aggregated
     data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
     data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
     if not data:

@@ -97,6 +97,8 @@ class RawStore:
                 or commit.get("operation") in NO_DATA_OPERATIONS
             ):
                 continue
+            if commit.get("rollups.operation") == RETENTION_OPERATION:
+                continue
             lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
             if lo is None or hi is None:
                 return True
@@ -199,6 +201,63 @@ class RawStore:
             change_source,
             inserted=int(metrics.get("num_target_rows_inserted", 0)),
             updated=int(metrics.get("num_target_rows_updated", 0)),
+        )
+
+    def delete_rows(
+        self,
+        spec: SourceSpec,
+        span: Window,
+        entities: frozenset[str] | None,
+        change_source: ChangeSource,
+        *,
+        retention: bool,
+    ) -> tuple[int | None, int]:
+        """Delete the rows whose time falls in `span` (and entity in `entities`) in one commit;
+        return its version (None when no row matched: nothing is committed) and the rows
+        deleted.
+
+        A correction (`retention` False) is a change like any other: the rollups drop what the
+        rows contributed. Retention (`retention` True) drops old raw rows on purpose: the commit
+        says so, change detection and the change feed skip it, and the rollups keep what they
+        aggregated from those rows.
+        """
+        table = self.table(spec)
+        if table is None:
+            return None, 0
+        time_col = spec.time_column
+        lo, hi = span.start.astimezone(dt.UTC), span.end.astimezone(dt.UTC)
+        last_day = (hi - dt.timedelta(microseconds=1)).date()
+        parts = [
+            f"{DAY_COLUMN} >= '{lo.date().isoformat()}'",
+            f"{DAY_COLUMN} <= '{last_day.isoformat()}'",
+            f"{time_col} >= '{lo.isoformat()}'",
+            f"{time_col} < '{hi.isoformat()}'",
+        ]
+        if entities is not None:
+            quoted = ", ".join("'" + e.replace("'", "''") + "'" for e in sorted(entities))
+            parts.append(f"entity_id IN ({quoted})")
+        metadata = {
+            "rollups.operation": RETENTION_OPERATION if retention else "delete",
+            "rollups.change_source": change_source.value,
+            "rollups.min_ts": lo.isoformat(),
+            "rollups.max_ts": (hi - dt.timedelta(microseconds=1)).isoformat(),
+        }
+
+        def delete() -> tuple[int | None, int]:
+            current = self.table(spec)
+            assert current is not None
+            metrics = current.delete(
+                " AND ".join(parts),
+                commit_properties=CommitProperties(custom_metadata=metadata),
+            )
+            deleted = int(metrics.get("num_deleted_rows", 0) or 0)
+            return (current.version() if deleted else None), deleted
+
+        return with_retries(
+            delete,
+            retryable=lambda exc: isinstance(exc, CommitFailedError),
+            attempts=MERGE_ATTEMPTS,
+            what=f"delete from {spec.name}",
         )
 
     # -- reads ---------------------------------------------------------------------------------

@@ -74,6 +74,57 @@ def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
 
 @main.command()
 @click.argument("archive")
+@click.option("--from", "start", required=True, help="Rows at or after this instant (ISO-8601).")
+@click.option("--to", "end", required=True, help="Rows before this instant.")
+@click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@click.option(
+    "--retention",
+    is_flag=True,
+    help="Old rows dropped on purpose: the rollups keep what they aggregated from them.",
+)
+@click.option("--change-source", type=SOURCES, default="Manual", show_default=True)
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def delete(
+    archive: str,
+    start: str,
+    end: str,
+    entities: tuple[str, ...],
+    retention: bool,
+    change_source: str,
+    fmt: str,
+) -> None:
+    """Delete the rows of a raw or time-range ARCHIVE in [--from, --to) in one commit.
+
+    Without --retention the delete is a correction: the sensors update every level as for any
+    other change. With --retention the rollups keep what they aggregated from those rows.
+    """
+    from rollup_assets.model.jobs import ChangeSource
+    from rollup_assets.model.windows import Window
+    from rollup_assets.services.ingest import delete_rows
+
+    a, b = time_range(start, end)
+    if a is None or b is None:
+        raise click.UsageError("--from and --to are required")
+    version, deleted = delete_rows(
+        engine(),
+        archive,
+        Window(a, b),
+        frozenset(entities) or None,
+        ChangeSource(change_source),
+        retention=retention,
+    )
+    row = {
+        "archive": archive,
+        "version": version,
+        "deleted": deleted,
+        "kind": "retention" if retention else "correction",
+    }
+    echo_data(row, fmt)
+
+
+@main.command()
+@click.argument("archive")
 @click.option(
     "--from", "start", help="Buckets starting at or after this instant (ISO-8601; naive = UTC)."
 )

@@ -171,3 +171,33 @@ def test_detection_over_real_commits_maps_rows_to_buckets(source: Source) -> Non
     ]
     assert job.entities == frozenset({"m1", "m2"}) and job.change_source is ChangeSource.IMPORT
     assert d.cursors == {"energy_raw": v} and d.rows_classified == 3
+
+
+def test_a_delete_is_a_correction_and_retention_is_nobodys_change(source: Source) -> None:
+    """A correcting delete makes its cells dirty and is in the change feed as a delete;
+    a retention delete commits, but neither detection nor the change feed sees it."""
+    source.raw.ensure_table(RAW)
+    first = source.ingest([("m1", T0 + H, 1.0), ("m2", T0 + H, 2.0), ("m1", T0 + 5 * H, 3.0)])
+    source.start_cursor()
+    hour = Window(T0 + H, T0 + 2 * H)
+    corrected, n = source.raw.delete_rows(
+        RAW, hour, frozenset({"m2"}), ChangeSource.MANUAL, retention=False
+    )
+    assert corrected is not None and n == 1
+    jobs = source.detect().jobs
+    assert len(jobs) == 1 and jobs[0].entities == frozenset({"m2"})
+    dropped, n = source.raw.delete_rows(
+        RAW, Window(T0, T0 + 2 * H), None, ChangeSource.MANUAL, retention=True
+    )
+    assert dropped == corrected + 1 and n == 1  # m1's reading at 01:00 (m2's is gone)
+    assert read_changes(source.raw, RAW, dropped, 1_000) is None
+    assert source.detect().jobs == []
+    changes, read = source.raw.changes(RAW, first, dropped, [Window(T0, T0 + 24 * H)], None)
+    assert read == 1
+    assert [(r["entity_id"], r["_change_type"]) for r in changes.to_pylist()] == [("m2", "delete")]
+    # Nothing matched: nothing is committed.
+    assert source.raw.delete_rows(RAW, hour, None, ChangeSource.MANUAL, retention=False) == (
+        None,
+        0,
+    )
+    assert source.raw.table(RAW).version() == dropped
