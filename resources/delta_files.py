@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from resources.warehouse import filesystem_for
+from rollup_assets.model.windows import Window
 
 WRITTEN_FILES_SCHEMA = pa.schema(
     [
@@ -231,3 +232,68 @@ def build_file_writer(
             yield pa.RecordBatch.from_pylist(rows, schema=WRITTEN_FILES_SCHEMA)
 
     return write
+
+
+def read_row_groups(
+    table_uri: str,
+    storage_options: dict[str, str] | None,
+    path: str,
+    columns: Sequence[str] | None,
+    time_column: str,
+    spans: Sequence[Window] | None,
+    entities: frozenset[str] | None,
+) -> pa.Table:
+    """The rows of the table's file at `path` (its `columns`); with `spans` or `entities`, only
+    the row groups whose statistics say they may hold rows with `time_column` in `spans` and
+    `entity_id` in `entities` (files are sorted by entity, in row groups). Rows are not
+    filtered further."""
+    fs, root = filesystem_for(table_uri, storage_options)
+    with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
+        cols = list(columns) if columns is not None else None
+        if not spans and entities is None:
+            return pq.read_table(fh, columns=cols)
+        pf = pq.ParquetFile(fh)
+        meta = pf.metadata
+        groups = [
+            i
+            for i in range(meta.num_row_groups)
+            if _may_hold(meta.row_group(i), time_column, spans, entities)
+        ]
+        if len(groups) == meta.num_row_groups:
+            return pf.read(columns=cols)
+        if not groups:
+            return pf.schema_arrow.empty_table().select(cols or pf.schema_arrow.names)
+        return pf.read_row_groups(groups, columns=cols)
+
+
+def _may_hold(
+    group: pq.RowGroupMetaData,
+    time_column: str,
+    spans: Sequence[Window] | None,
+    entities: frozenset[str] | None,
+) -> bool:
+    """Could a row group hold rows in `spans` and of `entities`, by its statistics?"""
+    stats = {}
+    for j in range(group.num_columns):
+        col = group.column(j)
+        if col.path_in_schema in (time_column, "entity_id") and col.statistics is not None:
+            st = col.statistics
+            if st.has_min_max:
+                stats[col.path_in_schema] = (st.min, st.max)
+    if spans and time_column in stats:
+        lo, hi = stats[time_column]
+        if isinstance(lo, dt.datetime) and isinstance(hi, dt.datetime):
+            lo, hi = _utc(lo), _utc(hi)
+            if not any(w.start <= hi and lo < w.end for w in spans):
+                return False
+    if entities is not None and "entity_id" in stats:
+        lo, hi = stats["entity_id"]
+        if isinstance(lo, bytes) and isinstance(hi, bytes):
+            lo, hi = lo.decode("utf-8", "replace"), hi.decode("utf-8", "replace")
+        if isinstance(lo, str) and isinstance(hi, str) and not any(lo <= e <= hi for e in entities):
+            return False
+    return True
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t

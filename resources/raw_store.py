@@ -21,7 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batches import BatchReader
-from resources.delta_files import ROW_GROUP_ROWS
+from resources.delta_files import ROW_GROUP_ROWS, read_row_groups
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
@@ -390,6 +390,49 @@ class RawStore:
             else pa.array([change_type] * data.num_rows, pa.string())
         )
         return data.select(schema.names).cast(schema).append_column(CHANGE_TYPE, kinds)
+
+    def read_rows(
+        self,
+        spec: SourceSpec,
+        spans: Sequence[Window],
+        entities: frozenset[str] | None,
+        table: DeltaTable | None = None,
+    ) -> tuple[pa.Table, int | None]:
+        """On the driver: rows whose time falls in `spans` (and entity in `entities`), and the
+        version read (of `table` when given). Only the files and row groups whose statistics
+        may hold such rows are read: a few cells' rows cost about a row group each."""
+        table = table or self.table(spec)
+        schema = archive_data_schema(spec)
+        if table is None:
+            return schema.empty_table(), None
+        files = self.files_for(table, spec, spans, entities)
+        parts = [self._read_file(spec, f, spans, entities) for f in files]
+        data = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+        if not files:
+            data = schema.empty_table()
+        mask = in_windows(data[spec.time_column], spans)
+        if entities is not None:
+            wanted = pa.array(sorted(entities), pa.string())
+            mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
+        return data.filter(mask), table.version()
+
+    def _read_file(
+        self,
+        spec: SourceSpec,
+        f: dict,
+        spans: Sequence[Window],
+        entities: frozenset[str] | None,
+    ) -> pa.Table:
+        """The row groups of one data file that may hold rows in `spans` and `entities`."""
+        return read_row_groups(
+            self.uri(spec),
+            self.options,
+            f["path"],
+            archive_data_schema(spec).names,
+            spec.time_column,
+            spans,
+            entities,
+        )
 
     def read_arrow(
         self,

@@ -15,11 +15,10 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from resources.delta_files import ROW_GROUP_ROWS, write_parquet_file
+from resources.delta_files import ROW_GROUP_ROWS, read_row_groups, write_parquet_file
 from resources.delta_tables import (
     CommitPlan,
     commit,
@@ -108,23 +107,9 @@ class RollupTable:
     ) -> pa.Table:
         """The file's rows (its `columns`); with `spans` or `entities`, only the row groups whose
         statistics say they may hold rows in them (files are sorted by entity, in row groups)."""
-        fs, root = filesystem_for(self.uri(spec), self.options)
-        with fs.open_input_file(f"{root}/{urllib.parse.unquote(f['path'])}") as fh:
-            cols = list(columns) if columns is not None else None
-            if not spans and entities is None:
-                return pq.read_table(fh, columns=cols)
-            pf = pq.ParquetFile(fh)
-            meta = pf.metadata
-            groups = [
-                i
-                for i in range(meta.num_row_groups)
-                if _may_hold(meta.row_group(i), spans, entities)
-            ]
-            if len(groups) == meta.num_row_groups:
-                return pf.read(columns=cols)
-            if not groups:
-                return pf.schema_arrow.empty_table().select(cols or pf.schema_arrow.names)
-            return pf.read_row_groups(groups, columns=cols)
+        return read_row_groups(
+            self.uri(spec), self.options, f["path"], columns, "bucket_start", spans, entities
+        )
 
     # -- sweeping ------------------------------------------------------------------------------
 
@@ -306,30 +291,6 @@ class RollupTable:
                 )
             )
         return removes, adds, dropped
-
-
-def _may_hold(
-    group: pq.RowGroupMetaData,
-    spans: Sequence[Window] | None,
-    entities: frozenset[str] | None,
-) -> bool:
-    """Could a row group hold rows in `spans` and of `entities`, by its statistics?"""
-    stats = {}
-    for j in range(group.num_columns):
-        col = group.column(j)
-        if col.path_in_schema in ("bucket_start", "entity_id") and col.statistics is not None:
-            st = col.statistics
-            if st.has_min_max:
-                stats[col.path_in_schema] = (st.min, st.max)
-    if spans and "bucket_start" in stats:
-        lo, hi = stats["bucket_start"]
-        if not any(w.start <= hi and lo < w.end for w in spans):
-            return False
-    if entities is not None and "entity_id" in stats:
-        lo, hi = stats["entity_id"]
-        if not any(lo <= e <= hi for e in entities):
-            return False
-    return True
 
 
 def _at_most(mask: pa.ChunkedArray, rows: pa.Table, generation: int | None) -> pa.ChunkedArray:

@@ -19,8 +19,10 @@ from resources.archive_states import ArchiveStateStore
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
+from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
+from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.compare import CHANGED, cell_changes, cell_changes_arrow
 from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
 from rollup_assets.model.errors import ArchiveNotActivatedError, ArchiveSchemaImmutableError
@@ -115,6 +117,32 @@ class Engine:
         whole, named = _targets(spark, cells)
         return rollup_partials(rows, whole, spec, source, named), versions
 
+    def _driver_partials(
+        self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None
+    ) -> tuple[pa.Table, dict[str, int]] | None:
+        """`partials` of named cells computed on the driver (None: a NaN needs Spark)."""
+        source = self.catalog.archive(spec.source)
+        spans = merge_windows(list(cells.windows))
+        entities = cells.entities
+        if isinstance(source, RollupSpec):
+            snap = self.rollups.snapshot(source)
+            rows = self.rollups.read_arrow(source, spans, entities, snapshot=snap)
+            versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
+        else:
+            rows, version = self.raw.read_rows(source, spans, entities, table=raw_table)
+            versions = {source.name: _v(version)}
+        out = partials_arrow(rows, cells.windows, cell_keys(cells), spec, source)
+        if out is None:
+            return None
+        stored = data_schema(spec)
+        typed = pa.schema(
+            [
+                stored.field(n) if n in stored.names else out.schema.field(n)
+                for n in out.column_names
+            ]
+        )
+        return out.cast(typed), versions
+
     def recompute(
         self,
         spark: SparkSession,
@@ -124,13 +152,18 @@ class Engine:
     ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
         cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
-        few named cells is compared on the driver (its rows collected, the stored ones read
-        with delta-rs); a larger one stays on Spark, where the rows are cached until
-        `Recomputed.release`."""
-        fresh, versions = self.partials(spark, spec, cells, raw_table)
+        few named cells runs on the driver: their source row groups read with delta-rs and
+        aggregated with Arrow (`compute.arrow_partials`; on Spark when a min or max input is
+        NaN), compared with the stored ones; a larger job stays on Spark, where the rows are
+        cached until `Recomputed.release`."""
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
-            rows = fresh.toArrow()
+            on_driver = self._driver_partials(spec, cells, raw_table)
+            if on_driver is None:
+                fresh, versions = self.partials(spark, spec, cells, raw_table)
+                rows = fresh.toArrow()
+            else:
+                rows, versions = on_driver
             stored = self.rollups.read_arrow(spec, spans, cells.entities)
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
@@ -145,6 +178,7 @@ class Engine:
             )
             picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
+        fresh, versions = self.partials(spark, spec, cells, raw_table)
         fresh = fresh.persist()
         stored = _within(spark, self.rollups.read_spark(spark, spec, spans, cells.entities), cells)
         compared_df = cell_changes(fresh, stored, spec).persist()

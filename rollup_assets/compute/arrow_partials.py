@@ -1,0 +1,93 @@
+"""The partials of a few named cells, aggregated on the driver with Arrow (no Spark job).
+
+The same rules as `aggregation.rollup_partials`: over a raw or time-range source, sum, count
+(non-null values), min and max of the value columns; over a rollup source, the partials merged
+(sum of sums, sum of counts, min of mins, max of maxes). Nulls are ignored, a cell whose inputs
+are all null gets null (count 0), and a cell without source rows gets no row. Each source row
+belongs to the cell whose bucket holds its time: the buckets are the job's own windows, so no
+calendar arithmetic is needed here.
+
+Spark orders NaN above every number (a max over a NaN is NaN); Arrow's min and max skip NaN. So
+when a min or max input holds a NaN, `partials_arrow` returns None and the caller aggregates on
+Spark.
+"""
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
+from rollup_assets.model.windows import Window
+
+TS = pa.timestamp("us", tz="UTC")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
+_RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
+_MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+
+
+def _micros(t: datetime) -> int:
+    return (t - EPOCH) // timedelta(microseconds=1)
+
+
+def partials_arrow(
+    rows: pa.Table,
+    windows: Sequence[Window],
+    cells: pa.Table,
+    spec: RollupSpec,
+    source: ArchiveSpec,
+) -> pa.Table | None:
+    """Partials of the named `cells` (bucket_start, entity_id) from source `rows`, whose
+    buckets are `windows`: entity_id, bucket_start, bucket_end, the partials and `SOURCE_ROWS`.
+    None when a min or max input holds a NaN (see the module)."""
+    inputs: dict[tuple[str, str], str] = {}  # (input column, aggregation) -> output name
+    plan = []
+    for sc in spec.stored_columns:
+        if isinstance(source, RollupSpec):
+            column = source.partial_column(sc.column, sc.partial)
+            assert column is not None, f"{spec.name}: '{source.name}' lacks {sc.partial}"
+            how = _MERGE[sc.partial]
+        else:
+            column, how = sc.column, _RAW[sc.partial]
+        floating = pa.types.is_floating(rows.schema.field(column).type)
+        if how in ("min", "max") and floating and pc.any(pc.is_nan(rows[column])).as_py():
+            return None
+        inputs.setdefault((column, how), f"__in{len(inputs)}")
+        plan.append((sc, inputs[(column, how)]))
+    ordered = sorted(windows)
+    starts = np.array([_micros(w.start) for w in ordered], dtype=np.int64)
+    ends = np.array([_micros(w.end) for w in ordered], dtype=np.int64)
+    ts = rows[source.time_column].cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0
+    placed = rows.filter(pa.array(inside))
+    picked = idx[inside]
+    placed = placed.append_column(
+        "__bucket", pa.array(starts[picked], pa.int64()).cast(TS)
+    ).append_column("__end", pa.array(ends[picked], pa.int64()).cast(TS))
+    keys = cells.select([ENTITY_COLUMN, "bucket_start"]).rename_columns([ENTITY_COLUMN, "__bucket"])
+    placed = placed.join(keys, [ENTITY_COLUMN, "__bucket"], join_type="inner")
+    aggregations: list = [
+        (column, how, pc.CountOptions(mode="only_valid")) if how == "count" else (column, how)
+        for (column, how) in inputs
+    ]
+    grouped = placed.group_by([ENTITY_COLUMN, "__bucket", "__end"]).aggregate(
+        [*aggregations, ([], "count_all")]
+    )
+    out = {
+        ENTITY_COLUMN: grouped[ENTITY_COLUMN],
+        "bucket_start": grouped["__bucket"],
+        "bucket_end": grouped["__end"],
+    }
+    for sc, name in plan:
+        column, how = next(k for k, v in inputs.items() if v == name)
+        values = grouped[f"{column}_{how}"]
+        if sc.partial == "count":
+            values = pc.fill_null(values, 0)
+        out[sc.name] = values
+    out[SOURCE_ROWS] = grouped["count_all"]
+    return pa.table(out)

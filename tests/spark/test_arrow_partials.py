@@ -1,0 +1,121 @@
+"""The driver's Arrow aggregation of named cells equals Spark's, at every level of the chain,
+on DST days, ISO weeks, month and year ends; a NaN under a min or max sends the work to Spark."""
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
+from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.windows import Window
+
+CATALOG = load_catalog()
+TS = pa.timestamp("us", tz="UTC")
+# Around the autumn DST switch (Vienna, 2025-10-26) and the turn of the year.
+SPANS = [
+    Window(datetime(2025, 10, 24, tzinfo=UTC), datetime(2025, 10, 29, tzinfo=UTC)),
+    Window(datetime(2025, 12, 29, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)),
+]
+ENTITIES = ["m1", "m2", "m3"]
+
+
+def raw_rows(seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    ts = [
+        s.start + timedelta(minutes=15 * i)
+        for s in SPANS
+        for i in range(int((s.end - s.start) / timedelta(minutes=15)))
+    ]
+    n = len(ts) * len(ENTITIES)
+    return pa.table(
+        {
+            "entity_id": pa.array([e for _ in ts for e in ENTITIES], pa.string()),
+            "ts": pa.array([t for t in ts for _ in ENTITIES], TS),
+            "energy_kwh": pa.array(np.round(rng.gamma(2.0, 0.4, n), 6)),
+            "power_kw": pa.array(rng.normal(3.0, 1.0, n), mask=rng.random(n) < 0.2),
+            "voltage_v": pa.array(rng.normal(230.0, 3.0, n), mask=rng.random(n) < 0.3),
+        }
+    )
+
+
+def cells_table(windows: list[Window], rng: np.random.Generator) -> pa.Table:
+    """Random named cells of `windows` (some buckets with one entity, some with several)."""
+    pairs = [(w, e) for w in windows for e in ENTITIES if rng.random() < 0.5]
+    return pa.table(
+        {
+            "bucket_start": pa.array([w.start for w, _ in pairs], TS),
+            "bucket_end": pa.array([w.end for w, _ in pairs], TS),
+            "entity_id": pa.array([e for _, e in pairs], pa.string()),
+        }
+    )
+
+
+def by_cell(table: pa.Table) -> dict:
+    rows = table.sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")]).to_pylist()
+    return {(r["entity_id"], r["bucket_start"]): r for r in rows}
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    return a == b
+
+
+@pytest.mark.parametrize(
+    "rollup", ["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly", "energy_yearly"]
+)
+def test_arrow_partials_equal_spark(spark: SparkSession, rollup: str) -> None:
+    spec = CATALOG.rollup(rollup)
+    chain = [spec]
+    while chain[-1].source in CATALOG.rollups:
+        chain.append(CATALOG.rollup(chain[-1].source))
+    # Build the source level with Spark from the raw rows (every bucket, every entity).
+    rows = raw_rows(seed=len(chain))
+    for level in reversed(chain[1:]):
+        windows = buckets_in(level, SPANS)
+        targets = spark.createDataFrame(
+            pa.table(
+                {
+                    "bucket_start": pa.array([w.start for w in windows], TS),
+                    "bucket_end": pa.array([w.end for w in windows], TS),
+                }
+            )
+        )
+        source = CATALOG.archive(level.source)
+        rows = rollup_partials(spark.createDataFrame(rows), targets, level, source).toArrow()
+        rows = rows.drop_columns([SOURCE_ROWS])
+    source = CATALOG.archive(spec.source)
+    # Every other bucket: the rows of the buckets between belong to no cell.
+    windows = buckets_in(spec, SPANS)[::2]
+    cells = cells_table(windows, np.random.default_rng(3))
+    expected = rollup_partials(
+        spark.createDataFrame(rows), None, spec, source, spark.createDataFrame(cells)
+    ).toArrow()
+    got = partials_arrow(rows, windows, cells, spec, source)
+    assert got is not None
+    want, have = by_cell(expected), by_cell(got)
+    assert want.keys() == have.keys() and want, (len(want), len(have))
+    names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
+    bad = [
+        (k, n, want[k][n], have[k][n])
+        for k in want
+        for n in names
+        if not same(want[k][n], have[k][n])
+    ]
+    assert bad == [], bad[:5]
+
+
+def test_a_nan_under_a_min_or_max_is_left_to_spark() -> None:
+    spec = CATALOG.rollup("energy_hourly")
+    rows = raw_rows(seed=1)
+    voltage = rows["voltage_v"].to_pylist()
+    voltage[5] = float("nan")
+    rows = rows.set_column(4, "voltage_v", pa.array(voltage, pa.float64()))
+    windows = buckets_in(spec, SPANS)
+    cells = cells_table(windows, np.random.default_rng(3))
+    assert partials_arrow(rows, windows, cells, spec, CATALOG.archive(spec.source)) is None
