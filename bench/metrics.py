@@ -166,9 +166,9 @@ class SparkEventLog:
 
 
 class DriverReads:
-    """Counts the rows the driver reads outside Spark (installed once): every rollup-table file
-    (row groups read, before filtering) and every change file a correction reads from the
-    change feed."""
+    """Counts the rows the driver reads outside Spark (installed once): every rollup-table and
+    raw-table file (row groups read, before filtering) and every change file a correction reads
+    from the change feed."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []
@@ -179,6 +179,7 @@ class DriverReads:
             return
         reads = self.reads
         rollup_file = RollupStore._read_file
+        raw_file = RawStore._read_file
         change_file = RawStore._read_change_file
 
         def counted_rollup_file(
@@ -192,6 +193,11 @@ class DriverReads:
             reads.append((time.time(), table.num_rows))
             return table
 
+        def counted_raw_file(store: RawStore, spec: RawArchiveSpec, f: dict, *args: object):
+            table = raw_file(store, spec, f, *args)  # type: ignore[arg-type]
+            reads.append((time.time(), table.num_rows))
+            return table
+
         def counted_change_file(
             store: RawStore, spec: RawArchiveSpec, path: str, change_type: str | None
         ) -> pa.Table:
@@ -199,13 +205,15 @@ class DriverReads:
             reads.append((time.time(), table.num_rows))
             return table
 
-        self._originals = {"rollup": rollup_file, "change": change_file}
+        self._originals = {"rollup": rollup_file, "raw": raw_file, "change": change_file}
         RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
+        RawStore._read_file = counted_raw_file  # type: ignore[method-assign]
         RawStore._read_change_file = counted_change_file  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         if self._originals:
             RollupStore._read_file = self._originals["rollup"]  # type: ignore[method-assign]
+            RawStore._read_file = self._originals["raw"]  # type: ignore[method-assign]
             RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
             self._originals = {}
 

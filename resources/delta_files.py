@@ -234,30 +234,48 @@ def build_file_writer(
     return write
 
 
+Targets = Sequence[tuple[Window, frozenset[str] | None]]  # (bucket or span, entities or all)
+
+
+def targets_of(spans: Sequence[Window] | None, entities: frozenset[str] | None) -> Targets | None:
+    """Every span for the same entities (None: no limit at all)."""
+    if not spans and entities is None:
+        return None
+    if not spans:
+        return [
+            (
+                Window(
+                    dt.datetime.min.replace(tzinfo=dt.UTC), dt.datetime.max.replace(tzinfo=dt.UTC)
+                ),
+                entities,
+            )
+        ]
+    return [(w, entities) for w in spans]
+
+
 def read_row_groups(
     table_uri: str,
     storage_options: dict[str, str] | None,
     path: str,
     columns: Sequence[str] | None,
     time_column: str,
-    spans: Sequence[Window] | None,
-    entities: frozenset[str] | None,
+    targets: Targets | None,
 ) -> pa.Table:
-    """The rows of the table's file at `path` (its `columns`); with `spans` or `entities`, only
-    the row groups whose statistics say they may hold rows with `time_column` in `spans` and
-    `entity_id` in `entities` (files are sorted by entity, in row groups). Rows are not
-    filtered further."""
+    """The rows of the table's file at `path` (its `columns`); with `targets`, only the row
+    groups whose statistics say they may hold a row of one target: `time_column` in its window
+    and `entity_id` among its entities (files are sorted by entity, in row groups). Rows are
+    not filtered further."""
     fs, root = filesystem_for(table_uri, storage_options)
     with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
         cols = list(columns) if columns is not None else None
-        if not spans and entities is None:
+        if targets is None:
             return pq.read_table(fh, columns=cols)
         pf = pq.ParquetFile(fh)
         meta = pf.metadata
         groups = [
             i
             for i in range(meta.num_row_groups)
-            if _may_hold(meta.row_group(i), time_column, spans, entities)
+            if _may_hold(meta.row_group(i), time_column, targets)
         ]
         if len(groups) == meta.num_row_groups:
             return pf.read(columns=cols)
@@ -266,13 +284,8 @@ def read_row_groups(
         return pf.read_row_groups(groups, columns=cols)
 
 
-def _may_hold(
-    group: pq.RowGroupMetaData,
-    time_column: str,
-    spans: Sequence[Window] | None,
-    entities: frozenset[str] | None,
-) -> bool:
-    """Could a row group hold rows in `spans` and of `entities`, by its statistics?"""
+def _may_hold(group: pq.RowGroupMetaData, time_column: str, targets: Targets) -> bool:
+    """Could a row group hold a row of one of `targets`, by its statistics?"""
     stats = {}
     for j in range(group.num_columns):
         col = group.column(j)
@@ -280,19 +293,25 @@ def _may_hold(
             st = col.statistics
             if st.has_min_max:
                 stats[col.path_in_schema] = (st.min, st.max)
-    if spans and time_column in stats:
+    t_lo = t_hi = e_lo = e_hi = None
+    if time_column in stats:
         lo, hi = stats[time_column]
         if isinstance(lo, dt.datetime) and isinstance(hi, dt.datetime):
-            lo, hi = _utc(lo), _utc(hi)
-            if not any(w.start <= hi and lo < w.end for w in spans):
-                return False
-    if entities is not None and "entity_id" in stats:
+            t_lo, t_hi = _utc(lo), _utc(hi)
+    if "entity_id" in stats:
         lo, hi = stats["entity_id"]
         if isinstance(lo, bytes) and isinstance(hi, bytes):
             lo, hi = lo.decode("utf-8", "replace"), hi.decode("utf-8", "replace")
-        if isinstance(lo, str) and isinstance(hi, str) and not any(lo <= e <= hi for e in entities):
-            return False
-    return True
+        if isinstance(lo, str) and isinstance(hi, str):
+            e_lo, e_hi = lo, hi
+    for w, entities in targets:
+        if t_lo is not None and t_hi is not None and not (w.start <= t_hi and t_lo < w.end):
+            continue
+        if entities is None or e_lo is None or e_hi is None:
+            return True
+        if any(e_lo <= e <= e_hi for e in entities):
+            return True
+    return False
 
 
 def _utc(t: dt.datetime) -> dt.datetime:

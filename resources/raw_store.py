@@ -21,7 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batches import BatchReader
-from resources.delta_files import ROW_GROUP_ROWS, read_row_groups
+from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, targets_of
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
@@ -35,6 +35,7 @@ from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
 from rollup_assets.model.windows import Window, as_utc, merge_windows
@@ -107,6 +108,28 @@ class RawStore:
             ):
                 return True
         return False
+
+    def retained_spans(self, spec: SourceSpec) -> list[Window]:
+        """The time ranges retention deletes have dropped rows from (whose rollup rows can no
+        longer be aggregated again from the raw rows)."""
+        table = self.table(spec)
+        if table is None:
+            return []
+        out = []
+        for commit in table.history():
+            if commit.get("rollups.operation") != RETENTION_OPERATION:
+                continue
+            lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
+            if lo is None or hi is None:
+                return [
+                    Window(
+                        dt.datetime.min.replace(tzinfo=dt.UTC),
+                        dt.datetime.max.replace(tzinfo=dt.UTC),
+                    )
+                ]
+            end = dt.datetime.fromisoformat(hi) + dt.timedelta(microseconds=1)
+            out.append(Window(dt.datetime.fromisoformat(lo), end))
+        return out
 
     def ensure_table(self, spec: SourceSpec) -> int:
         """Create the (empty) table if it does not exist; return its version."""
@@ -397,16 +420,19 @@ class RawStore:
         spans: Sequence[Window],
         entities: frozenset[str] | None,
         table: DeltaTable | None = None,
+        cells: Cells | None = None,
     ) -> tuple[pa.Table, int | None]:
         """On the driver: rows whose time falls in `spans` (and entity in `entities`), and the
         version read (of `table` when given). Only the files and row groups whose statistics
-        may hold such rows are read: a few cells' rows cost about a row group each."""
+        may hold such rows (of `cells`, when given) are read: a few cells' rows cost about a row
+        group each, not the cross product of their buckets and entities."""
         table = table or self.table(spec)
         schema = archive_data_schema(spec)
         if table is None:
             return schema.empty_table(), None
         files = self.files_for(table, spec, spans, entities)
-        parts = [self._read_file(spec, f, spans, entities) for f in files]
+        targets = list(cells) if cells is not None else targets_of(spans, entities)
+        parts = [self._read_file(spec, f, targets) for f in files]
         data = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
         if not files:
             data = schema.empty_table()
@@ -416,22 +442,15 @@ class RawStore:
             mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
         return data.filter(mask), table.version()
 
-    def _read_file(
-        self,
-        spec: SourceSpec,
-        f: dict,
-        spans: Sequence[Window],
-        entities: frozenset[str] | None,
-    ) -> pa.Table:
-        """The row groups of one data file that may hold rows in `spans` and `entities`."""
+    def _read_file(self, spec: SourceSpec, f: dict, targets: Targets | None) -> pa.Table:
+        """The row groups of one data file that may hold rows of `targets`."""
         return read_row_groups(
             self.uri(spec),
             self.options,
             f["path"],
             archive_data_schema(spec).names,
             spec.time_column,
-            spans,
-            entities,
+            targets,
         )
 
     def read_arrow(

@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer
+from resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer, targets_of
 from resources.delta_tables import (
     CommitPlan,
     committed_after,
@@ -137,9 +137,12 @@ class RollupStore(RollupTable):
         entities: frozenset[str] | None = None,
         snapshot: Snapshot | None = None,
         columns: Sequence[str] | None = None,
+        cells: Cells | None = None,
     ) -> pa.Table:
         """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
-        `generation` is added: the active generation is resolved from it)."""
+        `generation` is added: the active generation is resolved from it). With `cells`, only
+        the row groups that may hold those cells are read (a few cells cost a row group each,
+        not the cross product of their buckets and entities); rows of other cells may remain."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
         if columns is not None:
@@ -149,13 +152,14 @@ class RollupStore(RollupTable):
             return schema.empty_table()
 
         def read(f: dict) -> pa.Table:
-            data = self._read_file(spec, f, schema.names, spans, entities).cast(schema)
+            data = self._read_file(spec, f, schema.names, targets).cast(schema)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
                 mask = em if mask is None else pc.and_(mask, em)
             return data if mask is None else data.filter(mask)
 
+        targets = list(cells) if cells is not None else targets_of(spans, entities)
         files = self.overlapping(file_actions(snap.table), spans, entities)
         if not files:
             return schema.empty_table()

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from resources.delta_files import ROW_GROUP_ROWS, read_row_groups, write_parquet_file
+from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, write_parquet_file
 from resources.delta_tables import (
     CommitPlan,
     commit,
@@ -102,13 +102,12 @@ class RollupTable:
         spec: RollupSpec,
         f: dict,
         columns: Sequence[str] | None = None,
-        spans: Sequence[Window] | None = None,
-        entities: frozenset[str] | None = None,
+        targets: Targets | None = None,
     ) -> pa.Table:
-        """The file's rows (its `columns`); with `spans` or `entities`, only the row groups whose
-        statistics say they may hold rows in them (files are sorted by entity, in row groups)."""
+        """The file's rows (its `columns`); with `targets`, only the row groups whose statistics
+        say they may hold rows of them (`delta_files.read_row_groups`)."""
         return read_row_groups(
-            self.uri(spec), self.options, f["path"], columns, "bucket_start", spans, entities
+            self.uri(spec), self.options, f["path"], columns, "bucket_start", targets
         )
 
     # -- sweeping ------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ from rollup_assets.settings import DetectionLimits
 # The entities of one bucket a piece of work covers; None: every entity.
 Scope = frozenset[str] | None
 
+# A bucket carrying at least this many cell pointers is folded by maintenance: recomputed for
+# every entity and rewritten whole under one bucket pointer (see `changed_cells`).
+FOLD_MIN_POINTERS = 8
+
 # A bucket naming more entities than this is recomputed for every entity (one pointer per bucket
 # instead of one per cell); ROLLUPS_ENTITY_SCOPE_LIMIT sets it for detection and coalescing.
 DEFAULT_BUCKET_ENTITY_LIMIT = DetectionLimits().entity_scope_limit
@@ -147,13 +151,19 @@ def changed_cells(
     cells: Cells,
     counts: dict[Window, CellCounts],
     changed_entities: dict[Window, frozenset[str]],
+    folded: frozenset[Window] = frozenset(),
 ) -> Cells:
     """The part of `cells` a recompute writes and flips: buckets rewritten whole (every
     entity), and otherwise exactly the changed entities of each bucket. Unchanged cells are left
-    as they are (their stored partial equals the fresh one)."""
+    as they are (their stored partial equals the fresh one), except in the every-entity buckets
+    of `folded`, which are rewritten whole even unchanged: one bucket pointer then replaces the
+    cell pointers corrections left there."""
     out: list[tuple[Window, Scope]] = []
     for w, scope in cells:
         c = counts.get(w)
+        if scope is None and w in folded and c is not None and c.cells:
+            out.append((w, None))
+            continue
         if c is None or c.changed == 0:
             continue
         if rewrites_whole(scope, c):

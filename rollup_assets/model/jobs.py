@@ -29,6 +29,7 @@ class Trigger(StrEnum):
     MANUAL = "Manual"
     PERIODIC = "Periodic"
     CHAIN = "ChainPropagation"
+    MAINTENANCE = "Maintenance"  # buckets rewritten whole to fold their cell pointers
 
     @property
     def lane(self) -> Lane:

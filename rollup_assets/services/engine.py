@@ -24,7 +24,13 @@ from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.compare import CHANGED, cell_changes, cell_changes_arrow
-from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
+from rollup_assets.model.cells import (
+    FOLD_MIN_POINTERS,
+    CellCounts,
+    Cells,
+    changed_cells,
+    rewrites_whole,
+)
 from rollup_assets.model.errors import ArchiveNotActivatedError, ArchiveSchemaImmutableError
 from rollup_assets.model.jobs import Job
 from rollup_assets.model.specs import (
@@ -126,10 +132,10 @@ class Engine:
         entities = cells.entities
         if isinstance(source, RollupSpec):
             snap = self.rollups.snapshot(source)
-            rows = self.rollups.read_arrow(source, spans, entities, snapshot=snap)
+            rows = self.rollups.read_arrow(source, spans, entities, snapshot=snap, cells=cells)
             versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
         else:
-            rows, version = self.raw.read_rows(source, spans, entities, table=raw_table)
+            rows, version = self.raw.read_rows(source, spans, entities, raw_table, cells)
             versions = {source.name: _v(version)}
         out = partials_arrow(rows, cells.windows, cell_keys(cells), spec, source)
         if out is None:
@@ -142,6 +148,19 @@ class Engine:
             ]
         )
         return out.cast(typed), versions
+
+    def _folded(self, spec: RollupSpec, cells: Cells) -> frozenset[Window]:
+        """The every-entity buckets of `cells` carrying at least `FOLD_MIN_POINTERS` cell
+        pointers: rewritten whole, they leave one bucket pointer."""
+        whole = {w.start: w for w, scope in cells if scope is None}
+        if not whole:
+            return frozenset()
+        pointers = self.rollups.snapshot(spec).pointers
+        counts: dict[datetime, int] = {}
+        for r in pointers.select(["bucket_start", "entity_id"]).to_pylist():
+            if r["entity_id"] is not None and r["bucket_start"] in whole:
+                counts[r["bucket_start"]] = counts.get(r["bucket_start"], 0) + 1
+        return frozenset(whole[s] for s, n in counts.items() if n >= FOLD_MIN_POINTERS)
 
     def recompute(
         self,
@@ -164,7 +183,7 @@ class Engine:
                 rows = fresh.toArrow()
             else:
                 rows, versions = on_driver
-            stored = self.rollups.read_arrow(spec, spans, cells.entities)
+            stored = self.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
             found = _found(cells, compared, partial=None)
@@ -202,7 +221,9 @@ class Engine:
                     .to_pylist()
                 )
 
-            found = _found(cells, per_bucket, partial=changed_rows)
+            found = _found(
+                cells, per_bucket, partial=changed_rows, folded=self._folded(spec, cells)
+            )
         finally:
             compared_df.unpersist()
         return Recomputed(
@@ -242,6 +263,7 @@ def _found(
     cells: Cells,
     compared: list[dict],
     partial: Callable[[list[datetime]], list[dict]] | None,
+    folded: frozenset[Window] = frozenset(),
 ) -> CellOutcome:
     """The outcome from compared cells: rows of (bucket_start, entity_id, CHANGED, SOURCE_ROWS)
     when `partial` is None; otherwise per-bucket counts (bucket_start, cells, changed, rows),
@@ -277,7 +299,7 @@ def _found(
                     r[ENTITY_COLUMN]
                 )
     written = changed_cells(
-        cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}
+        cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}, folded
     )
     total = sum(c.cells for c in counts.values())
     changed = sum(c.changed for c in counts.values())

@@ -60,7 +60,7 @@ def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells)
     assert table is not None
     version = table.version()
     spans = merge_windows(list(cells.windows))
-    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities)
+    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
     stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
     stored = _stored_cells(stored_rows, spec, source.name)
     by_start = {w.start: w for w in cells.windows}

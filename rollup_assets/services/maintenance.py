@@ -1,4 +1,4 @@
-"""Table upkeep: checkpoints, compaction of small files, full sweeps, and vacuum.
+"""Table upkeep: checkpoints, compaction of small files, full sweeps, pointer folding, and vacuum.
 
 Every commit adds a log entry and usually a small file; forward refreshes and control writes add
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
@@ -6,6 +6,13 @@ many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges
 or orphaned generation up to the newest one the pointers know (a newer one belongs to a recompute
 that has not flipped yet), and vacuum deletes unreferenced files older than the retention (which
 must exceed the longest read or run, or pinned snapshots would lose their files).
+
+Corrections flip cell pointers; a bucket corrected cell by cell gathers one pointer per cell, and
+every read resolves generations against them. Maintenance folds them: a closed bucket carrying at
+least `FOLD_MIN_POINTERS` cell pointers gets a pending recompute job for every entity (trigger
+Maintenance), which the recompute lane runs like any other (its pool slot, a new generation, one
+flip) and rewrites whole under a single bucket pointer. Buckets a retention delete reached are
+not folded at the first level: their raw rows are gone, so the stored rows are the only record.
 """
 
 import logging
@@ -14,7 +21,9 @@ from dataclasses import dataclass, field
 from resources.delta_tables import open_table
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
-from rollup_assets.model.specs import Catalog
+from rollup_assets.model.cells import FOLD_MIN_POINTERS
+from rollup_assets.model.jobs import Job, Trigger
+from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
 
@@ -28,7 +37,34 @@ class MaintenanceReport:
     files_compacted: int = 0
     files_vacuumed: int = 0
     rows_swept: int = 0
+    buckets_to_fold: int = 0  # buckets queued to be rewritten whole (their pointers folded)
     details: list[str] = field(default_factory=list)
+
+
+def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
+    """Pending jobs folding the cell pointers of closed buckets (one job per rollup)."""
+    jobs = []
+    snapshot = engine.ledger.snapshot()
+    statuses = engine.states.all()
+    for spec in engine.catalog.rollups.values():
+        state = statuses.get(spec.name)
+        queued = any(j.trigger is Trigger.MAINTENANCE for j in snapshot.pending(spec.name))
+        if spec.name in busy or queued or state is None or state.watermark is None:
+            continue
+        pointers = engine.rollups.snapshot(spec).pointers
+        counts: dict[Window, int] = {}
+        for r in pointers.to_pylist():
+            if r["entity_id"] is not None and r["bucket_end"] <= state.watermark:
+                w = Window(r["bucket_start"], r["bucket_end"])
+                counts[w] = counts.get(w, 0) + 1
+        buckets = [w for w, n in counts.items() if n >= FOLD_MIN_POINTERS]
+        source = engine.catalog.archive(spec.source)
+        if buckets and not isinstance(source, RollupSpec):
+            kept = engine.raw.retained_spans(source)
+            buckets = [w for w in buckets if not any(w.overlaps(k) for k in kept)]
+        if buckets:
+            jobs.append(Job(spec.name, Trigger.MAINTENANCE, tuple(sorted(buckets)), entities=None))
+    return jobs
 
 
 def table_uris(warehouse: Warehouse, catalog: Catalog) -> list[str]:
@@ -64,6 +100,14 @@ def maintain(
         if swept or reclaimed:
             report.details.append(
                 f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)"
+            )
+    folds = fold_jobs(engine, set(active))
+    if folds:
+        engine.ledger.record(folds)
+        for job in folds:
+            report.buckets_to_fold += len(job.windows)
+            report.details.append(
+                f"{job.rollup}: {len(job.windows)} bucket(s) queued to fold their cell pointers"
             )
     for uri in table_uris(warehouse, catalog):
         table = open_table(uri, warehouse.storage_options)
