@@ -72,7 +72,7 @@ def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
     echo_data(row, fmt)
 
 
-@main.command()
+@main.command("delete-rows")
 @click.argument("archive")
 @click.option("--from", "start", required=True, help="Rows at or after this instant (ISO-8601).")
 @click.option("--to", "end", required=True, help="Rows before this instant.")
@@ -85,7 +85,7 @@ def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
 @click.option("--change-source", type=SOURCES, default="Manual", show_default=True)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
-def delete(
+def delete_rows_command(
     archive: str,
     start: str,
     end: str,

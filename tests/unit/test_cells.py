@@ -111,6 +111,16 @@ def test_a_recompute_writes_only_the_changed_cells() -> None:
     assert changed == Cells(((hour(1), None), (hour(2), frozenset({"c"}))))
 
 
+def test_a_folded_bucket_is_rewritten_whole_even_unchanged() -> None:
+    """Folding replaces a bucket's cell pointers by one bucket pointer: every-entity work on it
+    is written whole, changed or not; named work and empty buckets are not folded."""
+    cells = Cells(((hour(1), None), (hour(2), None), (hour(3), frozenset({"a"}))))
+    counts = {hour(1): CellCounts(4, 0), hour(2): CellCounts(4, 1), hour(3): CellCounts(1, 0)}
+    folded = frozenset({hour(1), hour(3), hour(4)})
+    changed = changed_cells(cells, counts, {hour(2): frozenset({"c"})}, folded)
+    assert changed == Cells(((hour(1), None), (hour(2), frozenset({"c"}))))
+
+
 names = st.sampled_from("abcdef")
 pairs = st.lists(st.tuples(st.integers(0, 40).map(hour), st.one_of(st.none(), names)))
 

@@ -188,6 +188,22 @@ def test_lifecycle_guards_and_json_output(rollups: Invoke, tmp_path: Path) -> No
     assert [r["ts"] for r in rows] == [f"2025-06-01T0{h}:00:00Z" for h in range(3)]
     csv = rollups("query", "energy_raw", "--format", "csv")
     assert csv.exit_code == 0 and csv.stdout.splitlines()[0].startswith("entity_id,ts,")
+    # Deleting rows: one commit, or none when nothing matches; retention says so.
+    one_hour = ("--from", "2025-06-01T01:00:00Z", "--to", "2025-06-01T02:00:00Z")
+    [gone] = as_json(rollups("delete-rows", "energy_raw", *one_hour, "--format", "json"))
+    assert (gone["deleted"], gone["kind"]) == (1, "correction") and gone["version"] is not None
+    [none] = as_json(
+        rollups("delete-rows", "energy_raw", *one_hour, "--retention", "--format", "json")
+    )
+    assert (none["deleted"], none["version"], none["kind"]) == (0, None, "retention")
+    assert_one_line_failure(
+        rollups("delete-rows", "energy_raw", "--from", T2, "--to", T1), "is not before"
+    )
+    assert_one_line_failure(
+        rollups("delete-rows", "energy_hourly", *one_hour), "rollups are written by the system"
+    )
+    rows = as_json(rollups("query", "energy_raw", "--from", T1, "--to", T2, "--format", "json"))
+    assert [r["ts"] for r in rows] == ["2025-06-01T00:00:00Z", "2025-06-01T02:00:00Z"]
 
     # Freeze is monotonic; unfreeze records accept_gaps.
     [frozen] = as_json(rollups("freeze", "energy_hourly", "--until", T2, "--format", "json"))
