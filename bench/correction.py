@@ -15,6 +15,7 @@ from bench.harness import BenchWorld, RunSpan
 from bench.metrics import measure, median, say
 from rollup_assets.model.jobs import ChangeSource, Job
 from rollup_assets.model.windows import Window
+from rollup_assets.services.maintenance import fold_jobs
 from rollup_assets.services.query import query_arrow
 
 # The ISO week still open at NOW starts here (Monday 2025-12-29 00:00 Vienna): late readings
@@ -119,6 +120,22 @@ def identical_reingest(bench: Bench, world: BenchWorld, day: datetime) -> dict:
         "tick_loop": step.as_dict(),
         "jobs": len(jobs),
         "cells_recomputed": sum((j.cells_changed or 0) + (j.cells_skipped or 0) for j in jobs),
+    }
+
+
+def fold_pointers(bench: Bench, world: BenchWorld) -> dict:
+    """What maintenance's folding does after the waves: buckets queued, the tick that rewrites
+    them, and the pointer rows left."""
+    with measure(bench.probe, "fold cell pointers (maintenance's jobs, then the sensors)") as step:
+        jobs = fold_jobs(world.engine, set())
+        world.engine.ledger.record(jobs)
+        world.tick(NOW)
+    after = pointer_rows(world)
+    say(f"pointer rows after folding: {after}")
+    return {
+        "buckets": sum(len(j.windows) for j in jobs),
+        "tick_loop": step.as_dict(),
+        "pointer_rows": after,
     }
 
 
@@ -245,6 +262,7 @@ def run_corrections(bench: Bench, world: BenchWorld, dataset: Dataset, chain: Pa
     out["identical_reingest"] = identical_reingest(bench, world, day)
     out["pointer_rows"] = pointer_rows(world)
     say(f"pointer rows after the correction waves: {out['pointer_rows']}")
+    out["fold"] = fold_pointers(bench, world)
     with measure(bench.probe, "verify: every touched window equals the oracle", False):
         out["wrong_windows_after"] = wrong_windows_ours(world, pa.concat_tables(all_changes))
     say(f"windows still wrong after the automatic recompute: {out['wrong_windows_after']}")

@@ -98,9 +98,11 @@ def judge(results: dict) -> list[dict]:
         )
     if reads and "year_daily" in reads:
         pointers = (corr or {}).get("pointer_rows", {})
+        folded = (corr or {}).get("fold", {}).get("pointer_rows", {})
         values["year_daily_read_after_corrections_vs_plain"] = (
             reads["year_daily"]["ratio"],
-            f"read after every correction wave; pointer rows {pointers}",
+            f"read after every correction wave and a fold; pointer rows {pointers}, after the "
+            f"fold {folded}",
         )
     scaling = sc.get("scaling")
     if scaling:

@@ -1,10 +1,11 @@
 """A stateful model test: random sequences of operations against the real system, checked after
 every step against a plain pandas model of the raw data.
 
-Operations: ingest new, late, corrected and identical readings; tick the sensors until quiet;
-materialize a range; a manual recompute with and without entity scope; freeze and unfreeze;
-rewind; disable and enable; delete everything and re-create it; maintenance; a run killed at a
-fault point, then recovered by the next tick. (Raw archives have no delete of single readings.)
+Operations: ingest new, late, corrected and identical readings; delete readings (a correction);
+tick the sensors until quiet; materialize a range; a manual recompute with and without entity
+scope; freeze and unfreeze; rewind; disable and enable; delete everything and re-create it;
+maintenance (which folds buckets with two cell pointers or more here); a run killed at a fault
+point, then recovered by the next tick. First-level corrections take the delta-apply path.
 
 Invariants after every step:
   * a reader never sees a cell (window, entity) twice, nor a row of a generation that is not
@@ -46,7 +47,7 @@ from hypothesis.stateful import (
 import rollup_assets.services.recompute as recompute
 from resources.genmap import read_pointers
 from rollup_assets.demo.sample_data import SCHEMA
-from rollup_assets.model.jobs import JobState
+from rollup_assets.model.jobs import ChangeSource, JobState
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.dagster_internals import fail_dead_run
@@ -194,6 +195,23 @@ class Rollups(RuleBasedStateMachine):
             [(e, t.to_pydatetime(), float(v)) for e, t, v in rows.itertuples(index=False)],
             "identical",
         )
+
+    @precondition(lambda self: len(self.model) > 0)
+    @rule(picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=3))
+    @timed
+    def delete_readings(self, picks: list[int]) -> None:
+        """Correcting deletes (each its own commit): every level drops what the rows gave."""
+        rows = self.model.iloc[sorted({p % len(self.model) for p in picks})]
+        raw = self.world.catalog.raw["energy_raw"]
+        for e, t in zip(rows.entity_id, rows.ts, strict=True):
+            at = t.to_pydatetime()
+            span = Window(at, at + timedelta(microseconds=1))
+            self.world.engine.raw.delete_rows(
+                raw, span, frozenset({e}), ChangeSource.MANUAL, retention=False
+            )
+        self.model = self.model.drop(rows.index).reset_index(drop=True)
+        self.settled = False
+        FIGURES["delete_readings"] += 1
 
     @rule()
     @timed
@@ -413,14 +431,27 @@ def run_machine(tmp_path: Path, examples: int, steps: int, seed: int) -> None:
     assert FIGURES["sequences"] >= examples and FIGURES["quiet_checks"] > 0
 
 
+def fold_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With three meters a bucket holds three cell pointers at most: maintenance folds buckets
+    with two, so random sequences fold too."""
+    for module in ("rollup_assets.services.engine", "rollup_assets.services.maintenance"):
+        monkeypatch.setattr(f"{module}.FOLD_MIN_POINTERS", 2)
+
+
 @pytest.mark.timeout(1800)
-def test_random_operation_sequences_keep_every_invariant(tmp_path: Path, spark) -> None:
+def test_random_operation_sequences_keep_every_invariant(
+    tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fold_early(monkeypatch)
     run_machine(tmp_path, examples=3, steps=10, seed=20251103)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(0)
-def test_soak_random_operation_sequences_keep_every_invariant(tmp_path: Path, spark) -> None:
+def test_soak_random_operation_sequences_keep_every_invariant(
+    tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fold_early(monkeypatch)
     run_machine(
         tmp_path,
         examples=int(os.environ.get("ROLLUPS_SOAK_SEQUENCES", "25")),
