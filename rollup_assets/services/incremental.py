@@ -62,7 +62,7 @@ def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells)
     spans = merge_windows(list(cells.windows))
     stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
     stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
-    stored = _stored_cells(stored_rows, spec, source.name)
+    stored = _stored_cells(stored_rows, spec, source.name, version)
     by_start = {w.start: w for w in cells.windows}
     keys: list[CellKey] = [(e, w.start) for w, scope in cells for e in sorted(scope or ())]
     oldest = min((c.version for c in stored.values()), default=version)
@@ -154,14 +154,17 @@ def _delta_unfit(engine: Engine, spec: RollupSpec, cells: Cells) -> str | None:
     return None
 
 
-def _stored_cells(rows: pa.Table, spec: RollupSpec, source: str) -> dict[CellKey, StoredCell]:
-    """The stored cells with the source version their partials reflect (a row without one is
-    left out, so it is recomputed)."""
+def _stored_cells(
+    rows: pa.Table, spec: RollupSpec, source: str, newest: int
+) -> dict[CellKey, StoredCell]:
+    """The stored cells with the source version their partials reflect. A row without one, or
+    with one past the source's `newest` (read on another table), is left out: it is
+    recomputed."""
     names = [sc.name for sc in spec.stored_columns]
     out: dict[CellKey, StoredCell] = {}
     for r in rows.select([*KEYS, *names, "source_versions"]).to_pylist():
         version = json.loads(r["source_versions"] or "{}").get(source)
-        if version is None or version < 0:
+        if version is None or not 0 <= version <= newest:
             continue
         out[(r[ENTITY_COLUMN], r["bucket_start"])] = StoredCell(
             int(version), {n: r[n] for n in names}
