@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.rollup_table import _may_hold
+from resources.delta_files import _may_hold, targets_of
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.spec_loader import load_catalog
@@ -67,13 +67,24 @@ def test_row_groups_are_pruned_by_bucket_and_entity_statistics(tmp_path: Path) -
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     assert len(groups) == 4  # m00-m09, m10-m19, m20-m29, m30-m39
     hour = [Window(T0, T0 + H)]
-    assert [_may_hold(g, hour, frozenset({"m15"})) for g in groups] == [False, True, False, False]
-    assert [_may_hold(g, hour, None) for g in groups] == [True] * 4
+
+    def held(spans, entities) -> list[bool]:
+        targets = targets_of(spans, entities)
+        assert targets is not None
+        return [_may_hold(g, "bucket_start", targets) for g in groups]
+
+    assert held(hour, frozenset({"m15"})) == [False, True, False, False]
+    assert held(hour, None) == [True] * 4
     later = [Window(T0 + 5 * H, T0 + 6 * H)]
-    assert [_may_hold(g, later, None) for g in groups] == [False] * 4
-    assert [_may_hold(g, None, frozenset({"m05", "m33"})) for g in groups] == [
+    assert held(later, None) == [False] * 4
+    assert held(None, frozenset({"m05", "m33"})) == [True, False, False, True]
+    # Per cell, not the cross product: (m05, hour 0) keeps its group; (m33, hour 5) keeps none,
+    # since m33's group holds hours 0-2 only (the cross product would keep it for m33 at hour 0).
+    assert held([Window(T0, T0 + H), later[0]], frozenset({"m05", "m33"})) == [
         True,
         False,
         False,
         True,
     ]
+    cells = [(Window(T0, T0 + H), frozenset({"m05"})), (later[0], frozenset({"m33"}))]
+    assert [_may_hold(g, "bucket_start", cells) for g in groups] == [True, False, False, False]
