@@ -119,11 +119,12 @@ def job_row(job: Job, spec: RollupSpec | None = None) -> dict:
         "cells_skipped": job.cells_skipped,
         "cells_applied": job.cells_applied,
         "change_rows": job.change_rows,
-        "plan": job.plan,
         "generation": job.generation,
         "started_at": iso_utc(job.started_at) if job.started_at else None,
         "finished_at": iso_utc(job.finished_at) if job.finished_at else None,
         "duration_ms": job.duration_ms,
         "coalesced_into": job.coalesced_into,
         "error": job.error,
+        # Last: the cost model's reasoning is a sentence.
+        "plan": job.plan,
     }
