@@ -93,7 +93,18 @@ def read_changes(
         else None
     )
     time_col = spec.time_column
-    estimate = sum(_num_records(next(iter(a.values()))) for a in data if "cdc" not in a)
+    cdc = [a["cdc"] for a in data if "cdc" in a]
+    # The rows the change feed holds for this commit: its change files' rows when it has them
+    # (a MERGE that rewrote whole files changed only those), otherwise the files it added and
+    # removed (every row of which is an insert or a delete).
+    try:
+        estimate = (
+            raw.change_file_rows(spec, cdc)
+            if cdc
+            else sum(_num_records(next(iter(a.values()))) for a in data)
+        )
+    except FileNotFoundError:  # change files vacuumed: the file statistics still tell
+        estimate = max_cdf_rows + 1
     table = raw.table(spec)
     cdf = (
         table is not None

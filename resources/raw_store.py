@@ -396,6 +396,15 @@ class RawStore:
                     parts.append(rows.select(out_schema.names).cast(out_schema))
         return (pa.concat_tables(parts) if parts else out_schema.empty_table()), read
 
+    def change_file_rows(self, spec: SourceSpec, cdc: list[dict]) -> int:
+        """Rows in the change files of `cdc` actions (their footers only)."""
+        fs, root = filesystem_for(self.uri(spec), self.options)
+        total = 0
+        for body in cdc:
+            with fs.open_input_file(f"{root}/{urllib.parse.unquote(body['path'])}") as fh:
+                total += pq.ParquetFile(fh).metadata.num_rows
+        return total
+
     def _read_change_file(self, spec: SourceSpec, path: str, change_type: str | None) -> pa.Table:
         """One change file (its `CHANGE_TYPE` column), or a data file whose every row had
         `change_type`, with the archive's columns as stored."""

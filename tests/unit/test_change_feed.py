@@ -201,3 +201,14 @@ def test_a_delete_is_a_correction_and_retention_is_nobodys_change(source: Source
         0,
     )
     assert source.raw.table(RAW).version() == dropped
+
+
+def test_a_merge_rewriting_a_large_file_is_read_from_its_change_files(source: Source) -> None:
+    """A correction of one reading rewrites its whole day file, but its change files hold only
+    that reading's two images: they, not the rewritten file, decide whether rows are read."""
+    source.raw.ensure_table(RAW)
+    source.ingest([("m1", T0 + i * timedelta(minutes=15), 1.0) for i in range(40)])
+    v = source.ingest([("m1", T0 + H, 9.0)])
+    changes = read_changes(source.raw, RAW, v, max_cdf_rows=5)
+    assert changes is not None and changes.rows is not None and changes.ranges == []
+    assert pairs(changes) == [("m1", T0 + H)] * 2  # the update's pre- and post-image
