@@ -2,8 +2,10 @@
 small job's rows on the driver).
 
 The asset check compares with a tolerance for float sums (`diff_partials`); a recompute decides
-what it writes by exact equality (`cell_changes`): a cell whose fresh partials equal the stored
-ones bit for bit (NaN equal to NaN) is unchanged.
+what it writes by `cell_changes`: a cell is unchanged when its fresh partials equal the stored
+ones exactly (NaN equal to NaN), except that floating-point partials may differ by rounding
+(`ROUNDING`, relative): the same values summed in another order (Spark's, Arrow's, a delta
+applied to a stored sum) are not a change to write and carry up the chain.
 """
 
 import functools
@@ -15,6 +17,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from rollup_assets.model.cells import ROUNDING
 from rollup_assets.model.specs import ColumnType, RollupSpec
 from rollup_assets.model.windows import iso_utc
 
@@ -40,6 +43,15 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
 CHANGED = "__changed"
 
 
+def _unchanged(a: Column, b: Column, ctype: ColumnType) -> Column:
+    """Equal, both null, both NaN, or (doubles) equal up to rounding."""
+    exact = a.eqNullSafe(b)
+    if ctype is not ColumnType.DOUBLE:
+        return exact
+    close = F.abs(a - b) <= F.lit(ROUNDING) * F.greatest(F.abs(a), F.abs(b))
+    return exact | F.coalesce(close, F.lit(False))
+
+
 def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataFrame:
     """Every cell (entity_id, bucket_start) of `fresh` or `stored`, with `CHANGED`: do the
     partials differ, or does only one side have a row? Other columns of `fresh` (such as the
@@ -50,13 +62,17 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
     s = stored.select(*keys, *[F.col(n).alias(f"s__{n}") for n in names], F.lit(True).alias("__s"))
     f = fresh.select(*keys, *names, *extra, F.lit(True).alias("__f"))
     joined = f.join(s, on=keys, how="full_outer")
-    same = functools.reduce(operator.and_, [F.col(n).eqNullSafe(F.col(f"s__{n}")) for n in names])
+    same = functools.reduce(
+        operator.and_,
+        [_unchanged(F.col(sc.name), F.col(f"s__{sc.name}"), sc.type) for sc in spec.stored_columns],
+    )
     both = F.col("__f").isNotNull() & F.col("__s").isNotNull()
     return joined.select(*keys, *extra, (~(both & same)).alias(CHANGED))
 
 
 def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> pa.Table:
-    """`cell_changes` for tables on the driver (the same rule: exact equality, NaN equal to NaN,
+    """`cell_changes` for tables on the driver (the same rule: equality up to rounding for
+    floating-point partials, NaN equal to NaN,
     a row on one side only is a change)."""
     names = [sc.name for sc in spec.stored_columns]
     keys = ["entity_id", "bucket_start"]
@@ -74,8 +90,8 @@ def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> p
     joined = f.join(s, keys, join_type="full outer")
     both = pc.and_(pc.is_valid(joined["__f"]), pc.is_valid(joined["__s"]))
     same = both
-    for n in names:
-        same = pc.and_(same, _equal_or_both_missing(joined[n], joined[f"s__{n}"]))
+    for sc in spec.stored_columns:
+        same = pc.and_(same, _equal_or_both_missing(joined[sc.name], joined[f"s__{sc.name}"]))
     out = joined.select([*keys, *extra])
     return out.append_column(CHANGED, pc.invert(same))
 
@@ -83,9 +99,11 @@ def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> p
 def _equal_or_both_missing(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
     same = pc.fill_null(pc.equal(a, b), False)
     same = pc.or_(same, pc.and_(pc.is_null(a), pc.is_null(b)))
-    if pa.types.is_floating(a.type):
+    if pa.types.is_floating(a.type) and pa.types.is_floating(b.type):
         nan = pc.and_(pc.fill_null(pc.is_nan(a), False), pc.fill_null(pc.is_nan(b), False))
-        same = pc.or_(same, nan)
+        scale = pc.max_element_wise(pc.abs(a), pc.abs(b))
+        close = pc.less_equal(pc.abs(pc.subtract(a, b)), pc.multiply(scale, ROUNDING))
+        same = pc.or_(pc.or_(same, nan), pc.fill_null(close, False))
     return same
 
 

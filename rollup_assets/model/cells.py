@@ -15,6 +15,10 @@ from rollup_assets.settings import DetectionLimits
 # The entities of one bucket a piece of work covers; None: every entity.
 Scope = frozenset[str] | None
 
+# Floating-point partials this close (relative) are one value rounded two ways (summed in
+# another order, or corrected by a delta): a cell whose partials differ only so is unchanged.
+ROUNDING = 1e-12
+
 # A bucket carrying at least this many cell pointers is folded by maintenance: recomputed for
 # every entity and rewritten whole under one bucket pointer (see `changed_cells`).
 FOLD_MIN_POINTERS = 8

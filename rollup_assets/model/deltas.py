@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+from rollup_assets.model.cells import ROUNDING
 from rollup_assets.model.specs import ColumnType, StoredColumn
 
 # A sum is applied as a delta only while the magnitudes it retracts stay below this multiple of
@@ -227,6 +228,8 @@ def _same_partials(a: dict[str, Any], b: dict[str, Any], columns: Sequence[Store
 def _same(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is None and b is None
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return a == b or abs(a - b) <= ROUNDING * max(abs(a), abs(b))
     return bool(a == b)

@@ -88,3 +88,13 @@ def test_row_groups_are_pruned_by_bucket_and_entity_statistics(tmp_path: Path) -
     ]
     cells = [(Window(T0, T0 + H), frozenset({"m05"})), (later[0], frozenset({"m33"}))]
     assert [_may_hold(g, "bucket_start", cells) for g in groups] == [True, False, False, False]
+
+
+def test_floating_point_partials_equal_up_to_rounding_are_unchanged() -> None:
+    """The same values summed in another order differ in the last bits: not a change."""
+    total = sum([0.1] * 10)  # 0.9999999999999999
+    fresh = partials([("rounded", 0, total), ("moved", 0, 1.0 + 1e-9)])
+    stored = partials([("rounded", 0, 1.0), ("moved", 0, 1.0)])
+    out = cell_changes_arrow(fresh, stored, HOURLY)
+    changed = {r["entity_id"]: r[CHANGED] for r in out.to_pylist()}
+    assert total != 1.0 and changed == {"rounded": False, "moved": True}
