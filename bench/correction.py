@@ -258,7 +258,7 @@ def run_corrections(bench: Bench, world: BenchWorld, dataset: Dataset, chain: Pa
             bench.spark, bench.catalog, recent, chain, bench.work / "lookback", horizon
         )
     out["lookback"] = step.as_dict()
-    day = CLOSED_UNTIL.replace(hour=0) - timedelta(days=3)
+    day = max(dataset.start, CLOSED_UNTIL.replace(hour=0) - timedelta(days=3))
     out["identical_reingest"] = identical_reingest(bench, world, day)
     out["pointer_rows"] = pointer_rows(world)
     say(f"pointer rows after the correction waves: {out['pointer_rows']}")
