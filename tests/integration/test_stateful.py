@@ -305,8 +305,9 @@ class Rollups(RuleBasedStateMachine):
     @rule()
     @timed
     def run_maintenance(self) -> None:
-        maintain(self.world.engine)
+        report = maintain(self.world.engine)
         FIGURES["maintain"] += 1
+        FIGURES["buckets_queued_to_fold"] += report.buckets_to_fold
 
     @precondition(lambda self: "energy_hourly" not in self.disabled)
     @rule(point=st.sampled_from(POINTS), points=st.lists(st.tuples(slots, values), min_size=1))
