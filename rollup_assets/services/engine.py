@@ -45,13 +45,12 @@ from rollup_assets.model.windows import Window, merge_windows
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")
-# A job naming at most this many cells is compared and written on the driver (no second Spark
-# job); a larger one, or one with buckets for every entity, stays on Spark.
-DRIVER_CELLS = 50_000
-# ... and one naming at most this many is also aggregated there, from the row groups holding its
-# cells. Scattered cells share few row groups: past a few thousand, reading them on the driver
-# reads most of the table into its memory, which Spark's executors read faster.
-DRIVER_AGGREGATE_CELLS = 2_000
+# A job naming at most this many cells runs on the driver: aggregated from the row groups holding
+# its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
+# past a few thousand, their row groups are most of each table, which Spark's executors read
+# faster and without filling the driver's memory. Larger jobs, and jobs with buckets for every
+# entity, run on Spark.
+DRIVER_CELLS = 2_000
 
 
 @dataclass(frozen=True)
@@ -177,15 +176,11 @@ class Engine:
         cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
         few named cells runs on the driver: their source row groups read with delta-rs and
         aggregated with Arrow (`compute.arrow_partials`; on Spark when a min or max input is
-        NaN, or past `DRIVER_AGGREGATE_CELLS`), compared with the stored ones; a larger job
-        stays on Spark, where the rows are cached until `Recomputed.release`."""
+        NaN), compared with the stored ones; a larger job stays on Spark, where the rows are
+        cached until `Recomputed.release`."""
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
-            on_driver = (
-                self._driver_partials(spec, cells, raw_table)
-                if cells.named <= DRIVER_AGGREGATE_CELLS
-                else None
-            )
+            on_driver = self._driver_partials(spec, cells, raw_table)
             if on_driver is None:
                 fresh, versions = self.partials(spark, spec, cells, raw_table)
                 rows = fresh.toArrow()
