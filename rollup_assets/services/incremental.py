@@ -24,6 +24,7 @@ import json
 from datetime import datetime
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
@@ -50,14 +51,12 @@ RECOMPUTE = "recompute"
 
 def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells) -> Recomputed:
     """The corrected partials of `cells`, compared with the stored ones (see the module)."""
-    unfit = _delta_unfit(engine, spec, cells)
-    if unfit is not None:
+    unfit, table = _delta_source(engine, spec, cells)
+    if unfit is not None or table is None:
         result = engine.recompute(spark, spec, cells)
-        result.technique, result.reason = RECOMPUTE, unfit
+        result.technique, result.reason = RECOMPUTE, unfit or "no source table"
         return result
     source = engine.catalog.archive(spec.source)
-    table = engine.raw.table(source)  # type: ignore[arg-type]
-    assert table is not None
     version = table.version()
     spans = merge_windows(list(cells.windows))
     stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
@@ -135,23 +134,25 @@ def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells)
     )
 
 
-def _delta_unfit(engine: Engine, spec: RollupSpec, cells: Cells) -> str | None:
-    """Why `cells` of `spec` are recomputed rather than corrected from changes (None: they
-    are corrected from changes)."""
+def _delta_source(
+    engine: Engine, spec: RollupSpec, cells: Cells
+) -> tuple[str | None, DeltaTable | None]:
+    """Why `cells` of `spec` are recomputed rather than corrected from changes (None: they are
+    corrected from changes), and the source table they are corrected from (opened once)."""
     source = engine.catalog.archive(spec.source)
     if isinstance(source, RollupSpec):
-        return f"source {source.name} is a rollup: cells are merged again from its partials"
+        return f"source {source.name} is a rollup: cells are merged again from its partials", None
     if cells.named is None:
         whole = sum(1 for _, scope in cells if scope is None)
-        return f"{whole} bucket(s) for every entity: aggregated again from their source rows"
+        return f"{whole} bucket(s) for every entity: aggregated again from their source rows", None
     if cells.named > DRIVER_CELLS:
-        return f"{cells.named} cells (more than {DRIVER_CELLS}): aggregated again on Spark"
+        return f"{cells.named} cells (more than {DRIVER_CELLS}): aggregated again on Spark", None
     table = engine.raw.table(source)
     if table is None:
-        return f"source {source.name} has no table"
+        return f"source {source.name} has no table", None
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
-        return f"source {source.name} has no change data feed"
-    return None
+        return f"source {source.name} has no change data feed", None
+    return None, table
 
 
 def _stored_cells(
