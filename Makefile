@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
 export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
+export DAGSTER_EVENT_BATCH_SIZE ?= 1000
 SIZE ?= default
 # Test worker processes for `make test`, each with its own Spark session (0: run in this process).
 TEST_WORKERS ?= 2

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC
 
 import dagster as dg
+from dagster._core.definitions.metadata import RawMetadataValue
 from pydantic import Field
 
 from rollup_assets.model.describe import describe, group_name
@@ -44,10 +45,9 @@ class RollupRunConfig(dg.Config):
     )
 
 
-def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.AssetMaterialization]:
-    """One materialization per bucket the run rewrote, all with the run's figures."""
-    pdef = partitions_def_for(spec)
-    meta = {
+def _metadata(outcome: RunOutcome) -> dict[str, RawMetadataValue]:
+    """The run's figures, recorded with each partition it rewrote."""
+    meta: dict[str, RawMetadataValue] = {
         "generation": outcome.generation if outcome.generation is not None else 0,
         "windows": len(outcome.buckets),
         "rows": outcome.rows,
@@ -71,12 +71,36 @@ def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.Asse
             "change_rows": job.change_rows or 0,
             "plan": job.plan or "",
         }
-    for w in outcome.buckets:
+    return meta
+
+
+def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
+    pdef = partitions_def_for(spec)
+    return [pdef.get_partition_key_for_timestamp(w.start.timestamp()) for w in outcome.buckets]
+
+
+def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.AssetMaterialization]:
+    """One materialization per bucket the run rewrote, all with the run's figures."""
+    meta = _metadata(outcome)
+    for key in _partition_keys(spec, outcome):
         yield dg.AssetMaterialization(
-            asset_key=dg.AssetKey(spec.name),
-            partition=pdef.get_partition_key_for_timestamp(w.start.timestamp()),
-            metadata=meta,
+            asset_key=dg.AssetKey(spec.name), partition=key, metadata=meta
         )
+
+
+def _own_materializations(
+    context: dg.AssetExecutionContext, spec: RollupSpec, outcome: RunOutcome
+) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+    """The run's own asset: when it rewrote exactly the partitions it was asked for (a backfill
+    range, typically), one result for the range, which Dagster records per partition through its
+    batched event path (one transaction per batch instead of two per partition); otherwise one
+    materialization per bucket it rewrote."""
+    if not outcome.buckets:
+        return
+    if set(_partition_keys(spec, outcome)) == set(context.partition_keys):
+        yield dg.MaterializeResult(metadata=_metadata(outcome))
+    else:
+        yield from _materializations(spec, outcome)
 
 
 def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
@@ -113,7 +137,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
         spark: SparkResource,
         warehouse: WarehouseResource,
         clock: ClockResource,
-    ) -> Iterator[dg.AssetMaterialization]:
+    ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
         engine = warehouse.engine(catalog)
         intent = RunIntent.from_tags(context.run.tags, spec.name)
         tw = context.partition_time_window
@@ -148,7 +172,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
             )
         if outcome.note:
             say(outcome.note)
-        yield from _materializations(spec, outcome)
+        yield from _own_materializations(context, spec, outcome)
         if outcome.buckets and config.propagate_in_run:
             gate = DagsterRunGate(context.instance, run_id)
             chain = Chain(engine, spark.session, gate, run_id, now, log_progress=say)

@@ -39,6 +39,27 @@ nux:
 """
 
 
+def sqlite_event_log_yaml(home: Path) -> str:
+    """The `event_log_storage:` block of a SQLite home: Dagster's SQLite event log in its usual
+    place, writing the asset events of a range run (one per partition) in one transaction."""
+    block = {
+        "event_log_storage": {
+            "module": "rollup_assets.orchestration.event_log",
+            "class": "BatchedSqliteEventLogStorage",
+            "config": {"base_dir": str(home.resolve() / "history" / "runs")},
+        }
+    }
+    return "# Asset events of a range run stored in one transaction per batch.\n" + (
+        yaml.safe_dump(block, sort_keys=False)
+    )
+
+
+# Events a step hands to the event log at once (a range run's per-partition materializations):
+# the storage writes each batch in one transaction (PostgreSQL's natively, SQLite's with
+# BatchedSqliteEventLogStorage). Dagster reads it from the environment of the process running
+# the step.
+EVENT_BATCH_SIZE = 1000
+
 PG_HOST_ENV = "DAGSTER_PG_HOST"
 PG_PASSWORD_ENV = "DAGSTER_PG_PASSWORD"
 
@@ -68,9 +89,10 @@ def postgres_storage_yaml(env: Mapping[str, str]) -> str:
     )
 
 
-def dagster_yaml(env: Mapping[str, str]) -> str:
-    """The dagster.yaml `rollups` writes: DAGSTER_YAML, plus Postgres storage if configured."""
-    return DAGSTER_YAML + postgres_storage_yaml(env)
+def dagster_yaml(env: Mapping[str, str], home: Path) -> str:
+    """The dagster.yaml `rollups` writes in `home`: DAGSTER_YAML, plus Postgres storage if
+    configured, else the batching SQLite event log."""
+    return DAGSTER_YAML + (postgres_storage_yaml(env) or sqlite_event_log_yaml(home))
 
 
 def ensure_home(settings: Settings) -> Path:
@@ -79,14 +101,23 @@ def ensure_home(settings: Settings) -> Path:
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text(dagster_yaml(settings.postgres))
-    elif settings.postgres.get(PG_HOST_ENV) and "postgres" not in cfg.read_text():
+    text = cfg.read_text() if cfg.exists() else None
+    if text is None:
+        cfg.write_text(dagster_yaml(settings.postgres, home))
+    elif settings.postgres.get(PG_HOST_ENV) and "postgres" not in text:
         log.warning(
             "%s is set but %s (written earlier) has no PostgreSQL storage; it is not rewritten: "
             "add the storage block yourself or remove the file to have it regenerated",
             PG_HOST_ENV,
             cfg,
+        )
+    elif "storage" not in text:
+        log.warning(
+            "%s (written earlier) keeps Dagster's default SQLite event log, which stores a range "
+            "run's materializations one transaction each; it is not rewritten: add this block or "
+            "remove the file to have it regenerated:\n%s",
+            cfg,
+            sqlite_event_log_yaml(home),
         )
     os.environ["DAGSTER_HOME"] = str(home)
     return home
@@ -107,9 +138,11 @@ def get_instance(settings: Settings) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
-def use_partition_subset_planned_events() -> None:
+def use_range_event_settings() -> None:
     """A range run (a backfill of N partitions) then records one "planned" event per asset
-    instead of N; with SQLite event storage that saves ~6 ms per partition. Set by the in-process
-    runner before it creates a run (CLI, demo, benchmark, tests); the Makefile sets it for the
-    daemon and the webserver, which create the runs the sensors and the UI request."""
+    instead of N, and hands its N materializations to the event log in batches of
+    EVENT_BATCH_SIZE. Set by the in-process runner before it creates a run (CLI, demo,
+    benchmark, tests); the Makefile sets both for the daemon and the webserver, which create and
+    launch the runs the sensors and the UI request."""
     os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
+    os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))

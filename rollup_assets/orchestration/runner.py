@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from rollup_assets.model.windows import iso_utc
-from rollup_assets.orchestration.instance import use_partition_subset_planned_events
+from rollup_assets.orchestration.instance import use_range_event_settings
 from rollup_assets.orchestration.resources import ClockResource
 from rollup_assets.orchestration.tags import RUN_KEY, TAG_HOST, TAG_PID
 
@@ -56,7 +56,7 @@ def execute(
     `log_level` sets the run's console logger (the event log keeps every record)."""
     if run_key and _run_key_taken(instance, run_key):
         return None
-    use_partition_subset_planned_events()
+    use_range_event_settings()
     job = defs.resolve_job_def(job_name)
     tags = {**tags, TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
     if log_level:

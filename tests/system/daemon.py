@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE, sqlite_event_log_yaml
 from rollup_assets.orchestration.runs import UNFINISHED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ telemetry:
 
 def write_home(home: Path, storage_yaml: str = "") -> None:
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(DAEMON_YAML + storage_yaml)
+    (home / "dagster.yaml").write_text(DAEMON_YAML + (storage_yaml or sqlite_event_log_yaml(home)))
 
 
 def daemon_env(home: Path, warehouse: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -46,6 +47,7 @@ def daemon_env(home: Path, warehouse: Path, extra: dict[str, str] | None = None)
         "ROLLUPS_SENSOR_INTERVAL_SECONDS": "5",
         "ROLLUPS_SPARK_MASTER": "local[1]",
         "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
+        "DAGSTER_EVENT_BATCH_SIZE": str(EVENT_BATCH_SIZE),
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         **(extra or {}),
     }

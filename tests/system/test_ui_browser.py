@@ -32,7 +32,7 @@ from rollup_assets.model.describe import group_name
 from rollup_assets.model.spec_loader import load_catalog, specs_path
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import iso_utc
-from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools
+from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE, dagster_yaml, ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.services.engine import Engine
 from tests.conftest import World, days
@@ -78,9 +78,9 @@ class Demo:
 
 
 def write_home(home: Path) -> Path:
-    """A persistent Dagster home, as `rollups setup` writes it, minus the newsletter dialog."""
+    """A persistent Dagster home, as `rollups setup` writes it."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(DAGSTER_YAML + "nux:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text(dagster_yaml({}, home))
     return home
 
 
@@ -90,6 +90,7 @@ def server_env(home: Path, warehouse: Path) -> dict[str, str]:
         "DAGSTER_HOME": str(home),
         "ROLLUPS_WAREHOUSE": str(warehouse),
         "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
+        "DAGSTER_EVENT_BATCH_SIZE": str(EVENT_BATCH_SIZE),
         "ROLLUPS_NOW": iso_utc(NOW),
     }
 

@@ -8,6 +8,7 @@ included) exactly as `ConfigurableClassData.rehydrate` does, just before it woul
 import logging
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import yaml
 from dagster._config import process_config, resolve_to_config_type
@@ -16,6 +17,7 @@ from dagster._core.instance.ref import InstanceRef
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import pg_url_from_config
 
+from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
 from rollup_assets.orchestration.instance import dagster_yaml, ensure_home, postgres_storage_yaml
 from rollup_assets.settings import Settings
 
@@ -61,17 +63,25 @@ def resolved_postgres_config(home: Path) -> dict:
 
 def test_default_is_sqlite_and_valid(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
     assert postgres_storage_yaml({}) == ""
-    config = load(tmp_path, dagster_yaml({}))
+    config = load(tmp_path, dagster_yaml({}, tmp_path))
     assert "storage" not in config
-    ref = InstanceRef.from_dir(str(tmp_path))
-    assert ref.storage_data is not None
-    assert ref.storage_data.class_name == "DagsterSqliteStorage"
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path)))
+    try:
+        events = instance.event_log_storage
+        # Dagster's SQLite storages where its default puts them; the event log batches.
+        assert type(events) is BatchedSqliteEventLogStorage
+        assert Path(events._base_dir) == (tmp_path / "history" / "runs").resolve()
+        assert type(instance.run_storage).__name__ == "SqliteRunStorage"
+        assert (tmp_path / "history" / "runs.db").exists()
+    finally:
+        instance.dispose()
 
 
 def test_postgres_block_validates_and_keeps_the_password_out(
     tmp_path: Path, clean_env: pytest.MonkeyPatch
 ) -> None:
-    text = dagster_yaml(PG_ENV)
+    text = dagster_yaml(PG_ENV, tmp_path)
+    assert "event_log_storage" not in text
     assert PG_ENV["DAGSTER_PG_PASSWORD"] not in text
     assert yaml.safe_load(text)["storage"]["postgres"]["postgres_db"]["password"] == {
         "env": "DAGSTER_PG_PASSWORD"
@@ -93,7 +103,7 @@ def test_postgres_block_validates_and_keeps_the_password_out(
 def test_postgres_without_password_uses_defaults(
     tmp_path: Path, clean_env: pytest.MonkeyPatch
 ) -> None:
-    load(tmp_path, dagster_yaml({"DAGSTER_PG_HOST": "localhost"}))
+    load(tmp_path, dagster_yaml({"DAGSTER_PG_HOST": "localhost"}, tmp_path))
     db = resolved_postgres_config(tmp_path)["postgres_db"]
     assert (db["hostname"], db["port"], db["username"], db["db_name"]) == (
         "localhost",
@@ -108,7 +118,7 @@ def test_unset_password_variable_is_a_config_error(
     tmp_path: Path, clean_env: pytest.MonkeyPatch
 ) -> None:
     """A file that refers to $DAGSTER_PG_PASSWORD fails loudly where the variable is missing."""
-    load(tmp_path, dagster_yaml(PG_ENV))
+    load(tmp_path, dagster_yaml(PG_ENV, tmp_path))
     with pytest.raises(ValueError, match="DAGSTER_PG_PASSWORD"):
         resolved_postgres_config(tmp_path)
 
@@ -122,7 +132,7 @@ def test_ensure_home_writes_postgres_storage_from_env(
         clean_env.setenv(var, value)
     assert ensure_home(Settings.from_env()) == home
     text = (home / "dagster.yaml").read_text()
-    assert text == dagster_yaml(PG_ENV)
+    assert text == dagster_yaml(PG_ENV, home)
     assert resolved_postgres_config(home)["postgres_db"]["hostname"] == "db.internal"
 
 
@@ -140,3 +150,16 @@ def test_ensure_home_never_rewrites_but_warns(
         ensure_home(Settings.from_env())
     assert (home / "dagster.yaml").read_text() == first
     assert "DAGSTER_PG_HOST is set" in caplog.text
+
+
+def test_an_old_sqlite_home_is_kept_but_told_how_to_batch(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    clean_env.setenv("DAGSTER_HOME", str(home))
+    with caplog.at_level(logging.WARNING, logger="rollup_assets.orchestration.instance"):
+        ensure_home(Settings.from_env())
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    assert "BatchedSqliteEventLogStorage" in caplog.text

@@ -1,0 +1,92 @@
+"""Dagster's SQLite event log, writing a batch of asset events in one transaction per database.
+
+A range run (a backfill of 8,760 hourly partitions) reports one materialization per partition.
+Dagster hands those to the event log as one batch when `DAGSTER_EVENT_BATCH_SIZE` is set, but its
+SQLite storage then stores them one by one: per event, a new connection and a committed (fsync'd)
+transaction in the run's database and another in the index database. This storage writes the
+batch in one transaction in each, which is what Dagster's PostgreSQL storage does too.
+
+Durability is unchanged in kind: a batch is handed over when the step has finished its work and
+yields the events, and a process that dies while writing it loses the batch's events, as it
+would have lost the events not yet written one by one. The rollup tables and their ledger, not
+the event log, are the record of what was written.
+"""
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster._check as check
+from dagster import DagsterEventType, Field, StringSource
+from dagster._config import UserConfigSchema
+from dagster._core.event_api import EventLogEntry
+from dagster._core.storage.event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
+from dagster._serdes import ConfigurableClassData
+
+
+def default_base_dir() -> str:
+    """Dagster's own default for a home's SQLite event logs."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        raise RuntimeError(
+            "BatchedSqliteEventLogStorage needs DAGSTER_HOME (or config: base_dir) to find the "
+            "event logs"
+        )
+    return os.path.join(home, "history", "runs")
+
+
+BATCHED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_OBSERVATION}
+
+
+def batchable(events: Sequence[EventLogEntry]) -> bool:
+    """One run's materializations (or observations) of one asset: what one range output yields."""
+    kinds, keys, runs = set(), set(), set()
+    for e in events:
+        if e.dagster_event is None or e.dagster_event.asset_key is None:
+            return False
+        kinds.add(e.dagster_event.event_type)
+        keys.add(e.dagster_event.asset_key)
+        runs.add(e.run_id)
+    return len(kinds) == len(keys) == len(runs) == 1 and kinds <= BATCHED
+
+
+class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
+    """`SqliteEventLogStorage` with `store_event_batch` in one transaction per database.
+
+    In dagster.yaml (`rollups setup` writes it for SQLite homes):
+
+        event_log_storage:
+          module: rollup_assets.orchestration.event_log
+          class: BatchedSqliteEventLogStorage
+
+    `config: {base_dir: ...}` is optional; the default is where Dagster's default SQLite storage
+    keeps event logs, `$DAGSTER_HOME/history/runs`, so a home keeps its runs' history.
+    """
+
+    @classmethod
+    def config_type(cls) -> UserConfigSchema:
+        return {"base_dir": Field(StringSource, is_required=False)}
+
+    @classmethod
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> "BatchedSqliteEventLogStorage":
+        base_dir = config_value.get("base_dir") or default_base_dir()
+        return cls(base_dir=base_dir, inst_data=inst_data)
+
+    def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
+        if len(events) < 2 or not batchable(events):
+            super().store_event_batch(events)
+            return
+        rows = [self._event_to_row(e) for e in events]
+        with self.run_connection(events[0].run_id) as conn:
+            conn.execute(SqlEventLogStorageTable.insert(), rows)
+        ids: list[int] = []
+        with self.index_transaction() as conn:
+            for row in rows:
+                result = conn.execute(SqlEventLogStorageTable.insert().values(**row))
+                ids.append(int(check.not_none(result.inserted_primary_key)[0]))
+            self._store_asset_event_tags(conn, events, ids)
+            # As Dagster's PostgreSQL storage does: the asset's latest-event entry from the last.
+            self._store_asset_event(conn, events[-1], ids[-1])
