@@ -31,7 +31,13 @@ class ControlTable:
         self.storage_options = storage_options or {}
         # Sensors, runs and queries read control tables far more often than anything writes
         # them: a whole read of an unchanged table is served from memory.
-        self._latest = LatestCache(lambda t: self._conform(t.to_pyarrow_table()))
+        # Appends (most commits: job records, state changes) are read by their new files alone.
+        self._latest = LatestCache(
+            lambda t: self._conform(t.to_pyarrow_table()),
+            extend=lambda rows, added: (
+                pa.concat_tables([rows, self._conform(added)]) if added.num_rows else rows
+            ),
+        )
 
     def read(self) -> pa.Table:
         """The table's rows at its latest version.

@@ -7,12 +7,14 @@ import json
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -89,10 +91,19 @@ class LatestCache(Generic[T]):
     A hit costs two file stats: the cached version's commit file is unchanged (the same table,
     not one re-created at the location since) and no next commit exists. A Delta version never
     changes once written, so a hit returns exactly what reading the table would.
+
+    With `extend`, a table that has moved only by appends (commits adding unpartitioned files,
+    removing none, changing neither schema nor protocol) is not read again: `extend` gets the
+    cached value and the rows those commits added. Anything else is derived afresh.
     """
 
-    def __init__(self, derive: Callable[[DeltaTable], T]) -> None:
+    def __init__(
+        self,
+        derive: Callable[[DeltaTable], T],
+        extend: Callable[[T, pa.Table], T] | None = None,
+    ) -> None:
         self._derive = derive
+        self._extend = extend
         self._entries: dict[str, tuple[int, tuple[int | None, int | None], T]] = {}
         self._lock = threading.Lock()
 
@@ -103,19 +114,55 @@ class LatestCache(Generic[T]):
             entry = self._entries.get(uri)
         if entry is not None:
             version, stamp, value = entry
-            if _stamp(fs, commit_file(root, version)) == stamp and not _exists(
-                fs, commit_file(root, version + 1)
-            ):
-                return value, version
+            if _stamp(fs, commit_file(root, version)) == stamp:
+                if not _exists(fs, commit_file(root, version + 1)):
+                    return value, version
+                appended = _appended_since(fs, root, version) if self._extend else None
+                if appended is not None and self._extend is not None:
+                    latest, rows = appended
+                    value = self._extend(value, rows)
+                    self._store(uri, latest, _stamp(fs, commit_file(root, latest)), value)
+                    return value, latest
         table = open_table(uri, storage_options)
         if table is None:
             return None
         version = table.version()
         value = self._derive(table)
-        stamp = _stamp(fs, commit_file(root, version))
+        self._store(uri, version, _stamp(fs, commit_file(root, version)), value)
+        return value, version
+
+    def _store(
+        self, uri: str, version: int, stamp: tuple[int | None, int | None], value: T
+    ) -> None:
         with self._lock:
             self._entries[uri] = (version, stamp, value)
-        return value, version
+
+
+# Actions after which a table's rows are not its earlier rows plus the files added.
+_NOT_AN_APPEND = frozenset({"remove", "metaData", "protocol", "cdc"})
+
+
+def _appended_since(fs: pafs.FileSystem, root: str, version: int) -> tuple[int, pa.Table] | None:
+    """(newest version, the rows its commits after `version` added) if every one of those
+    commits only appended; None otherwise."""
+    paths: list[str] = []
+    latest = version
+    while True:
+        try:
+            actions = _read_commit(fs, root, latest + 1)
+        except FileNotFoundError:
+            break
+        for action in actions:
+            if _NOT_AN_APPEND & action.keys():
+                return None
+            add = action.get("add")
+            if add is not None:
+                if add.get("partitionValues") or add.get("deletionVector"):
+                    return None
+                paths.append(add["path"])
+        latest += 1
+    parts = [pq.read_table(f"{root}/{urllib.parse.unquote(p)}", filesystem=fs) for p in paths]
+    return latest, pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
 
 
 def _stamp(fs: pafs.FileSystem, path: str) -> tuple[int | None, int | None]:
@@ -238,8 +285,11 @@ def read_commit(
 ) -> list[dict]:
     """The actions of one commit, parsed from `_delta_log/<version>.json`."""
     fs, root = filesystem_for(uri, storage_options)
-    path = f"{root}/_delta_log/{version:020d}.json"
-    with fs.open_input_stream(path) as f:
+    return _read_commit(fs, root, version)
+
+
+def _read_commit(fs: pafs.FileSystem, root: str, version: int) -> list[dict]:
+    with fs.open_input_stream(commit_file(root, version)) as f:
         text = f.read().decode("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 

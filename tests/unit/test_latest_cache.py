@@ -97,3 +97,53 @@ def test_derived_values_are_recomputed_only_when_the_table_moves(tmp_path):
 @pytest.mark.parametrize("version", [None, 0])
 def test_committed_after_on_a_missing_table(tmp_path, version):
     assert not committed_after(str(tmp_path / "none"), version)
+
+
+def test_appends_extend_the_cached_rows_and_anything_else_reads_afresh(tmp_path):
+    uri = str(tmp_path / "t")
+    derived, extended = [], []
+
+    def derive(table):
+        derived.append(table.version())
+        return pa.table(table.to_pyarrow_table())
+
+    def extend(value, added):
+        extended.append(added.num_rows)
+        return pa.concat_tables([value, added.select(value.column_names)])
+
+    cache = LatestCache(derive, extend)
+    write_deltalake(uri, pa.table({"name": ["a"], "n": [1]}, schema=SCHEMA))
+    assert rows(cache.get(uri)[0]) == [("a", 1)]
+    # Two appends (one of two rows) since the cached version: only their files are read.
+    write_deltalake(uri, pa.table({"name": ["b"], "n": [2]}, schema=SCHEMA), mode="append")
+    write_deltalake(uri, pa.table({"name": ["c", "d"], "n": [3, 4]}, schema=SCHEMA), mode="append")
+    value, version = cache.get(uri)
+    assert version == 2 and rows(value) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    assert derived == [0] and extended == [3]
+    # A commit that removes files (an overwrite) is read whole, and equals a fresh read.
+    write_deltalake(uri, pa.table({"name": ["e"], "n": [5]}, schema=SCHEMA), mode="overwrite")
+    value, version = cache.get(uri)
+    assert version == 3 and rows(value) == [("e", 5)]
+    assert derived == [0, 3]
+    # So is a schema change, even one that only adds a column.
+    wide = pa.schema([*SCHEMA, ("extra", pa.string())])
+    write_deltalake(
+        uri,
+        pa.table({"name": ["f"], "n": [6], "extra": ["x"]}, schema=wide),
+        mode="append",
+        schema_mode="merge",
+    )
+    value, version = cache.get(uri)
+    assert version == 4 and derived == [0, 3, 4]
+    assert sorted(value["name"].to_pylist()) == ["e", "f"]
+
+
+def test_a_control_table_read_after_appends_equals_a_fresh_read(tmp_path):
+    uri = str(tmp_path / "control")
+    reader, writer = ControlTable(uri, SCHEMA), ControlTable(uri, SCHEMA)
+    writer.append([{"name": "a", "n": 1}])
+    assert rows(reader.read()) == [("a", 1)]
+    for i in range(12):  # past a checkpoint (every 10 commits)
+        writer.append([{"name": f"x{i}", "n": i}, {"name": f"y{i}", "n": -i}])
+    assert rows(reader.read()) == rows(ControlTable(uri, SCHEMA).read())
+    assert reader.read().num_rows == 25
