@@ -34,9 +34,8 @@ check-java:
 demo: install check-java ## Run the end-to-end demo on the embedded defaults (local Spark, ./warehouse)
 	$(BIN)/rollups demo
 
-dev: install check-java ## Start the Dagster UI + daemon with a persistent DAGSTER_HOME (./.dagster_home)
-	$(BIN)/rollups setup
-	$(BIN)/dagster dev -w workspace.yaml
+dev: install check-java ## Start the Dagster UI + daemon (./.dagster_home) and a warm Spark server; Ctrl-C stops all
+	$(BIN)/rollups dev
 
 test: install check-java lint typecheck check-defs ## Run the whole suite (lint, types, unit, spark, integration, system)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30

@@ -17,7 +17,7 @@ GOALS = {
     "ten_thousand_readings_time_pct_of_full_rebuild": ("<=", 10.0, "%"),
     "identical_reingest_cells_recomputed": ("<=", 0.0, "cells"),
     "year_daily_read_after_corrections_vs_plain": ("<=", 1.0, "x"),
-    "one_reading_daemon_latency_s": ("<=", 60.0, "s"),
+    "one_reading_daemon_latency_s": ("<=", 10.0, "s"),
     "read_path_vs_plain_read": ("<=", 1.3, "x"),
     "scaling_largest_vs_smallest_archive": ("<=", 1.2, "x"),
     "peak_driver_memory_mb": ("<=", 2048.0, "MiB"),
@@ -85,7 +85,8 @@ def judge(results: dict) -> list[dict]:
     daemon = sc.get("daemon")
     values["one_reading_daemon_latency_s"] = (
         daemon["commit_to_last_level_s"] if daemon else None,
-        "raw commit -> last level's commit, real dagster-daemon"
+        "raw commit -> last level's commit, real dagster-daemon with the shipped defaults, "
+        f"median of {daemon['repeats']}; phases {daemon['median_phases_s']}"
         if daemon
         else "not run (--no-daemon)",
     )
@@ -232,7 +233,7 @@ def table_rows(results: dict) -> list[dict]:
                     "correction",
                     "1 reading, dagster-daemon",
                     d["commit_to_last_level_s"],
-                    note=f"levels {len(d['levels_recomputed'])}/5",
+                    note=", ".join(f"{k} {v}" for k, v in d["median_phases_s"].items()),
                 )
             )
         if b:

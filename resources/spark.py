@@ -8,6 +8,9 @@ import logging
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -101,3 +104,28 @@ def active_session(remote: str | None = None) -> SparkSession | None:
         except PySparkRuntimeError:
             return None
     return SparkSession.getActiveSession()
+
+
+class LazySession:
+    """A Spark session started the first time it is used: work that needs no Spark (a small
+    correction applied on the driver) never waits for a JVM or a Connect handshake. Stands in
+    for a `SparkSession` (attribute access goes to the session, started on demand)."""
+
+    def __init__(self, start: Callable[[], SparkSession]) -> None:
+        self._start = start
+        self._session: SparkSession | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> SparkSession:
+        if self._session is None:
+            began = time.monotonic()
+            self._session = self._start()
+            self.start_seconds = time.monotonic() - began
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)

@@ -47,7 +47,11 @@ def build_definitions(
         ),
         schedules=[maintenance_schedule],
         resources={
-            "spark": SparkResource(master=settings.spark_master, remote=settings.spark_remote),
+            "spark": SparkResource(
+                master=settings.spark_master,
+                remote=settings.spark_remote,
+                warm_server_dir=str(settings.warm_spark_dir) if settings.uses_warm_spark else None,
+            ),
             "warehouse": warehouse or WarehouseResource(root=settings.warehouse),
             "clock": ClockResource(now=iso_utc(settings.now) if settings.now else None),
         },

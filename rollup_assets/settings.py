@@ -35,7 +35,12 @@ class Settings:
     dagster_home: Path = field(default_factory=lambda: Path.cwd() / ".dagster_home")
     spark_master: str | None = None
     spark_remote: str | None = None
-    sensor_interval_seconds: int = 30
+    # The sensors' minimum interval. Dagster's sensor daemon looks at its sensors every 5 s, so
+    # any value up to 5 means "at every look": a late write waits about 2.5 s on average.
+    sensor_interval_seconds: int = 1
+    # The warm Spark server's state directory (default: $DAGSTER_HOME/spark-connect) and port.
+    spark_server_dir: Path | None = None
+    spark_server_port: int = 15002
     # Pins the forward lane's clock (tests, `rollups tick --now`); None: the real clock.
     now: datetime | None = None
     # Console log level of runs executed in-process by the CLI (None: Dagster's default).
@@ -54,7 +59,11 @@ class Settings:
             dagster_home=Path(env.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve(),
             spark_master=env.get("ROLLUPS_SPARK_MASTER") or None,
             spark_remote=env.get("ROLLUPS_SPARK_REMOTE") or None,
-            sensor_interval_seconds=_int(env, "ROLLUPS_SENSOR_INTERVAL_SECONDS", 30, minimum=1),
+            sensor_interval_seconds=_int(env, "ROLLUPS_SENSOR_INTERVAL_SECONDS", 1, minimum=1),
+            spark_server_dir=Path(env["ROLLUPS_SPARK_SERVER_DIR"]).resolve()
+            if env.get("ROLLUPS_SPARK_SERVER_DIR")
+            else None,
+            spark_server_port=_int(env, "ROLLUPS_SPARK_SERVER_PORT", 15002, minimum=1),
             now=_instant(env.get("ROLLUPS_NOW")),
             run_log_level=env.get("ROLLUPS_RUN_LOG_LEVEL") or None,
             limits=DetectionLimits(
@@ -68,6 +77,16 @@ class Settings:
             ),
             postgres={k: v for k, v in env.items() if k.startswith("DAGSTER_PG_")},
         )
+
+    @property
+    def warm_spark_dir(self) -> Path:
+        """Where the warm Spark server keeps its state."""
+        return self.spark_server_dir or self.dagster_home / "spark-connect"
+
+    @property
+    def uses_warm_spark(self) -> bool:
+        """Runs look for the warm Spark server unless a master or remote was configured."""
+        return not (self.spark_master or self.spark_remote)
 
 
 class SettingsError(ValueError):

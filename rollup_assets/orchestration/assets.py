@@ -45,9 +45,12 @@ class RollupRunConfig(dg.Config):
     )
 
 
-def _metadata(outcome: RunOutcome) -> dict[str, RawMetadataValue]:
-    """The run's figures, recorded with each partition it rewrote."""
+def _metadata(outcome: RunOutcome, spark: SparkResource) -> dict[str, RawMetadataValue]:
+    """The run's figures, recorded with each partition it rewrote, and whether the run had
+    started Spark by then (small corrections are applied without it) and how long that took."""
     meta: dict[str, RawMetadataValue] = {
+        "spark": spark.describe_use(),
+        "spark_ready_ms": spark.ready_ms(),
         "generation": outcome.generation if outcome.generation is not None else 0,
         "windows": len(outcome.buckets),
         "rows": outcome.rows,
@@ -79,9 +82,11 @@ def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
     return [pdef.get_partition_key_for_timestamp(w.start.timestamp()) for w in outcome.buckets]
 
 
-def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.AssetMaterialization]:
+def _materializations(
+    spec: RollupSpec, outcome: RunOutcome, spark: SparkResource
+) -> Iterator[dg.AssetMaterialization]:
     """One materialization per bucket the run rewrote, all with the run's figures."""
-    meta = _metadata(outcome)
+    meta = _metadata(outcome, spark)
     for key in _partition_keys(spec, outcome):
         yield dg.AssetMaterialization(
             asset_key=dg.AssetKey(spec.name), partition=key, metadata=meta
@@ -89,7 +94,7 @@ def _materializations(spec: RollupSpec, outcome: RunOutcome) -> Iterator[dg.Asse
 
 
 def _own_materializations(
-    context: dg.AssetExecutionContext, spec: RollupSpec, outcome: RunOutcome
+    context: dg.AssetExecutionContext, spec: RollupSpec, outcome: RunOutcome, spark: SparkResource
 ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
     """The run's own asset: when it rewrote exactly the partitions it was asked for (a backfill
     range, typically), one result for the range, which Dagster records per partition through its
@@ -98,9 +103,9 @@ def _own_materializations(
     if not outcome.buckets:
         return
     if set(_partition_keys(spec, outcome)) == set(context.partition_keys):
-        yield dg.MaterializeResult(metadata=_metadata(outcome))
+        yield dg.MaterializeResult(metadata=_metadata(outcome, spark))
     else:
-        yield from _materializations(spec, outcome)
+        yield from _materializations(spec, outcome, spark)
 
 
 def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
@@ -172,12 +177,13 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
             )
         if outcome.note:
             say(outcome.note)
-        yield from _own_materializations(context, spec, outcome)
+        yield from _own_materializations(context, spec, outcome, spark)
         if outcome.buckets and config.propagate_in_run:
             gate = DagsterRunGate(context.instance, run_id)
             chain = Chain(engine, spark.session, gate, run_id, now, log_progress=say)
             for above, result in chain.run(spec, outcome):
-                yield from _materializations(above, result)
+                yield from _materializations(above, result, spark)
+        say(f"Spark: {spark.describe_use()}")
 
     return _rollup
 

@@ -21,7 +21,18 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.orchestration.dagster_internals import set_pool_limits
 from rollup_assets.settings import Settings
 
-DAGSTER_YAML = """\
+# Runs wait in Dagster's queue; it looks for runs to launch every second (Dagster's default is
+# 5 s), so a run a sensor requests starts about a second later.
+RUN_QUEUE_YAML = """\
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
+"""
+
+DAGSTER_YAML = (
+    """\
 # Written by `rollups` on first use; edit freely.
 # One pool per rollup with limit 1 (set explicitly by `rollups` and the sensors): at most one
 # run writes a rollup at a time. Op granularity also covers in-process runs (CLI, `rollups tick`).
@@ -37,6 +48,8 @@ telemetry:
 nux:
   enabled: false
 """
+    + RUN_QUEUE_YAML
+)
 
 
 def sqlite_event_log_yaml(home: Path) -> str:

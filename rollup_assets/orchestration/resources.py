@@ -1,15 +1,18 @@
 """The Dagster resources of the code location: the Spark session, the warehouse (which
 provides the engine), and the clock of the forward lane."""
 
+import logging
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import dagster as dg
 from dagster_spark.utils import flatten_dict
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from resources.spark import active_session, apply_required_conf, build_session
+from resources.spark import LazySession, active_session, apply_required_conf, build_session
+from resources.spark_server import status as warm_status
 from resources.warehouse import Warehouse
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
@@ -22,6 +25,9 @@ def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
         key: str(value).lower() if isinstance(value, bool) else str(value)
         for key, value in flatten_dict(conf)
     }
+
+
+log = logging.getLogger(__name__)
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -37,46 +43,83 @@ class SparkResource(dg.ConfigurableResource):
         description="Spark Connect URL (sc://host:15002); takes precedence over `master` "
         "(the code location sets $ROLLUPS_SPARK_REMOTE).",
     )
+    warm_server_dir: str | None = Field(
+        default=None,
+        description="State directory of a warm Spark server (`rollups spark-server`, started by "
+        "`rollups dev`): runs attach to it when it is up and current, else start local Spark. "
+        "Ignored when `master` or `remote` is set.",
+    )
     app_name: str = Field(default="rollups", description="Application name shown in the Spark UI.")
     spark_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra Spark confs, flat (`spark.executor.memory`) or nested dicts.",
     )
 
-    _session: SparkSession | None = PrivateAttr(default=None)
+    _lazy: LazySession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
+    _where: str = PrivateAttr(default="")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        remote = self.remote
+        # Nothing starts here: a run that needs no Spark (a small correction applied on the
+        # driver) never starts a JVM or connects to a server.
+        self._lazy, self._created = LazySession(self._start), False
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._created and self._lazy is not None and self._lazy.started:
+            self._lazy.get().stop()
+        self._lazy, self._created = None, False
+
+    def _start(self) -> SparkSession:
+        remote = self.remote or self._warm_url()
+        self._where = remote or self.master or "local[2]"
         existing = active_session(remote)
         if existing is not None:
-            self._session, self._created = existing, False
             apply_required_conf(existing)
-            return
-        self._session = build_session(
+            return existing
+        self._created = True
+        return build_session(
             master=self.master,
             remote=remote,
             app_name=self.app_name,
             conf=flatten_conf(self.spark_config),
         )
-        self._created = True
 
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._created and self._session is not None:
-            self._session.stop()
-        self._session, self._created = None, False
+    def _warm_url(self) -> str | None:
+        """The warm Spark server's URL if it is up and runs the code on disk (else None, and
+        why it is not used is logged when a server was recorded)."""
+        if self.master or not self.warm_server_dir:
+            return None
+        found = warm_status(Path(self.warm_server_dir))
+        if found.usable and found.state is not None:
+            return found.state.url
+        if found.state is not None:
+            log.warning("not using the warm Spark server: %s; starting local Spark", found.reason)
+        return None
+
+    @property
+    def lazy(self) -> LazySession:
+        """The run's session, started on first use (outside a run: created on demand)."""
+        if self._lazy is None:
+            self._lazy = LazySession(self._start)
+        return self._lazy
 
     @property
     def session(self) -> SparkSession:
-        if self._session is None:
-            # Used outside a Dagster run (CLI, tests): attach or build on demand.
-            self._session = active_session(self.remote) or build_session(
-                master=self.master,
-                remote=self.remote,
-                app_name=self.app_name,
-                conf=flatten_conf(self.spark_config),
-            )
-        return self._session
+        """The session, for code typed against SparkSession; started on first use."""
+        return cast(SparkSession, self.lazy)
+
+    def ready_ms(self) -> int:
+        """Milliseconds the run spent getting its session ready (0 when it never needed one)."""
+        lazy = self.lazy
+        return round((lazy.start_seconds or 0.0) * 1000) if lazy.started else 0
+
+    def describe_use(self) -> str:
+        """What the run used: 'not started', or where it ran and how long it took to be ready
+        (starting a JVM, connecting to a server, or attaching to this process's session)."""
+        lazy = self.lazy
+        if not lazy.started:
+            return "not started"
+        return f"{self._where} (ready in {lazy.start_seconds or 0:.1f} s)"
 
 
 class WarehouseResource(dg.ConfigurableResource):

@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyspark
+from resources.spark_server import SERVER_CLASS as CONNECT_SERVER
+from resources.spark_server import SPARK_HOME, connect_jar
 
 HOST = "127.0.0.1"
-SPARK_HOME = Path(pyspark.__file__).parent
-CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 READY_TIMEOUT_S = 120.0
 
 
@@ -35,13 +34,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
-
-
-def connect_jar() -> Path:
-    jars = sorted((SPARK_HOME / "jars").glob("spark-connect_*.jar"))
-    if not jars:
-        raise SparkProcessError(f"no spark-connect jar in {SPARK_HOME / 'jars'}")
-    return jars[-1]
 
 
 @dataclass

@@ -7,11 +7,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import dagster as dg
 
-from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE, sqlite_event_log_yaml
+from rollup_assets.orchestration.instance import (
+    EVENT_BATCH_SIZE,
+    RUN_QUEUE_YAML,
+    sqlite_event_log_yaml,
+)
 from rollup_assets.orchestration.runs import UNFINISHED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,19 +24,19 @@ BIN = Path(sys.executable).parent
 
 # The daemon launches each run as a subprocess with its own JVM; two at a time keeps a 2-core
 # machine responsive. Op-granularity pools (one per rollup, limit 1) serialize writers.
-DAEMON_YAML = """\
+DAEMON_YAML = (
+    """\
 concurrency:
   pools:
     default_limit: 1
     granularity: op
   runs:
     max_concurrent_runs: 2
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
 telemetry:
   enabled: false
 """
+    + RUN_QUEUE_YAML
+)
 
 
 def write_home(home: Path, storage_yaml: str = "") -> None:
@@ -113,3 +118,63 @@ def settled(instance: dg.DagsterInstance, interval_s: float = 7.0) -> bool:
         if attempt == 0:
             time.sleep(interval_s)
     return True
+
+
+LAUNCH_EVENTS = {
+    dg.DagsterEventType.RUN_ENQUEUED: "enqueued",
+    dg.DagsterEventType.RUN_DEQUEUED: "dequeued",
+    dg.DagsterEventType.RUN_STARTING: "starting",
+    dg.DagsterEventType.RUN_START: "started",
+}
+
+
+def latency_phases(instance: dg.DagsterInstance, committed: datetime, last: datetime) -> dict:
+    """Where a correction's time went, from the raw commit to the last level's commit, in
+    seconds: the sensor's wait (commit -> the first run created), the run queue (created ->
+    dequeued), the launch (dequeued -> the run process executing: a new process loading the
+    code), Spark (getting a session ready, 0 when the run needed none) and the rest of the run
+    up to the last level's commit (its data work and commits), plus each run's own marks."""
+    records = instance.get_run_records(filters=dg.RunsFilter(created_after=committed))
+    runs = []
+    for r in sorted(records, key=lambda r: r.create_timestamp):
+        marks = {
+            LAUNCH_EVENTS[e.event_log_entry.dagster_event_type]: e.event_log_entry.timestamp
+            for e in instance.get_records_for_run(
+                r.dagster_run.run_id, of_type=set(LAUNCH_EVENTS)
+            ).records
+            if e.event_log_entry.dagster_event_type is not None
+        }
+        spark_ms = max(
+            (
+                int(meta["spark_ready_ms"].value)
+                for m in instance.get_records_for_run(
+                    r.dagster_run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                ).records
+                if (meta := m.event_log_entry.asset_materialization.metadata)  # type: ignore[union-attr]
+                and "spark_ready_ms" in meta
+            ),
+            default=0,
+        )
+        created = r.create_timestamp.timestamp()
+        runs.append(
+            {
+                "rollup": r.dagster_run.tags.get("rollups/rollup", r.dagster_run.job_name),
+                "created_s": round(created - committed.timestamp(), 2),
+                **{k: round(v - created, 2) for k, v in marks.items()},
+                "spark_ready_s": spark_ms / 1000,
+            }
+        )
+    if not runs:
+        return {"runs": []}
+    first = runs[0]
+    dequeued = first.get("dequeued", first.get("starting", 0.0))
+    started = first.get("started", dequeued)
+    work = (last - committed).total_seconds() - first["created_s"] - started
+    return {
+        "sensor_wait_s": first["created_s"],
+        "queue_s": round(dequeued, 2),
+        "launch_s": round(started - dequeued, 2),
+        "spark_s": first["spark_ready_s"],
+        "run_work_s": round(work - first["spark_ready_s"], 2),
+        "runs": runs,
+    }

@@ -25,7 +25,14 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.services.engine import Engine
 from tests.conftest import REPO_ARTIFACTS, World, days
 from tests.oracle import compare_all
-from tests.system.daemon import daemon_env, running_daemon, settled, wait_for, write_home
+from tests.system.daemon import (
+    daemon_env,
+    latency_phases,
+    running_daemon,
+    settled,
+    wait_for,
+    write_home,
+)
 
 METER = "meter-0001"
 DAYS = 10  # of history: the corrected day (six back) and at least two ISO weeks
@@ -62,7 +69,9 @@ def late_correction(day_start: datetime) -> pa.Table:
     return day.set_column(2, "energy_kwh", pc.add(day["energy_kwh"], 1.0))
 
 
-def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
+def build_history(world: World) -> datetime:
+    """DAYS days of three meters, the whole chain built and equal to the raw data; the hour the
+    history ends at."""
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     first = (now - timedelta(days=DAYS)).date()
     world.ops.activate("energy_raw", now=now)
@@ -76,6 +85,11 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
     # daemon starts idle unless an hour closes during the test.
     world.tick(datetime.now(UTC))
     assert compare_all(world.query, world.raw(), world.catalog) == []
+    return now
+
+
+def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
+    now = build_history(world)
 
     env = daemon_env(Path(world.instance.root_directory), Path(world.engine.warehouse.root))
     with running_daemon(env, tmp_path / f"daemon-{label}.log"):
@@ -114,12 +128,29 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
         and j.windows_processed
     ]
     last_commit = max(j.finished_at for j in jobs)
+    # The first level's correction was applied on the driver: its run never started Spark.
+    hourly = world.instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("energy_hourly"), after_timestamp=committed.timestamp()
+        ),
+        limit=1000,
+    ).records
+    spark_use = sorted(
+        {
+            str(meta["spark"].value)
+            for r in hourly
+            if (meta := r.asset_materialization.metadata)  # type: ignore[union-attr]
+            and meta["trigger"].value not in ("Forward", "OpenBucket")
+        }
+    )
     result = {
         "storage": label,
         "raw_version": version,
         "commit_to_last_level_commit_s": round((last_commit - committed).total_seconds(), 1),
         "commit_to_verified_s": round((done - committed).total_seconds(), 1),
         "runs": sorted({(j.rollup, j.trigger.value) for j in jobs}),
+        "first_level_spark": spark_use,
+        "phases": latency_phases(world.instance, committed, last_commit),
     }
     REPO_ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (REPO_ARTIFACTS / f"daemon_latency_{label}.json").write_text(
@@ -127,6 +158,7 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
     )
     levels = {j.rollup for j in jobs}
     assert {"energy_hourly", "energy_daily"} <= levels, levels
+    assert spark_use == ["not started"], spark_use
     return result
 
 

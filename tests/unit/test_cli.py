@@ -25,7 +25,7 @@ from rollup_assets.demo.sample_data import SCHEMA
 
 COMMANDS = sorted(main.commands)
 # Commands that print a notice, a verdict or a story rather than data rows.
-NO_DATA = {"setup", "demo", "verify"}
+NO_DATA = {"setup", "demo", "verify", "dev", "spark-server"}
 T1, T2 = "2025-06-01T00:00:00Z", "2025-06-02T00:00:00Z"
 
 Invoke = Callable[..., Result]
@@ -83,6 +83,15 @@ def test_commands_that_print_data_offer_json(command: str) -> None:
     fmt = options.get("--format")
     assert fmt is not None, f"`rollups {command}` prints data but has no --format"
     assert isinstance(fmt.type, click.Choice) and "json" in fmt.type.choices
+
+
+@pytest.mark.parametrize("command", ["start", "restart", "status"])
+def test_warm_spark_commands_offer_json(command: str) -> None:
+    group = main.commands["spark-server"]
+    assert isinstance(group, click.Group)
+    options = {opt: p for p in group.commands[command].params for opt in p.opts}
+    fmt = options.get("--format")
+    assert fmt is not None and isinstance(fmt.type, click.Choice) and "json" in fmt.type.choices
 
 
 BAD = {

@@ -73,6 +73,8 @@ def test_default_is_sqlite_and_valid(tmp_path: Path, clean_env: pytest.MonkeyPat
         assert Path(events._base_dir) == (tmp_path / "history" / "runs").resolve()
         assert type(instance.run_storage).__name__ == "SqliteRunStorage"
         assert (tmp_path / "history" / "runs.db").exists()
+        # A run a sensor requests leaves the queue within about a second.
+        assert instance.run_coordinator.dequeue_interval_seconds == 1  # type: ignore[attr-defined]
     finally:
         instance.dispose()
 

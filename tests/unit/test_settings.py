@@ -14,7 +14,7 @@ def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.Monkey
     assert (s.warehouse, s.specs) == (DEFAULT_WAREHOUSE, DEFAULT_SPECS)
     assert s.dagster_home == (tmp_path / ".dagster_home").resolve()
     assert (s.spark_master, s.spark_remote, s.now, s.run_log_level) == (None, None, None, None)
-    assert s.sensor_interval_seconds == 30
+    assert s.sensor_interval_seconds == 1
     assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (32, 100)
     assert s.limits.max_cdf_rows == 2_000_000
     assert s.postgres == {}
@@ -28,6 +28,8 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "ROLLUPS_SPARK_MASTER": "spark://host:7077",
         "ROLLUPS_SPARK_REMOTE": "sc://host:15002",
         "ROLLUPS_SENSOR_INTERVAL_SECONDS": "5",
+        "ROLLUPS_SPARK_SERVER_DIR": str(tmp_path / "warm"),
+        "ROLLUPS_SPARK_SERVER_PORT": "15003",
         "ROLLUPS_NOW": "2025-06-01T12:00:00+02:00",
         "ROLLUPS_RUN_LOG_LEVEL": "WARNING",
         "ROLLUPS_ENTITY_SCOPE_LIMIT": "3",
@@ -41,6 +43,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.dagster_home == tmp_path / "home"
     assert (s.spark_master, s.spark_remote) == ("spark://host:7077", "sc://host:15002")
     assert s.sensor_interval_seconds == 5 and s.run_log_level == "WARNING"
+    assert (s.spark_server_dir, s.spark_server_port) == ((tmp_path / "warm").resolve(), 15003)
     assert s.now == datetime(2025, 6, 1, 10, tzinfo=UTC)
     assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (3, 7)
     assert s.limits.max_cdf_rows == 0
