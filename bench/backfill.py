@@ -31,12 +31,32 @@ def ingest_and_backfill(bench: Bench, world: BenchWorld, dataset: Dataset) -> di
     steps = [first, chain, forward]
     return {
         "ingest": ingest.as_dict(),
-        "first_level": first.as_dict(),
+        "first_level": {**first.as_dict(), "breakdown": breakdown(bench, first)},
         "chain": chain.as_dict(),
         "forward": forward.as_dict(),
         "total": _total(steps),
         "levels": windows_by_level(world, since),
     }
+
+
+# Where a first-level range run's Spark jobs come from (the driver call that ran them).
+SPARK_PHASES = (
+    ("rollup_store.py", "spark_write_files"),
+    ("engine.py", "spark_aggregate_and_compare"),
+    ("raw_store.py", "spark_read_raw"),
+)
+
+
+def _phase(call_site: str) -> str:
+    return next((name for marker, name in SPARK_PHASES if marker in call_site), "spark_other")
+
+
+def breakdown(bench: Bench, step: Step) -> dict[str, float]:
+    """The step's wall time split into its Spark jobs (by the call that ran them) and the rest:
+    the driver's own work (Dagster, its event log, Delta commits, planning)."""
+    bench.probe.events.settle()
+    spark = bench.probe.events.job_seconds(step.started, step.ended, _phase)
+    return {**spark, "driver_outside_spark": round(step.seconds - spark["spark_total"], 2)}
 
 
 def _total(steps: list[Step]) -> dict:

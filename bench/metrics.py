@@ -117,6 +117,9 @@ class SparkEventLog:
         self._offset = 0
         self._file: Path | None = None
         self.tasks: list[tuple[float, int]] = []  # (finish time in epoch seconds, records read)
+        # Spark jobs: (start, end in epoch seconds, the driver call that ran them)
+        self.jobs: list[tuple[float, float, str]] = []
+        self._job_starts: dict[int, tuple[float, str]] = {}
 
     def _current(self) -> Path | None:
         if self._file is None or not self._file.exists():
@@ -153,6 +156,17 @@ class SparkEventLog:
         complete = chunk.rfind(b"\n") + 1
         self._offset += complete
         for line in chunk[:complete].splitlines():
+            if b'"SparkListenerJobStart"' in line:
+                event = json.loads(line)
+                site = (event.get("Properties") or {}).get("callSite.short", "")
+                self._job_starts[event["Job ID"]] = (event["Submission Time"] / 1000.0, site)
+                continue
+            if b'"SparkListenerJobEnd"' in line:
+                event = json.loads(line)
+                began, site = self._job_starts.pop(event["Job ID"], (None, ""))
+                if began is not None:
+                    self.jobs.append((began, event["Completion Time"] / 1000.0, site))
+                continue
             if b'"SparkListenerTaskEnd"' not in line:
                 continue
             event = json.loads(line)
@@ -163,6 +177,22 @@ class SparkEventLog:
 
     def rows_between(self, start: float, end: float) -> int:
         return sum(n for t, n in self.tasks if start <= t <= end)
+
+    def job_seconds(
+        self, start: float, end: float, phase: Callable[[str], str]
+    ) -> dict[str, float]:
+        """Wall time of the Spark jobs that ran between `start` and `end`, by `phase(call site)`
+        (overlapping jobs counted once), and `spark_total`."""
+        jobs = sorted((b, e, phase(site)) for b, e, site in self.jobs if b >= start and e <= end)
+        out: dict[str, float] = {}
+        covered, total = 0.0, 0.0
+        for b, e, name in jobs:
+            lo = max(b, covered)
+            if e > lo:
+                out[name] = out.get(name, 0.0) + e - lo
+                total += e - lo
+            covered = max(covered, e)
+        return {**{k: round(v, 2) for k, v in out.items()}, "spark_total": round(total, 2)}
 
 
 class DriverReads:

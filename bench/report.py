@@ -47,7 +47,11 @@ def judge(results: dict) -> list[dict]:
     if backfill:
         values["backfill_overhead_vs_bare_spark"] = (
             backfill["overhead_vs_bare_spark"],
-            "first-level range run (Dagster + Delta commit + flip + sweep) / bare PySpark script",
+            "first-level range run (Dagster + Delta commit + flip + sweep) / bare PySpark script; "
+            "where its time went (s): "
+            + ", ".join(
+                f"{k} {v}" for k, v in backfill["ours"]["first_level"].get("breakdown", {}).items()
+            ),
         )
     if backfill and one:
         full = backfill["ours"]["total"]["rows_read"]["total"]

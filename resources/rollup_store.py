@@ -130,6 +130,19 @@ class RollupStore(RollupTable):
         df = rows_within(df, "bucket_start", spans, entities)
         return resolve_active_spark(spark, df, snap.pointers)
 
+    def may_hold(
+        self,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+    ) -> bool:
+        """Could the table hold rows of buckets starting in `spans` (and `entities`)? False only
+        when no live file's statistics overlap them (a first backfill of the range)."""
+        snap = self.snapshot(spec)
+        if snap.table is None:
+            return False
+        return bool(self.overlapping(file_actions(snap.table), spans, entities))
+
     def read_arrow(
         self,
         spec: RollupSpec,

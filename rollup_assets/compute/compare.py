@@ -70,6 +70,15 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
     return joined.select(*keys, *extra, (~(both & same)).alias(CHANGED))
 
 
+def all_new(fresh: DataFrame, spec: RollupSpec) -> DataFrame:
+    """`cell_changes` when nothing is stored for any cell of `fresh`: every cell is a change
+    (it appears), with the same columns, and no join."""
+    names = {sc.name for sc in spec.stored_columns}
+    keys = ["entity_id", "bucket_start"]
+    extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
+    return fresh.select(*keys, *extra, F.lit(True).alias(CHANGED))
+
+
 def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> pa.Table:
     """`cell_changes` for tables on the driver (the same rule: equality up to rounding for
     floating-point partials, NaN equal to NaN,

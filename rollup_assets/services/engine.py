@@ -23,7 +23,7 @@ from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
-from rollup_assets.compute.compare import CHANGED, cell_changes, cell_changes_arrow
+from rollup_assets.compute.compare import CHANGED, all_new, cell_changes, cell_changes_arrow
 from rollup_assets.model.cells import (
     FOLD_MIN_POINTERS,
     CellCounts,
@@ -202,8 +202,12 @@ class Engine:
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
         fresh, versions = self.partials(spark, spec, cells, raw_table)
         fresh = fresh.persist()
-        stored = _within(spark, self.rollups.read_spark(spark, spec, spans, cells.entities), cells)
-        compared_df = cell_changes(fresh, stored, spec).persist()
+        if self.rollups.may_hold(spec, spans, cells.entities):
+            stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
+            compared_df = cell_changes(fresh, _within(spark, stored, cells), spec).persist()
+        else:
+            # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.
+            compared_df = all_new(fresh, spec)
         try:
             per_bucket = (
                 compared_df.groupBy("bucket_start")

@@ -2,7 +2,7 @@
 
 from pyspark.sql import SparkSession
 
-from rollup_assets.compute.compare import CHANGED, cell_changes, cell_changes_arrow
+from rollup_assets.compute.compare import CHANGED, all_new, cell_changes, cell_changes_arrow
 from tests.unit.test_cell_changes import HOURLY, partials
 
 
@@ -42,3 +42,15 @@ def test_spark_and_arrow_agree_on_what_changed(spark: SparkSession) -> None:
         "nan": False,
         "null": False,
     }
+
+
+def test_with_nothing_stored_every_cell_is_new_without_a_join(spark: SparkSession) -> None:
+    fresh = spark.createDataFrame(partials([("a", 0, 1.5), ("b", 1, None), ("c", 2, 3.0)]))
+    empty = spark.createDataFrame(partials([]), schema=fresh.schema)
+    joined = cell_changes(fresh, empty, HOURLY)
+    shortcut = all_new(fresh, HOURLY)
+    assert shortcut.columns == joined.columns
+    key = ["entity_id", "bucket_start"]
+    assert sorted(shortcut.toArrow().to_pylist(), key=lambda r: [r[k] for k in key]) == sorted(
+        joined.toArrow().to_pylist(), key=lambda r: [r[k] for k in key]
+    )
