@@ -8,6 +8,7 @@ Because a detection commit writes its jobs and its cursor together, and a comple
 neither lose nor duplicate work.
 """
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -124,8 +125,9 @@ def decode_cells(text: str | None) -> Cells | None:
         return None
     by_window: dict[Window, frozenset[str] | None] = {}
     for scope, spans in json.loads(text):
-        for w in decode_windows(json.dumps(spans)):
-            by_window[w] = None if scope is None else frozenset(scope)
+        entities = None if scope is None else frozenset(scope)
+        for w in _windows(spans):
+            by_window[w] = entities
     return Cells(tuple(sorted(by_window.items(), key=lambda item: item[0])))
 
 
@@ -136,13 +138,17 @@ def encode_windows(windows: Iterable[Window]) -> str:
 def decode_windows(text: str | None) -> tuple[Window, ...]:
     if not text:
         return ()
-    return tuple(
-        Window(
-            datetime.fromisoformat(a.replace("Z", "+00:00")),
-            datetime.fromisoformat(b.replace("Z", "+00:00")),
-        )
-        for a, b in json.loads(text)
-    )
+    return _windows(json.loads(text))
+
+
+def _windows(pairs: list[list[str]]) -> tuple[Window, ...]:
+    return tuple(Window(_instant(a), _instant(b)) for a, b in pairs)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _instant(text: str) -> datetime:
+    """An encoded bucket boundary (the same few thousand recur across every job's cells)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _job_from_row(row: dict) -> Job:
@@ -189,6 +195,7 @@ class Ledger:
             warehouse.control_path("ledger"), LEDGER_SCHEMA, warehouse.storage_options
         )
         self._parsed: tuple[pa.Table, LedgerSnapshot] | None = None
+        self._decoded: dict[tuple, Job] = {}
 
     def snapshot(self) -> LedgerSnapshot:
         data = self.table.read()
@@ -196,8 +203,20 @@ class Ledger:
         if parsed is not None and parsed[0] is data:  # the same table version as last time
             return _copy(parsed[1])
         rows = data.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
+        # A job event is decoded once (its cells can name thousands of windows): a row already
+        # seen, field for field, maps to the same immutable Job.
+        known, decoded = self._decoded, {}
+        events = []
+        for r in rows:
+            if r["kind"] == "cursor":
+                continue
+            key = tuple(r.values())
+            job = known.get(key) or _job_from_row(r)
+            decoded[key] = job
+            events.append(job)
+        self._decoded = decoded
         snapshot = fold(
-            (_job_from_row(r) for r in rows if r["kind"] != "cursor"),
+            events,
             (
                 CursorMove(r["source_archive"], r["source_version"], r["table_id"])
                 for r in rows
