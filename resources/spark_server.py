@@ -13,6 +13,7 @@ they would run the old code, so a stale server is never used (`restart` brings i
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -27,6 +28,8 @@ from pathlib import Path
 import pyspark
 
 from resources.spark import LOCAL_DEFAULTS, REQUIRED_CONF
+
+log = logging.getLogger(__name__)
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -135,6 +138,17 @@ def status(state_dir: Path) -> Status:
     return Status(
         state, True, True, f"up at {state.url} (pid {state.pid}, since {state.started_at})"
     )
+
+
+def usable_url(state_dir: Path) -> str | None:
+    """The URL runs attach to, or None (logging why, when a server was recorded but cannot be
+    used) so that they start local Spark."""
+    found = status(state_dir)
+    if found.usable and found.state is not None:
+        return found.state.url
+    if found.state is not None:
+        log.warning("not using the warm Spark server: %s; starting local Spark", found.reason)
+    return None
 
 
 def _launch_env(state_dir: Path) -> dict[str, str]:

@@ -137,11 +137,14 @@ def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
     """The code location and the Dagster instance, for commands that execute runs in this
     process; starts the one Spark session every run of the command shares."""
     from resources.spark import build_session
+    from resources.spark_server import usable_url
     from rollup_assets.definitions import defs
     from rollup_assets.orchestration.instance import ensure_pools, get_instance
 
-    instance = get_instance(settings())
+    s = settings()
+    instance = get_instance(s)
     ensure_pools(instance, catalog())
-    # One JVM for every run of this command.
-    build_session(master=settings().spark_master, remote=settings().spark_remote)
+    # One session for every run of this command: the warm server's when it is up.
+    remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
+    build_session(master=s.spark_master, remote=remote)
     return defs, instance

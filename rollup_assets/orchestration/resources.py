@@ -1,7 +1,6 @@
 """The Dagster resources of the code location: the Spark session, the warehouse (which
 provides the engine), and the clock of the forward lane."""
 
-import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -12,7 +11,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from resources.spark import LazySession, active_session, apply_required_conf, build_session
-from resources.spark_server import status as warm_status
+from resources.spark_server import usable_url
 from resources.warehouse import Warehouse
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
@@ -25,9 +24,6 @@ def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
         key: str(value).lower() if isinstance(value, bool) else str(value)
         for key, value in flatten_dict(conf)
     }
-
-
-log = logging.getLogger(__name__)
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -85,16 +81,10 @@ class SparkResource(dg.ConfigurableResource):
         )
 
     def _warm_url(self) -> str | None:
-        """The warm Spark server's URL if it is up and runs the code on disk (else None, and
-        why it is not used is logged when a server was recorded)."""
+        """The warm Spark server's URL if it is up and runs the code on disk."""
         if self.master or not self.warm_server_dir:
             return None
-        found = warm_status(Path(self.warm_server_dir))
-        if found.usable and found.state is not None:
-            return found.state.url
-        if found.state is not None:
-            log.warning("not using the warm Spark server: %s; starting local Spark", found.reason)
-        return None
+        return usable_url(Path(self.warm_server_dir))
 
     @property
     def lazy(self) -> LazySession:

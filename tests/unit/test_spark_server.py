@@ -125,3 +125,16 @@ def test_settings_place_the_server_in_the_home_unless_a_cluster_is_configured(
     assert s.spark_server_port == 16000
     assert not Settings.from_env({"ROLLUPS_SPARK_MASTER": "spark://h:7077"}).uses_warm_spark
     assert not Settings.from_env({"ROLLUPS_SPARK_REMOTE": "sc://h:15002"}).uses_warm_spark
+
+
+def test_runs_get_the_url_of_a_current_server_only_and_are_told_why_not(
+    tmp_path: Path, stand_in, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc, port = stand_in
+    state = record(tmp_path, proc.pid, port, spark_server.code_fingerprint())
+    assert spark_server.usable_url(tmp_path) == state.url
+    record(tmp_path, proc.pid, port, "0123456789abcdef")
+    with caplog.at_level("WARNING", logger="resources.spark_server"):
+        assert spark_server.usable_url(tmp_path) is None
+    assert "code changed" in caplog.text
+    assert spark_server.usable_url(tmp_path / "none") is None  # nothing recorded: no warning
