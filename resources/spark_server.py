@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyspark
 
+from resources.processes import pid_alive
 from resources.spark import LOCAL_DEFAULTS, REQUIRED_CONF
 
 log = logging.getLogger(__name__)
@@ -103,13 +104,7 @@ def _is_server(pid: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True  # no /proc (macOS): alive is the best we can tell
+        return pid_alive(pid)  # no /proc (macOS): alive is the best we can tell
     return SERVER_CLASS.encode() in cmdline
 
 

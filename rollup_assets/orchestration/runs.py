@@ -2,12 +2,12 @@
 chain's gate on other runs built from it."""
 
 import logging
-import os
 import socket
 from contextlib import AbstractContextManager
 
 import dagster as dg
 
+from resources.processes import pid_alive
 from rollup_assets.model.jobs import Lane
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.orchestration.dagster_internals import fail_dead_run, pool_slot
@@ -22,16 +22,6 @@ UNFINISHED = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def launcher_host(instance: dg.DagsterInstance) -> str | None:
@@ -51,7 +41,7 @@ class DagsterRunLookup:
         if run.status not in UNFINISHED or run.tags.get(TAG_HOST) != socket.gethostname():
             return False
         pid = run.tags.get(TAG_PID) or self._worker_pid(run)
-        return pid is not None and not _pid_alive(int(pid))
+        return pid is not None and not pid_alive(int(pid))
 
     def _worker_pid(self, run: dg.DagsterRun) -> str | None:
         """The pid a launched run worker reports first thing ("Started process for run")."""
