@@ -146,20 +146,38 @@ def usable_url(state_dir: Path) -> str | None:
     return None
 
 
-def _launch_env(state_dir: Path) -> dict[str, str]:
-    conf_dir = state_dir / "conf"
+def launch_env(directory: Path) -> dict[str, str]:
+    """The environment a Spark process is launched with from the installed pyspark: this
+    interpreter for Python workers, logs under `directory`, and an empty conf dir there, so no
+    machine-wide spark-defaults.conf leaks in."""
+    conf_dir = directory / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_CONF_DIR": str(conf_dir),  # no machine-wide spark-defaults.conf leaks in
-        "SPARK_LOG_DIR": str(state_dir / "logs"),
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOG_DIR": str(directory / "logs"),
         "SPARK_LOCAL_IP": HOST,
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
     }
     for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
         env.pop(var, None)
     return env
+
+
+def spawn(args: list[str], directory: Path, log: Path) -> subprocess.Popen:
+    """Start a Spark process (`args`) in `directory`, output to `log`, in its own process
+    group so that it is stopped as a whole (a JVM and the workers it starts)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            args,
+            env=launch_env(directory),
+            cwd=directory,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def start(
@@ -199,16 +217,7 @@ def start(
     args.append(str(connect_jar()))
     code = code_fingerprint()
     log = state_dir / LOG_FILE
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            args,
-            env=_launch_env(state_dir),
-            cwd=state_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as a whole
-        )
+    process = spawn(args, state_dir, log)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

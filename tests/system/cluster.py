@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resources.spark_server import SERVER_CLASS as CONNECT_SERVER
-from resources.spark_server import SPARK_HOME, connect_jar
+from resources.spark_server import SPARK_HOME, connect_jar, spawn
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
@@ -66,37 +66,9 @@ class SparkProcess:
             self.process.wait(timeout_s)
 
 
-def spark_env(scratch: Path) -> dict[str, str]:
-    """The launch environment: this interpreter for Python workers, logs and work in `scratch`,
-    an empty conf dir so no spark-defaults.conf of the machine leaks in."""
-    conf_dir = scratch / "conf"
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_CONF_DIR": str(conf_dir),
-        "SPARK_LOG_DIR": str(scratch / "logs"),
-        "SPARK_LOCAL_IP": HOST,
-        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
-    }
-    env.pop("SPARK_REMOTE", None)
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    return env
-
-
 def launch(name: str, args: list[str], scratch: Path) -> SparkProcess:
     log = scratch / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            args,
-            env=spark_env(scratch),
-            cwd=scratch,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, stopped as a whole
-        )
-    return SparkProcess(name, process, log)
+    return SparkProcess(name, spawn(args, scratch, log), log)
 
 
 def wait_until(what: str, ready: Callable[[], bool], procs: list[SparkProcess]) -> None:
