@@ -36,6 +36,30 @@ _TRUNC = {
 RAW_COLUMNS = ["entity_id", "ts", "energy_kwh", "power_kw", "voltage_v"]
 
 
+def computed_sql(catalog: Catalog) -> dict[str, str]:
+    """The raw archive's computed columns as SQL, for baselines that read the generated files.
+
+    The formulas of the energy spec are plain arithmetic that Spark SQL and DuckDB read alike;
+    the generated data holds no operand that would make them fail (no zero voltage).
+    """
+    raw = catalog.raw["energy_raw"]
+    return {c.name: c.formula.text for c in raw.computed_columns if c.formula is not None}
+
+
+def raw_rows(spark: SparkSession, catalog: Catalog, files: list[str]) -> DataFrame:
+    """The generated raw rows with the computed columns ingest would add."""
+    rows = spark.read.parquet(*files)
+    for name, formula in computed_sql(catalog).items():
+        rows = rows.withColumn(name, F.expr(formula))
+    return rows
+
+
+def raw_sql(catalog: Catalog, files: list[str]) -> str:
+    """A DuckDB relation of the generated raw rows with their computed columns."""
+    extra = "".join(f", ({f}) AS {n}" for n, f in computed_sql(catalog).items())
+    return f"(SELECT *{extra} FROM read_parquet({_list(files)}))"
+
+
 # -- bare PySpark ---------------------------------------------------------------------------
 
 
@@ -55,7 +79,7 @@ def bare_level(rows: DataFrame, spec: RollupSpec, source: ArchiveSpec) -> DataFr
 def bare_spark_hourly(spark: SparkSession, catalog: Catalog, files: list[str], out: Path) -> None:
     """The first level from the generated Parquet, written as Parquet."""
     spec = catalog.rollup("energy_hourly")
-    rows = spark.read.parquet(*files)
+    rows = raw_rows(spark, catalog, files)
     bare_level(rows, spec, catalog.archive(spec.source)).write.mode("overwrite").parquet(str(out))
 
 
@@ -69,7 +93,9 @@ def bare_spark_chain(spark: SparkSession, catalog: Catalog, files: list[str], ou
     for spec in catalog.rollups.values():
         source = catalog.archive(spec.source)
         src = (
-            spark.read.parquet(*files) if spec.source in catalog.raw else _level(spark, out, source)
+            raw_rows(spark, catalog, files)
+            if spec.source in catalog.raw
+            else _level(spark, out, source)
         )
         bare_level(src, spec, source).write.mode("overwrite").parquet(str(out / spec.name))
 
@@ -91,7 +117,7 @@ def lookback_refresh(
     for spec in catalog.rollups.values():
         source = catalog.archive(spec.source)
         if spec.source in catalog.raw:
-            src = spark.read.parquet(*raw_files).where(F.col("ts") >= F.lit(horizon))
+            src = raw_rows(spark, catalog, raw_files).where(F.col("ts") >= F.lit(horizon))
         else:
             first = _first_bucket_start(spark, spec, horizon)
             src = _level(spark, chain, source).where(F.col("bucket_start") >= F.lit(first))
@@ -142,18 +168,23 @@ def duckdb_hourly(catalog: Catalog, files: list[str], out: Path) -> None:
     con = duck()
     con.execute(
         f"COPY (SELECT entity_id, {bucket_sql(spec)} AS bucket_start, {aggs} "
-        f"FROM read_parquet({_list(files)}) GROUP BY ALL) TO '{out}' (FORMAT parquet)"
+        f"FROM {raw_sql(catalog, files)} GROUP BY ALL) TO '{out}' (FORMAT parquet)"
     )
 
 
 def oracle_windows(
-    spec: RollupSpec, raw_files: list[str], changes: pa.Table, con: duckdb.DuckDBPyConnection
+    spec: RollupSpec,
+    raw_files: list[str],
+    changes: pa.Table,
+    con: duckdb.DuckDBPyConnection,
+    computed: dict[str, str],
 ) -> pa.Table:
     """Logical values, straight from raw, of the (entity, bucket) windows containing `changes`
     (entity_id, ts), with each window's earliest change (`first_change`)."""
     con.execute(f"SET TimeZone = '{spec.reference_time_zone}'")
     con.register("changes", changes)
     bucket = bucket_sql(spec)
+    extra = "".join(f", ({f}) AS {n}" for n, f in computed.items())  # from the formulas
     logical = ", ".join(
         f"{_SQL[a.function]}(r.{a.column}) AS {a.output_name}" for a in spec.aggregations
     )
@@ -162,7 +193,7 @@ def oracle_windows(
             SELECT entity_id, {bucket} AS bucket_start, min(ts) AS first_change
             FROM changes GROUP BY ALL
         ), r AS (
-            SELECT entity_id, ts, energy_kwh, power_kw, voltage_v, {bucket} AS bucket_start
+            SELECT entity_id, ts, energy_kwh, power_kw, voltage_v{extra}, {bucket} AS bucket_start
             FROM read_parquet({_list(raw_files)})
             WHERE entity_id IN (SELECT DISTINCT entity_id FROM c)
         )

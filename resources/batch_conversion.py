@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.schemas import ARROW_TYPES, TS
+from rollup_assets.compute.formulas import computed_values
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -46,6 +47,14 @@ class BatchConverter:
             raise IngestValidationError(
                 self.spec.name, None, f"column(s) {twice} appear more than once in the header"
             )
+        computed = [n for n in names if (c := self.spec.column(n)) is not None and c.is_computed]
+        if computed:
+            raise IngestValidationError(
+                self.spec.name,
+                None,
+                f"column(s) {computed} are computed by their formulas and cannot be supplied; "
+                "drop them from the batch",
+            )
         declared = {c.name for c in self.spec.columns} | set(key_columns(self.spec))
         unknown = [n for n in names if n not in declared]
         if unknown:
@@ -76,6 +85,8 @@ class BatchConverter:
         for col in key_columns(self.spec)[1:]:
             out[col] = self._timestamp(col, chunk[col], offset)
         for c in self.spec.columns:
+            if c.is_computed:
+                continue
             if c.name in chunk.column_names:
                 out[c.name] = self._value(c, chunk[c.name], offset)
             else:
@@ -83,6 +94,7 @@ class BatchConverter:
         if isinstance(self.spec, TimeRangeArchiveSpec):
             bad = pc.greater_equal(out[RANGE_START_COLUMN], out[RANGE_END_COLUMN])
             self._fail_first(bad, offset, "range_start must be before range_end")
+        fill_computed(self.spec, out, n)
         time_col = key_columns(self.spec)[1]
         out[DAY_COLUMN] = pc.cast(out[time_col], pa.date32())
         return pa.table(out, schema=self.schema)
@@ -109,8 +121,11 @@ class BatchConverter:
         )
         return col
 
-    def _timestamp(self, name: str, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
-        self._fail_first(pc.is_null(col), offset, f"{name} is null")
+    def _timestamp(
+        self, name: str, col: pa.ChunkedArray, offset: int, nullable: bool = False
+    ) -> pa.ChunkedArray:
+        if not nullable:
+            self._fail_first(pc.is_null(col), offset, f"{name} is null")
         if pa.types.is_date(col.type):
             col = pc.cast(pc.cast(col, pa.date32()), pa.timestamp("s"))
         if pa.types.is_timestamp(col.type):
@@ -156,6 +171,14 @@ class BatchConverter:
 
     def _value(self, c: ColumnSpec, col: pa.ChunkedArray, offset: int) -> pa.ChunkedArray:
         target = ARROW_TYPES[c.type]
+        if c.type is ColumnType.TIMESTAMP:
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                col = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+                col = pc.if_else(pc.equal(col, ""), None, col)
+            converted = self._timestamp(c.name, col, offset, nullable=not c.required)
+            if c.required:
+                self._fail_first(pc.is_null(converted), offset, f"required column {c.name} is null")
+            return converted
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
             col = pc.if_else(pc.equal(col, ""), None, col)  # an empty CSV cell is missing
@@ -187,7 +210,7 @@ class BatchConverter:
         self, c: ColumnSpec, col: pa.ChunkedArray, target: pa.DataType, offset: int
     ) -> pa.ChunkedArray:
         src = col.type
-        numeric_target = c.type in (ColumnType.DOUBLE, ColumnType.LONG)
+        numeric_target = c.type.is_numeric
         if numeric_target and pa.types.is_boolean(src):
             raise IngestValidationError(self.spec.name, 0, f"{c.name} must be numeric, not boolean")
         if c.type is ColumnType.BOOLEAN and not (
@@ -202,9 +225,11 @@ class BatchConverter:
             try:
                 pc.cast(pa.array([value], type=src), target, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                kind = {ColumnType.LONG: "a whole number", ColumnType.DOUBLE: "a number"}.get(
-                    c.type, c.type.value
-                )
+                kind = {
+                    ColumnType.LONG: "a whole number",
+                    ColumnType.INT: "a whole number",
+                    ColumnType.DOUBLE: "a number",
+                }.get(c.type, c.type.value)
                 reason = f"{c.name} value {value!r} is not {kind}"
                 if not pa.types.is_string(src):
                     reason = f"{c.name} value {value!r} does not fit {c.type.value} exactly"
@@ -212,6 +237,42 @@ class BatchConverter:
         raise IngestValidationError(
             self.spec.name, offset, f"{c.name} cannot be converted to {c.type.value}"
         )
+
+
+def fill_computed(spec: RawArchiveSpec | TimeRangeArchiveSpec, columns: dict, rows: int) -> None:
+    """Set every computed column of `spec` in `columns` from the other columns of each row."""
+    for c in spec.computed_columns:  # each after the computed columns it reads
+        assert c.formula is not None
+        columns[c.name] = computed_values(c.formula, c.type, columns, rows, ARROW_TYPES[c.type])
+
+
+def with_stored_operands(
+    spec: RawArchiveSpec | TimeRangeArchiveSpec,
+    batch: pa.RecordBatch,
+    stored: pa.Table,
+    operands: frozenset[str],
+) -> pa.RecordBatch:
+    """`batch` with its computed columns evaluated over the row an upsert will leave.
+
+    An optional column the batch leaves null keeps its stored value in the upsert, so a formula
+    reading it must see that stored value: `operands` (those optional columns) are filled from
+    `stored` rows with the same key before the computed columns are evaluated again.
+    """
+    if not operands or stored.num_rows == 0 or batch.num_rows == 0:
+        return batch
+    keys = key_columns(spec)
+    right = stored.select([*keys, *sorted(operands)])
+    right = right.rename_columns([*keys, *(f"{o}__stored" for o in sorted(operands))])
+    left = pa.Table.from_batches([batch]).append_column(
+        "__row", pa.array(range(batch.num_rows), pa.int64())
+    )
+    joined = left.join(right, keys=keys, join_type="left outer").sort_by("__row")
+    columns = {name: joined[name] for name in batch.schema.names}
+    for o in operands:
+        columns[o] = pc.coalesce(joined[o], joined[f"{o}__stored"])
+    fill_computed(spec, columns, batch.num_rows)
+    merged = pa.table({name: columns[name] for name in batch.schema.names}, schema=batch.schema)
+    return merged.combine_chunks().to_batches()[0]
 
 
 def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:

@@ -20,6 +20,7 @@ from deltalake import CommitProperties, DeltaTable, WriterProperties, write_delt
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
+from resources.batch_conversion import with_stored_operands
 from resources.batches import BatchReader
 from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, targets_of
 from resources.delta_tables import (
@@ -36,6 +37,7 @@ from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
 from rollup_assets.model.windows import Window, as_utc, merge_windows
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
+_MICROSECOND = dt.timedelta(microseconds=1)
 # The change data feed's columns: what a row change was, and the commit that made it.
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -168,16 +171,20 @@ class RawStore:
         keys = key_columns(spec)
         days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
         predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
+        # A computed column always takes the batch's value: it was evaluated over the row the
+        # upsert leaves (see `with_stored_operands`), and null is a value it may have.
+        takes_batch = {c.name for c in spec.columns if c.required or c.is_computed}
         updates = {
-            c.name: f"s.{c.name}" if c.required else f"COALESCE(s.{c.name}, t.{c.name})"
+            c.name: f"s.{c.name}" if c.name in takes_batch else f"COALESCE(s.{c.name}, t.{c.name})"
             for c in spec.columns
         }
         differs = " OR ".join(
             f"(s.{c.name} IS DISTINCT FROM t.{c.name})"
-            if c.required
+            if c.name in takes_batch
             else f"(s.{c.name} IS NOT NULL AND s.{c.name} IS DISTINCT FROM t.{c.name})"
             for c in spec.columns
         )
+        operands = stored_operands(spec)
         metadata = {
             "rollups.operation": "ingest",
             "rollups.change_source": change_source.value,
@@ -191,7 +198,13 @@ class RawStore:
             table = self.table(spec)
             if table is None:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
-            source = pa.RecordBatchReader.from_batches(reader.schema, reader.chunks())
+            batches = reader.chunks()
+            if operands:
+                lo, hi = as_utc(summary.min_ts), as_utc(summary.max_ts)
+                last = hi.replace(tzinfo=None) == dt.datetime.max  # no instant follows it
+                stored = self.read_arrow(spec, None if last else [Window(lo, hi + _MICROSECOND)])
+                batches = (with_stored_operands(spec, b, stored, operands) for b in batches)
+            source = pa.RecordBatchReader.from_batches(reader.schema, batches)
             merger = table.merge(
                 source,
                 predicate=predicate,

@@ -26,6 +26,8 @@ ARROW_TYPES: dict[ColumnType, pa.DataType] = {
     ColumnType.LONG: pa.int64(),
     ColumnType.BOOLEAN: pa.bool_(),
     ColumnType.STRING: pa.string(),
+    ColumnType.INT: pa.int32(),
+    ColumnType.TIMESTAMP: TS,
 }
 BOOKKEEPING = [
     ("generation", pa.int64()),

@@ -121,7 +121,8 @@ class World:
         return query_arrow(self.engine, archive, **kw)
 
     def raw(self) -> pd.DataFrame:
-        return raw_frame(self.engine.raw.read_arrow(self.catalog.raw["energy_raw"]))
+        energy = self.catalog.raw["energy_raw"]
+        return raw_frame(self.engine.raw.read_arrow(energy), energy)
 
 
 @pytest.fixture

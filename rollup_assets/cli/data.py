@@ -41,6 +41,18 @@ def validate(fmt: str) -> None:
 
 @main.command()
 @click.argument("archive")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def columns(archive: str, fmt: str) -> None:
+    """List the columns of ARCHIVE: type, and whether ingested, computed (with its formula) or
+    aggregated (a rollup's, with the partial columns it is stored as)."""
+    from rollup_assets.model.describe import column_rows
+
+    echo_data(column_rows(catalog().archive(archive)), fmt)
+
+
+@main.command()
+@click.argument("archive")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option(
     "--change-source",
@@ -175,7 +187,9 @@ def verify(entities: tuple[str, ...]) -> None:
         names = [r for r in c.rollups if c.base_source(r).name == base.name]
         if not names:
             continue
-        raw = raw_frame(engine().raw.read_arrow(base, entities=frozenset(ents) if ents else None))
+        raw = raw_frame(
+            engine().raw.read_arrow(base, entities=frozenset(ents) if ents else None), base
+        )
         problems += compare_all(
             lambda name: query_arrow(engine(), name, entities=ents), raw, c, names=names
         )

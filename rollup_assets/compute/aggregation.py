@@ -27,6 +27,8 @@ SPARK_TYPES: dict[ColumnType, T.DataType] = {
     ColumnType.LONG: T.LongType(),
     ColumnType.BOOLEAN: T.BooleanType(),
     ColumnType.STRING: T.StringType(),
+    ColumnType.INT: T.IntegerType(),
+    ColumnType.TIMESTAMP: T.TimestampType(),
 }
 # The count of source rows behind each partial row (dropped before rows are written).
 SOURCE_ROWS = "__source_rows"

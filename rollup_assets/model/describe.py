@@ -1,7 +1,15 @@
 """Human descriptions of archives, generated from their specs (asset descriptions, the CLI)."""
 
 from rollup_assets.model.durations import format_duration
-from rollup_assets.model.specs import Alignment, ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.model.specs import (
+    AggregateFunction,
+    AggregationSpec,
+    Alignment,
+    ArchiveSpec,
+    Catalog,
+    ColumnType,
+    RollupSpec,
+)
 
 
 def group_name(catalog: Catalog, name: str) -> str:
@@ -12,7 +20,9 @@ def group_name(catalog: Catalog, name: str) -> str:
 def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
     if not isinstance(spec, RollupSpec):
         cols = ", ".join(
-            f"{c.name} ({c.type.value}{', required' if c.required else ''})" for c in spec.columns
+            f"{c.name} ({c.type.value}{', required' if c.required else ''}"
+            f"{f', = {c.formula.text}' if c.formula is not None else ''})"
+            for c in spec.columns
         )
         kind = "Raw archive" if spec.kind.value == "raw" else "Time-range archive"
         return (
@@ -31,3 +41,38 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
         f"- watermark lag: {format_duration(spec.watermark_lag)}; open bucket refreshed: "
         f"{'yes' if spec.refresh_open_bucket else 'no'}\n- aggregations: {aggs}"
     )
+
+
+def column_rows(spec: ArchiveSpec) -> list[dict]:
+    """One row per logical column of an archive: its type, and where its values come from."""
+    if isinstance(spec, RollupSpec):
+        return [
+            {
+                "column": a.output_name,
+                "type": _logical_type(spec, a),
+                "origin": f"{a.function.value}({a.column}) of {spec.source}",
+                "stored_as": ", ".join(
+                    sc.name
+                    for sc in a.stored_columns(spec.column_types.get(a.column, ColumnType.DOUBLE))
+                ),
+            }
+            for a in spec.aggregations
+        ]
+    return [
+        {
+            "column": c.name,
+            "type": c.type.value,
+            "origin": f"= {c.formula.text}"
+            if c.formula is not None
+            else ("ingested, required" if c.required else "ingested"),
+            "stored_as": c.name,
+        }
+        for c in spec.columns
+    ]
+
+
+def _logical_type(spec: RollupSpec, agg: AggregationSpec) -> str:
+    """The type a reader gets: an average is a double, otherwise the stored partial's type."""
+    if agg.function is AggregateFunction.AVG:
+        return ColumnType.DOUBLE.value
+    return agg.stored_columns(spec.column_types.get(agg.column, ColumnType.DOUBLE))[0].type.value

@@ -14,6 +14,7 @@ import yaml
 
 from rollup_assets.model.durations import parse_duration
 from rollup_assets.model.errors import SpecError
+from rollup_assets.model.formulas import Formula, FormulaSyntaxError, parse_formula
 from rollup_assets.model.spec_rules import validate_catalog
 from rollup_assets.model.specs import (
     AggregateFunction,
@@ -125,7 +126,7 @@ def _columns(name: str, body: Mapping[str, Any]) -> tuple[ColumnSpec, ...]:
             raise SpecError(
                 name, "column declaration", f"column '{col}' must be a type or a mapping"
             )
-        bad = set(decl) - {"type", "required"}
+        bad = set(decl) - {"type", "required", "formula"}
         if bad:
             raise SpecError(
                 name, "column declaration", f"column '{col}' has unknown keys {sorted(bad)}"
@@ -144,8 +145,27 @@ def _columns(name: str, body: Mapping[str, Any]) -> tuple[ColumnSpec, ...]:
             raise SpecError(
                 name, "column declaration", f"column '{col}': 'required' must be true or false"
             )
-        out.append(ColumnSpec(str(col), ctype, required))
+        out.append(ColumnSpec(str(col), ctype, required, _formula(name, str(col), decl)))
     return tuple(out)
+
+
+def _formula(name: str, col: str, decl: Mapping[str, Any]) -> Formula | None:
+    """The parsed formula of a computed column (None for an ingested column)."""
+    if "formula" not in decl:
+        return None
+    text = decl["formula"]
+    if not isinstance(text, str):
+        raise SpecError(name, "formula", f"column '{col}': the formula must be text")
+    if decl.get("required", False):
+        raise SpecError(
+            name,
+            "formula",
+            f"column '{col}' is computed; it cannot be required (a formula error stores null)",
+        )
+    try:
+        return parse_formula(text)
+    except FormulaSyntaxError as exc:
+        raise SpecError(name, "formula", f"column '{col}': {exc}") from None
 
 
 def _parse_raw(name: str, body: Any) -> RawArchiveSpec:

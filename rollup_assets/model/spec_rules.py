@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rollup_assets.model.bucket_rules import check_fixed_size, check_nesting
+from rollup_assets.model.column_rules import check_computed_columns
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.specs import (
     PARTIALS,
@@ -48,6 +49,8 @@ def validate_catalog(
     values: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*raw.values(), *time_range.values()]
     for spec in values:
         _check_value_columns(spec)
+    raw = {n: check_computed_columns(s) for n, s in raw.items()}
+    time_range = {n: check_computed_columns(s) for n, s in time_range.items()}
     for spec in time_range.values():
         if spec.period is not None and spec.period <= timedelta(0):
             raise SpecError(spec.name, "period", "'period' must be positive")

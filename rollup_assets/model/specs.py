@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from rollup_assets.model.errors import ArchiveNotFoundError, InvalidArchiveOperationError
+from rollup_assets.model.formulas import Formula
 
 ENTITY_COLUMN = "entity_id"
 TIME_COLUMN = "ts"
@@ -39,13 +40,27 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 class ColumnType(StrEnum):
     DOUBLE = "double"
-    LONG = "long"
+    LONG = "long"  # 64-bit
+    INT = "int"  # 32-bit
     BOOLEAN = "boolean"
     STRING = "string"
+    TIMESTAMP = "timestamp"  # an instant, microseconds, UTC
 
     @property
     def is_numeric(self) -> bool:
-        return self in (ColumnType.DOUBLE, ColumnType.LONG)
+        return self in (ColumnType.DOUBLE, ColumnType.LONG, ColumnType.INT)
+
+    @property
+    def sum_type(self) -> "ColumnType":
+        """The type a sum of this column is stored as (an int sum would overflow 32 bits)."""
+        return ColumnType.LONG if self is ColumnType.INT else self
+
+
+# The result types a computed column may have, and the column types a formula may read.
+FORMULA_RESULT_TYPES = frozenset(
+    {ColumnType.BOOLEAN, ColumnType.INT, ColumnType.LONG, ColumnType.DOUBLE, ColumnType.TIMESTAMP}
+)
+FORMULA_OPERAND_TYPES = FORMULA_RESULT_TYPES
 
 
 class Alignment(StrEnum):
@@ -83,9 +98,16 @@ PARTIALS: dict[AggregateFunction, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ColumnSpec:
+    """A value column: ingested from the producer's batch, or computed by `formula`."""
+
     name: str
     type: ColumnType
     required: bool = False
+    formula: Formula | None = None
+
+    @property
+    def is_computed(self) -> bool:
+        return self.formula is not None
 
 
 @dataclass(frozen=True)
@@ -117,6 +139,8 @@ class AggregationSpec:
             )
         if self.function is AggregateFunction.COUNT:
             return (StoredColumn(out, self.column, "count", ColumnType.LONG),)
+        if self.function is AggregateFunction.SUM:
+            return (StoredColumn(out, self.column, "sum", column_type.sum_type),)
         return (StoredColumn(out, self.column, PARTIALS[self.function][0], column_type),)
 
 
@@ -133,6 +157,11 @@ class RawArchiveSpec:
 
     def column(self, name: str) -> ColumnSpec | None:
         return next((c for c in self.columns if c.name == name), None)
+
+    @property
+    def computed_columns(self) -> tuple[ColumnSpec, ...]:
+        """Computed columns, each after the computed columns its formula reads."""
+        return tuple(c for c in self.columns if c.is_computed)
 
 
 @dataclass(frozen=True)
@@ -151,6 +180,11 @@ class TimeRangeArchiveSpec:
 
     def column(self, name: str) -> ColumnSpec | None:
         return next((c for c in self.columns if c.name == name), None)
+
+    @property
+    def computed_columns(self) -> tuple[ColumnSpec, ...]:
+        """Computed columns, each after the computed columns its formula reads."""
+        return tuple(c for c in self.columns if c.is_computed)
 
 
 @dataclass(frozen=True)
@@ -215,7 +249,11 @@ def schema_fingerprint(spec: ArchiveSpec) -> str:
     """The schema-relevant part of a spec; an activated archive must keep it unchanged."""
     if isinstance(spec, RollupSpec):
         return spec.schema_fingerprint()
-    cols = ",".join(f"{c.name}:{c.type.value}:{int(c.required)}" for c in spec.columns)
+    cols = ",".join(
+        f"{c.name}:{c.type.value}:{int(c.required)}"
+        + (f":={c.formula.text}" if c.formula is not None else "")
+        for c in spec.columns
+    )
     period = getattr(spec, "period", None)
     return f"{spec.kind.value}|{cols}|{period}"
 

@@ -10,7 +10,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from rollup_assets.model.specs import AggregateFunction, Alignment, Catalog, RollupSpec
+from rollup_assets.model.formulas import Binary, Call, ColumnRef, Node, Number, Unary
+from rollup_assets.model.specs import (
+    AggregateFunction,
+    Alignment,
+    Catalog,
+    ColumnType,
+    RawArchiveSpec,
+    RollupSpec,
+)
 
 
 def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
@@ -52,10 +60,102 @@ def oracle(raw: pd.DataFrame, spec: RollupSpec) -> pd.DataFrame:
     return out.reset_index().sort_values(["bucket_start", "entity_id"]).reset_index(drop=True)
 
 
-def raw_frame(table: pa.Table) -> pd.DataFrame:
+def raw_frame(table: pa.Table, spec: RawArchiveSpec | None = None) -> pd.DataFrame:
+    """Raw rows as pandas; with `spec`, its computed columns evaluated again from the inputs
+    with numpy (not with the ingest's Arrow evaluator), so a wrong stored value shows."""
     df = table.to_pandas()
     df["ts"] = pd.to_datetime(df["ts"], utc=True)
+    for c in spec.computed_columns if spec is not None else ():
+        assert c.formula is not None
+        with np.errstate(all="ignore"):
+            value = _numpy_value(c.formula.tree, df)
+        df[c.name] = _as_type(value, c.type, df.index)
     return df
+
+
+def _numpy_value(node: Node, df: pd.DataFrame) -> np.ndarray:
+    """A formula over the frame's columns as float64, NaN for null (see compute/formulas.py)."""
+
+    def clean(x: np.ndarray) -> np.ndarray:
+        return np.where(np.isfinite(x), x, np.nan)
+
+    def null_if_any(result: np.ndarray, *xs: np.ndarray) -> np.ndarray:
+        return np.where(np.any([np.isnan(x) for x in xs], axis=0), np.nan, result)
+
+    match node:
+        case Number(value):
+            return np.full(len(df), value, dtype=float)
+        case ColumnRef(name):
+            col = df[name]
+            if pd.api.types.is_datetime64_any_dtype(col):
+                ms = col.astype("int64").to_numpy() / 1_000_000  # nanoseconds -> milliseconds
+                return np.where(col.isna().to_numpy(), np.nan, ms)
+            return pd.to_numeric(col, errors="coerce").astype(float).to_numpy()
+        case Unary("-", operand):
+            return -_numpy_value(operand, df)
+        case Unary(_, operand):
+            x = _numpy_value(operand, df)
+            return null_if_any((x == 0).astype(float), x)
+        case Binary(op, left, right):
+            a, b = _numpy_value(left, df), _numpy_value(right, df)
+            arithmetic = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}
+            if op in arithmetic:
+                return clean(arithmetic[op](a, b))
+            if op == "^":
+                return clean(np.power(a, b))
+            compare = {
+                "<": np.less,
+                "<=": np.less_equal,
+                ">": np.greater,
+                ">=": np.greater_equal,
+                "==": np.equal,
+                "!=": np.not_equal,
+            }
+            if op in compare:
+                return null_if_any(compare[op](a, b).astype(float), a, b)
+            both = (a != 0) & (b != 0) if op == "and" else (a != 0) | (b != 0)
+            return null_if_any(both.astype(float), a, b)
+        case Call(function, args):
+            xs = [_numpy_value(a, df) for a in args]
+            return clean(_numpy_call(function, xs, args))
+    raise ValueError(f"unknown formula node {node!r}")
+
+
+def _numpy_call(function: str, xs: list[np.ndarray], args: tuple[Node, ...]) -> np.ndarray:
+    unary = {
+        "abs": np.abs,
+        "sqrt": np.sqrt,
+        "exp": np.exp,
+        "ln": np.log,
+        "log10": np.log10,
+        "floor": np.floor,
+        "ceil": np.ceil,
+        "sign": np.sign,
+    }
+    if function in unary:
+        return unary[function](xs[0])
+    if function == "round":
+        scale = 10.0 ** (args[1].value if len(args) == 2 and isinstance(args[1], Number) else 0)
+        return np.sign(xs[0]) * np.floor(np.abs(xs[0]) * scale + 0.5) / scale
+    if function in ("min", "max"):
+        pick = np.minimum if function == "min" else np.maximum
+        out = xs[0]
+        for x in xs[1:]:
+            out = pick(out, x)  # NaN (null) wins, as a null operand does
+        return out
+    c, a, b = xs  # if
+    return np.where(np.isnan(c), np.nan, np.where(c != 0, a, b))
+
+
+def _as_type(x: np.ndarray, ctype: ColumnType, index: pd.Index) -> pd.Series:
+    if ctype in (ColumnType.INT, ColumnType.LONG):
+        bound = 2.0**31 if ctype is ColumnType.INT else 2.0**63
+        t = np.trunc(x)
+        inside = np.where((t >= -bound) & (t < bound), t, np.nan)
+        return pd.Series(inside, index=index).astype("Int64")
+    if ctype is ColumnType.BOOLEAN:
+        return pd.Series(np.where(np.isnan(x), None, x != 0), index=index, dtype="boolean")
+    return pd.Series(x, index=index)  # double; a timestamp stays milliseconds (only counted)
 
 
 def compare(

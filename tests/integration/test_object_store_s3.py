@@ -131,7 +131,8 @@ def _levels(
 
 
 def _differences(engine: Engine, catalog: Catalog) -> list[str]:
-    raw = raw_frame(engine.raw.read_arrow(catalog.raw["energy_raw"]))
+    energy = catalog.raw["energy_raw"]
+    raw = raw_frame(engine.raw.read_arrow(energy), energy)
     problems = []
     for name in ("energy_hourly", "energy_daily"):
         spec = catalog.rollup(name)

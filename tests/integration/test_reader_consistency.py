@@ -289,7 +289,10 @@ def run_scenario(
 
     batch_a, batch_b = correction_sets(base)
     raw_a = world.raw()
-    raw_b = raw_frame(pa.concat_tables([base.filter(pc.invert(_keys_in(base, batch_b))), batch_b]))
+    raw_b = raw_frame(
+        pa.concat_tables([base.filter(pc.invert(_keys_in(base, batch_b))), batch_b]),
+        world.catalog.raw["energy_raw"],
+    )
     expect = expected_windows(world, raw_a, raw_b)
     model = Model(expect)
     assert model.changed["energy_hourly"] and len(model.changed["energy_daily"]) == 2

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
@@ -32,13 +33,16 @@ def raw_rows(seed: int) -> pa.Table:
         for i in range(int((s.end - s.start) / timedelta(minutes=15)))
     ]
     n = len(ts) * len(ENTITIES)
+    power = pa.array(rng.normal(3.0, 1.0, n), mask=rng.random(n) < 0.2)
+    voltage = pa.array(rng.normal(230.0, 3.0, n), mask=rng.random(n) < 0.3)
     return pa.table(
         {
             "entity_id": pa.array([e for _ in ts for e in ENTITIES], pa.string()),
             "ts": pa.array([t for t in ts for _ in ENTITIES], TS),
             "energy_kwh": pa.array(np.round(rng.gamma(2.0, 0.4, n), 6)),
-            "power_kw": pa.array(rng.normal(3.0, 1.0, n), mask=rng.random(n) < 0.2),
-            "voltage_v": pa.array(rng.normal(230.0, 3.0, n), mask=rng.random(n) < 0.3),
+            "power_kw": power,
+            "voltage_v": voltage,
+            "current_a": pc.divide(pc.multiply(power, 1000.0), voltage),  # as ingest computes it
         }
     )
 

@@ -159,6 +159,19 @@ def test_bad_arguments_fail_with_one_line(rollups: Invoke, args: list[str], need
     assert_one_line_failure(rollups(*args), needle)
 
 
+def test_columns_shows_ingested_computed_and_aggregated_columns(rollups: Invoke) -> None:
+    raw = {r["column"]: r for r in as_json(rollups("columns", "energy_raw", "--format", "json"))}
+    assert raw["energy_kwh"]["origin"] == "ingested, required"
+    assert raw["current_a"]["origin"] == "= power_kw * 1000 / voltage_v"
+    daily = {
+        r["column"]: r for r in as_json(rollups("columns", "energy_daily", "--format", "json"))
+    }
+    assert daily["current_a_max"]["origin"] == "Max(current_a) of energy_hourly"
+    assert daily["power_kw_avg"]["stored_as"] == "power_kw_avg__sum, power_kw_avg__count"
+    assert daily["energy_kwh_count"]["type"] == "long"
+    assert_one_line_failure(rollups("columns", "nope"), "archive 'nope' is not declared")
+
+
 def test_lifecycle_guards_and_json_output(rollups: Invoke, tmp_path: Path) -> None:
     names = [r["archive"] for r in as_json(rollups("validate", "--format", "json"))]
     assert "energy_raw" in names and "energy_hourly" in names

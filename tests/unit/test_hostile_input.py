@@ -847,7 +847,9 @@ def reserved_column(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
 
 
 def bad_column_type(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
-    chain.base_body()["columns"]["extra"] = draw(st.sampled_from(["decimal", "int", "text", ""]))
+    chain.base_body()["columns"]["extra"] = draw(
+        st.sampled_from(["decimal", "int64", "text", "float", ""])
+    )
     return chain.base, "column type"
 
 

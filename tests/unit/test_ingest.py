@@ -38,7 +38,8 @@ MIXED = parse_catalog(
         }
     }
 ).raw["mixed_raw"]
-VALUE_COLUMNS = ("energy_kwh", "power_kw", "voltage_v")
+VALUE_COLUMNS = ("energy_kwh", "power_kw", "voltage_v")  # what producers supply
+COMPUTED = "current_a"  # computed on ingest: power_kw * 1000 / voltage_v
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
@@ -77,6 +78,11 @@ def stored_rows(store: RawStore, spec: RawArchiveSpec = ENERGY) -> list[dict]:
     return sorted(rows, key=lambda r: (r["entity_id"], r["ts"]))
 
 
+def current(kw: float | None, v: float | None) -> float | None:
+    """The computed column, worked out in plain Python: null when an operand is null or v is 0."""
+    return None if kw is None or v is None or v == 0 else kw * 1000 / v
+
+
 def energy_row(entity: str, ts: datetime, kwh: float | None, kw=None, v=None) -> dict:
     ts = ts.astimezone(UTC)
     return {
@@ -85,6 +91,7 @@ def energy_row(entity: str, ts: datetime, kwh: float | None, kw=None, v=None) ->
         "energy_kwh": kwh,
         "power_kw": kw,
         "voltage_v": v,
+        COMPUTED: current(kw, v),
         "day": ts.date(),
     }
 
@@ -140,7 +147,7 @@ def test_raw_table_has_change_data_feed_and_utc_day_partitions(store: RawStore) 
     assert table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
     assert table.metadata().partition_columns == ["day"]
     names = [f.name for f in table.schema().fields]
-    assert names == ["entity_id", "ts", *VALUE_COLUMNS, "day"]
+    assert names == ["entity_id", "ts", *VALUE_COLUMNS, COMPUTED, "day"]
     assert store.ensure_table(ENERGY) == 0  # idempotent: no second commit
     assert delta(store).version() == 0
 
@@ -165,7 +172,7 @@ def test_read_arrow_matches_an_independent_pandas_frame(store: RawStore, tmp_pat
     rows = readings(10)
     frame = pd.DataFrame(rows).drop(columns="day")
     path = tmp_path / "b.parquet"
-    frame.to_parquet(path, index=False)
+    frame.drop(columns=COMPUTED).to_parquet(path, index=False)
     ingest(store, path)
 
     got = store.read_arrow(ENERGY).to_pandas().drop(columns="day")
@@ -220,7 +227,7 @@ def test_csv_text_that_only_looks_missing_is_kept(tmp_path: Path) -> None:
 
 
 def test_dictionary_encoded_parquet_columns_are_decoded(store: RawStore, tmp_path: Path) -> None:
-    frame = pd.DataFrame(readings(6)).drop(columns="day")
+    frame = pd.DataFrame(readings(6)).drop(columns=["day", COMPUTED])
     frame["entity_id"] = frame["entity_id"].astype("category")
     path = tmp_path / "b.parquet"
     frame.to_parquet(path, index=False)

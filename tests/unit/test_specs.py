@@ -17,7 +17,14 @@ from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_p
 from rollup_assets.model.specs import AggregateFunction, Alignment, Catalog, ColumnType
 from rollup_assets.settings import DEFAULT_SPECS
 
-OUTPUTS = ("energy_kwh_sum", "energy_kwh_count", "power_kw_avg", "voltage_v_min", "voltage_v_max")
+OUTPUTS = (
+    "energy_kwh_sum",
+    "energy_kwh_count",
+    "power_kw_avg",
+    "voltage_v_min",
+    "voltage_v_max",
+    "current_a_max",
+)
 
 
 def raw_archives() -> dict[str, Any]:
@@ -104,7 +111,12 @@ def test_shipped_spec_loads_the_energy_chain() -> None:
         ("energy_kwh", ColumnType.DOUBLE, True),
         ("power_kw", ColumnType.DOUBLE, False),
         ("voltage_v", ColumnType.DOUBLE, False),
+        ("current_a", ColumnType.DOUBLE, False),
     ]
+    computed = raw.column("current_a")
+    assert computed is not None and computed.formula is not None
+    assert computed.formula.columns == {"power_kw", "voltage_v"}
+    assert [c.name for c in raw.computed_columns] == ["current_a"]
     expected = {
         "energy_hourly": ("energy_raw", Alignment.FIXED_SIZE, timedelta(hours=1)),
         "energy_daily": ("energy_hourly", Alignment.CALENDAR_DAY, None),
@@ -126,6 +138,7 @@ def test_shipped_spec_loads_the_energy_chain() -> None:
             AggregateFunction.AVG,
             AggregateFunction.MIN,
             AggregateFunction.MAX,
+            AggregateFunction.MAX,
         ]
     # Rollups come in dependency order, sources first.
     names = list(cat.rollups)
@@ -144,6 +157,7 @@ def test_shipped_spec_stores_avg_as_sum_and_count() -> None:
         ("power_kw_avg__count", "count", ColumnType.LONG),
         ("voltage_v_min", "min", ColumnType.DOUBLE),
         ("voltage_v_max", "max", ColumnType.DOUBLE),
+        ("current_a_max", "max", ColumnType.DOUBLE),
     ]
 
 
