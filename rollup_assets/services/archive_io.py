@@ -81,7 +81,9 @@ def read_export_manifest(archive: str, path: str | Path) -> ExportManifest | Non
     try:
         return ExportManifest.from_json(text.decode("utf-8"))
     except ValueError as exc:
-        raise IngestValidationError(archive, None, f"its export manifest is corrupt ({exc})")
+        raise IngestValidationError(
+            archive, None, f"its export manifest is corrupt ({exc})"
+        ) from None
 
 
 @dataclass(frozen=True)

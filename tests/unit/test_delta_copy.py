@@ -56,6 +56,7 @@ def test_a_copy_at_an_old_version_is_that_version_and_nothing_later(tmp_path: Pa
     src, dst = tmp_path / "src", tmp_path / "dst"
     build(src, 6)  # checkpoints at 2 and 5; _last_checkpoint points at 5
     assert DeltaTable(str(src)).version() == 6
+    assert '"version":5' in (src / "_delta_log" / "_last_checkpoint").read_text()
     local = pafs.LocalFileSystem()
 
     copied = copy_table(str(src), 3, (local, str(dst)), history=True)
