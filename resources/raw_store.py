@@ -480,8 +480,11 @@ class RawStore:
         spec: SourceSpec,
         spans: Sequence[Window] | None = None,
         entities: frozenset[str] | None = None,
+        table: DeltaTable | None = None,
     ) -> pa.Table:
-        table = self.table(spec)
+        """Rows with their time in `spans` (and entity in `entities`), of `table` when given (a
+        snapshot of this archive), else of the latest version."""
+        table = table or self.table(spec)
         schema = archive_schema(spec)
         if table is None:
             return schema.empty_table()

@@ -68,3 +68,19 @@ class InvalidTimeRangeError(RollupsError):
 
 class RecomputeAbortedError(RollupsError):
     """A recompute stopped before its pointer flip; readers still see the previous values."""
+
+
+class BackupError(RollupsError):
+    """A backup cannot be taken or restored; the message names what and where."""
+
+
+class BackupInvalidError(BackupError):
+    """The backup's manifest is missing or corrupt, or its files do not match it."""
+
+
+class BackupSpecMismatchError(BackupError):
+    """The backup's archives do not match the archives the spec file declares now."""
+
+
+class TargetNotEmptyError(BackupError):
+    """A backup or restore target (directory or warehouse root) already holds files."""

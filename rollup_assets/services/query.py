@@ -53,16 +53,39 @@ def query_arrow(
     entities: Sequence[str] | None = None,
 ) -> pa.Table:
     """Rows of `archive` (rollup: logical columns) whose bucket start / time is in [start, end)."""
+    return query_versions(engine, archive, start, end, entities)[0]
+
+
+def query_versions(
+    engine: Engine,
+    archive: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    entities: Sequence[str] | None = None,
+) -> tuple[pa.Table, dict[str, int]]:
+    """`query_arrow`, and the table versions the rows were read at (table name -> version; a
+    rollup's row and pointer tables, a raw archive's table; -1 for a table not created yet)."""
     spec = engine.catalog.archive(archive)
     engine.require_activated(spec)
     ents = frozenset(entities) if entities else None
     if isinstance(spec, RollupSpec):
+        snap = engine.rollups.snapshot(spec)
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-        rows = engine.rollups.read_arrow(spec, [span(start, end)], ents, columns=needed)
-        return logical_arrow(rows, spec)
-    data = engine.raw.read_arrow(spec, [span(start, end)], ents).drop_columns(["day"])
+        rows = engine.rollups.read_arrow(
+            spec, [span(start, end)], ents, snapshot=snap, columns=needed
+        )
+        versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
+        return logical_arrow(rows, spec), versions
+    table = engine.raw.table(spec)
+    data = engine.raw.read_arrow(spec, [span(start, end)], ents, table=table)
+    data = data.drop_columns(["day"])
     time_col = data.column_names[1]
-    return data.sort_by([(time_col, "ascending"), ("entity_id", "ascending")])
+    versions = {spec.name: -1 if table is None else table.version()}
+    return data.sort_by([(time_col, "ascending"), ("entity_id", "ascending")]), versions
+
+
+def _v(version: int | None) -> int:
+    return -1 if version is None else version
 
 
 def query_spark(

@@ -119,6 +119,8 @@ BAD = {
     "enable-unknown": (["enable", "nope"], "archive 'nope' is not declared"),
     "delete-unknown": (["delete", "nope"], "archive 'nope' is not declared"),
     "ingest-unknown": (["ingest", "nope", "batch.parquet"], "archive 'nope' is not declared"),
+    "export-unknown": (["export", "nope", "out.parquet"], "archive 'nope' is not declared"),
+    "import-unknown": (["import", "nope", "out.parquet"], "archive 'nope' is not declared"),
     "freeze-a-raw-archive": (["freeze", "energy_raw", "--until", T1], "not a rollup"),
     # --from after --to
     "query-inverted": (["query", "energy_hourly", "--from", T2, "--to", T1], "is not before"),
@@ -131,6 +133,10 @@ BAD = {
         "is not before",
     ),
     "check-inverted": (["check", "energy_hourly", "--from", T2, "--to", T1], "is not before"),
+    "export-inverted": (
+        ["export", "energy_hourly", "x.parquet", "--from", T2, "--to", T1],
+        "is not before",
+    ),
     "recompute-empty": (["recompute", "energy_hourly", "--from", T1, "--to", T1], "not before"),
     # unparseable times
     "query-bad-from": (["query", "energy_hourly", "--from", "yesterday"], "'yesterday'"),

@@ -1,0 +1,111 @@
+"""Moving data in and out: export and import one archive's rows, back up and restore the
+warehouse."""
+
+import click
+
+from rollup_assets.cli.app import FORMATS, echo_data, engine, handle_errors, main, time_range
+from rollup_assets.model.windows import iso_utc
+
+
+@main.command()
+@click.argument("archive")
+@click.argument("file")
+@click.option(
+    "--from", "start", help="Rows (buckets) starting at or after this instant (ISO-8601)."
+)
+@click.option("--to", "end", help="Rows (buckets) starting before this instant.")
+@click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def export(
+    archive: str, file: str, start: str | None, end: str | None, entities: tuple[str, ...], fmt: str
+) -> None:
+    """Write the rows of ARCHIVE to the Parquet FILE (a path or URI), as `query` returns them.
+
+    A rollup gives its logical columns, a raw or time-range archive its rows. The file's
+    key-value metadata `rollups.export` holds the manifest: archive, kind, columns, range,
+    entities, row count, the table versions read and the export time.
+    """
+    from rollup_assets.services.archive_io import export_archive
+
+    a, b = time_range(start, end)
+    m = export_archive(engine(), archive, file, a, b, list(entities) or None)
+    row = {
+        "archive": m.archive,
+        "kind": m.kind,
+        "file": file,
+        "rows": m.rows,
+        "from": None if m.start is None else iso_utc(m.start),
+        "to": None if m.end is None else iso_utc(m.end),
+        "source_versions": ", ".join(f"{k}@{v}" for k, v in m.source_versions.items()),
+    }
+    echo_data(row, fmt)
+
+
+@main.command("import")
+@click.argument("archive")
+@click.argument("file")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def import_command(archive: str, file: str, fmt: str) -> None:
+    """Load FILE (written by `export`, or any file `ingest` takes) into a raw or time-range
+    ARCHIVE, as an ingest with change source Import: validated whole, one commit, detected by
+    the sensors. Rollup rows are derived and are never imported: import their source's rows.
+    """
+    from rollup_assets.services.archive_io import import_archive
+
+    result = import_archive(engine(), archive, file)
+    r = result.ingest
+    row = {
+        "archive": archive,
+        "version": r.version,
+        "rows": r.rows,
+        "inserted": r.inserted,
+        "updated": r.updated,
+        "unchanged": r.unchanged,
+        "exported_from": None if result.manifest is None else result.manifest.archive,
+    }
+    echo_data(row, fmt)
+
+
+@main.command("backup")
+@click.argument("directory", metavar="DIR")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def backup_command(directory: str, fmt: str) -> None:
+    """Copy every table of the warehouse into the new or empty DIR (a path or URI).
+
+    The tables are taken at the versions a reader saw at one instant, control tables (archive
+    states, ledger and detection cursors) included; DIR/manifest.json, written last, lists them.
+    The running system may keep working meanwhile.
+    """
+    from rollup_assets.services.backup import backup
+
+    m = backup(engine(), directory)
+    rows = [
+        {"table": t.path, "version": t.version, "files": t.files, "bytes": t.bytes}
+        for t in m.tables
+    ]
+    echo_data(rows, fmt, ["table", "version", "files", "bytes"])
+    if fmt == "table":
+        click.echo(f"backed up {len(rows)} table(s) of {m.source_root} into {directory}")
+
+
+@main.command("restore")
+@click.argument("directory", metavar="DIR")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@handle_errors
+def restore_command(directory: str, fmt: str) -> None:
+    """Rebuild the empty warehouse (ROLLUPS_WAREHOUSE) from the backup in DIR.
+
+    Refuses, writing nothing, a warehouse root that is not empty, a missing or corrupt
+    manifest, a backup with missing files, and archives the spec file does not declare the
+    same way. Use a fresh DAGSTER_HOME with the restored warehouse.
+    """
+    from rollup_assets.services.backup import restore
+
+    m = restore(engine(), directory)
+    rows = [{"table": t.path, "version": t.version, "files": t.files} for t in m.tables]
+    echo_data(rows, fmt, ["table", "version", "files"])
+    if fmt == "table":
+        click.echo(f"restored {len(rows)} table(s) backed up at {iso_utc(m.created_at)}")

@@ -1,0 +1,124 @@
+"""Moving one archive's rows: export its logical rows to Parquet, import raw rows from one.
+
+An export is what `query` returns for the archive (a rollup's logical columns, a raw or
+time-range archive's rows), read from one snapshot, in one Parquet file whose key-value metadata
+carries the manifest (`model/manifests.py`: archive, kind, columns, range, entities, row count,
+source versions, export time). An import loads such a file (or any file `ingest` accepts) into a
+raw or time-range archive with the ingest semantics: validated whole, upserted in one commit,
+detected by the sensors like any other write. Rollup rows are derived from their source, so they
+are never imported: import the source's rows and the rollups follow.
+"""
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from resources.raw_store import IngestResult
+from resources.warehouse import Warehouse
+from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.manifests import ExportManifest
+from rollup_assets.model.specs import schema_fingerprint
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.ingest import ingest_file
+from rollup_assets.services.query import query_versions
+
+MANIFEST_KEY = b"rollups.export"
+
+
+def _filesystem(file: str) -> tuple[pafs.FileSystem, str]:
+    """A local path or a URI of a file: its filesystem and the path inside it."""
+    parent, _, name = file.rstrip("/").rpartition("/")
+    fs, root = Warehouse(parent or ".").filesystem()
+    return fs, f"{root}/{name}"
+
+
+def export_archive(
+    engine: Engine,
+    archive: str,
+    file: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    entities: Sequence[str] | None = None,
+) -> ExportManifest:
+    """Write the archive's rows in [start, end) (of `entities`) to the Parquet `file`."""
+    spec = engine.catalog.archive(archive)
+    rows, versions = query_versions(engine, archive, start, end, entities)
+    manifest = ExportManifest(
+        archive=archive,
+        kind=spec.kind.value,
+        columns=tuple(rows.column_names),
+        rows=rows.num_rows,
+        start=start,
+        end=end,
+        entities=tuple(sorted(entities)) if entities else None,
+        source_versions=versions,
+        exported_at=datetime.now(UTC),
+        fingerprint=schema_fingerprint(spec),
+    )
+    meta = {**(rows.schema.metadata or {}), MANIFEST_KEY: manifest.to_json().encode("utf-8")}
+    fs, path = _filesystem(file)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(rows.replace_schema_metadata(meta), path, filesystem=fs)
+    return manifest
+
+
+def read_export_manifest(archive: str, path: str | Path) -> ExportManifest | None:
+    """The manifest of an exported file (None: a file not written by export)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        return None  # not Parquet (e.g. CSV): the ingest reports what is wrong with it
+    text = meta.get(MANIFEST_KEY)
+    if text is None:
+        return None
+    try:
+        return ExportManifest.from_json(text.decode("utf-8"))
+    except ValueError as exc:
+        raise IngestValidationError(
+            archive, None, f"its export manifest is corrupt ({exc})"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    ingest: IngestResult
+    manifest: ExportManifest | None  # of the file, when export wrote it
+
+
+def import_archive(engine: Engine, archive: str, file: str) -> ImportResult:
+    """Load an exported (or any ingestable) file into a raw or time-range archive."""
+    with tempfile.TemporaryDirectory(prefix="rollups-import-") as tmp:
+        local = file
+        if "://" in file:  # an object-store file: the ingest reads a local copy
+            fs, path = _filesystem(file)
+            local = str(Path(tmp) / Path(path).name)
+            pafs.copy_files(path, local, source_filesystem=fs)
+        manifest = read_export_manifest(archive, local)
+        if manifest is not None:
+            _check(archive, local, manifest)
+        result = ingest_file(engine, archive, local, ChangeSource.IMPORT)
+    return ImportResult(result, manifest)
+
+
+def _check(archive: str, path: str, manifest: ExportManifest) -> None:
+    if manifest.is_rollup:
+        raise InvalidArchiveOperationError(
+            f"{Path(path).name} holds rows of the rollup '{manifest.archive}'; rollup rows are "
+            "derived from their source and are not imported: import the source archive's rows "
+            "and let the rollups follow"
+        )
+    rows = pq.read_metadata(path).num_rows
+    if rows != manifest.rows:
+        raise IngestValidationError(
+            archive,
+            None,
+            f"{Path(path).name} holds {rows} rows but its export manifest says {manifest.rows}; "
+            "the file was changed after the export",
+        )
