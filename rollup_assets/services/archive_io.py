@@ -103,8 +103,22 @@ def import_archive(engine: Engine, archive: str, file: str) -> ImportResult:
         manifest = read_export_manifest(archive, local)
         if manifest is not None:
             _check(archive, local, manifest)
+            local = _without_computed(engine, archive, local, Path(tmp))
         result = ingest_file(engine, archive, local, ChangeSource.IMPORT)
     return ImportResult(result, manifest)
+
+
+def _without_computed(engine: Engine, archive: str, path: str, tmp: Path) -> str:
+    """An export holds the archive's computed columns too; they are derived, like rollup rows,
+    and computed again by the ingest, so a copy without them is what gets imported."""
+    spec = engine.catalog.archive(archive)
+    computed = {c.name for c in getattr(spec, "computed_columns", ())}
+    names = pq.read_schema(path).names
+    if not computed & set(names):
+        return path
+    out = str(tmp / f"supplied-{Path(path).name}")
+    pq.write_table(pq.read_table(path, columns=[n for n in names if n not in computed]), out)
+    return out
 
 
 def _check(archive: str, path: str, manifest: ExportManifest) -> None:

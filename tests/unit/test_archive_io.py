@@ -28,6 +28,8 @@ CATALOG = parse_catalog(
                     "kwh": {"type": "double", "required": True},
                     "pulses": "long",
                     "note": "string",
+                    # derived: exported with the rows, computed again (not supplied) on import
+                    "per_pulse": {"type": "double", "formula": "kwh / pulses"},
                 }
             }
         },
@@ -130,6 +132,9 @@ def test_export_then_import_into_an_empty_warehouse_reads_the_same_rows(
     assert result.manifest == manifest
     assert result.ingest.inserted == before.num_rows
     assert query_arrow(target, archive).equals(before)
+    if archive == "meter_raw":
+        assert pq.read_schema(out).names.count("per_pulse") == 1
+        assert before["per_pulse"].null_count < before.num_rows
     # Importing it again changes nothing: the rows are already there.
     again = import_archive(target, archive, str(out))
     assert again.ingest.unchanged == before.num_rows and again.ingest.inserted == 0
@@ -148,7 +153,7 @@ def test_an_export_of_a_range_and_entities_holds_exactly_those_rows(
     doc = json.loads(pq.read_schema(out).metadata[MANIFEST_KEY])
     assert doc["archive"] == "meter_raw" and doc["kind"] == "raw" and doc["rows"] == 16
     assert doc["from"] == "2025-03-29T23:00:00Z" and doc["entities"] == ["m0", "m2"]
-    assert doc["columns"] == ["entity_id", "ts", "kwh", "pulses", "note"]
+    assert doc["columns"] == ["entity_id", "ts", "kwh", "pulses", "note", "per_pulse"]
     assert manifest.entities == ("m0", "m2")
 
 
