@@ -6,7 +6,8 @@ one meter's readings for a day three months ago are replaced, and a few late rea
 last week. The sensors detect exactly which windows changed, recompute them at every level with a
 new generation while a reader keeps querying, and a pandas aggregation of the raw data checks
 every level. Last, maintenance applies the raw archive's retention: the old raw days go, the
-rollups keep their values. Everything lands in ROLLUPS_WAREHOUSE and DAGSTER_HOME, so `make dev` shows it.
+rollups keep their values. Everything lands in ROLLUPS_WAREHOUSE and DAGSTER_HOME, so
+`make dev` shows it.
 """
 
 import time

@@ -100,7 +100,8 @@ def apply_retention(engine: Engine, now: datetime) -> list[RetentionOutcome]:
     now = as_utc(now)
     statuses = engine.states.all()
     outcomes = []
-    for spec in [*engine.catalog.raw.values(), *engine.catalog.time_range.values()]:
+    specs: list[SourceSpec] = [*engine.catalog.raw.values(), *engine.catalog.time_range.values()]
+    for spec in specs:
         state = statuses.get(spec.name)
         if spec.retention is None or state is None or state.status is not ArchiveStatus.ACTIVATED:
             continue
