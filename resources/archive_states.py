@@ -32,6 +32,7 @@ STATE_SCHEMA = pa.schema(
         ("accept_gaps", pa.bool_()),
         ("fingerprint", pa.string()),
         ("activated_at", TS),
+        ("retained_from", TS),
         ("reason", pa.string()),
         ("changed_by", pa.string()),
         ("changed_at", TS),

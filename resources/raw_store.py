@@ -38,6 +38,7 @@ from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.column_rules import stored_operands
+from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
 from rollup_assets.model.windows import Window, as_utc, merge_windows
@@ -77,10 +78,22 @@ class IngestResult:
         return self.rows - self.inserted - self.updated
 
 
+@dataclass(frozen=True)
+class DroppedDays:
+    """What one retention pass dropped from an archive: whole UTC days and their rows."""
+
+    archive: str
+    days: tuple[dt.date, ...]
+    rows: int
+    version: int | None  # the retention commit; None when nothing was dropped
+
+
 class RawStore:
     def __init__(self, warehouse: Warehouse) -> None:
         self.warehouse = warehouse
         self.options = warehouse.storage_options
+        # Per table: the version read up to, and the retention commits' spans up to it.
+        self._retained: dict[str, tuple[int, list[Window]]] = {}
 
     def uri(self, spec: SourceSpec) -> str:
         return self.warehouse.raw_path(spec.name)
@@ -113,26 +126,27 @@ class RawStore:
         return False
 
     def retained_spans(self, spec: SourceSpec) -> list[Window]:
-        """The time ranges retention deletes have dropped rows from (whose rollup rows can no
-        longer be aggregated again from the raw rows)."""
+        """The time ranges retention deletes have dropped rows from, as their commits record
+        them (whose rollup rows can no longer be aggregated again from the raw rows). Read from
+        the table's history; only the commits after the last call are read again."""
         table = self.table(spec)
         if table is None:
             return []
-        out = []
-        for commit in table.history():
-            if commit.get("rollups.operation") != RETENTION_OPERATION:
-                continue
-            lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
-            if lo is None or hi is None:
-                return [
-                    Window(
-                        dt.datetime.min.replace(tzinfo=dt.UTC),
-                        dt.datetime.max.replace(tzinfo=dt.UTC),
-                    )
-                ]
-            end = dt.datetime.fromisoformat(hi) + dt.timedelta(microseconds=1)
-            out.append(Window(dt.datetime.fromisoformat(lo), end))
-        return out
+        uri, version = self.uri(spec), table.version()
+        known_version, known = self._retained.get(uri, (-1, []))
+        if version < known_version:  # a table created again under this name
+            known_version, known = -1, []
+        if version > known_version:
+            commits = table.history(limit=version - known_version)
+            known = known + [
+                span
+                for commit in sorted(commits, key=lambda c: c.get("version", 0))
+                if commit.get("version", 0) > known_version
+                and commit.get("rollups.operation") == RETENTION_OPERATION
+                for span in [_recorded_span(commit)]
+            ]
+            self._retained[uri] = (version, known)
+        return list(known)
 
     def ensure_table(self, spec: SourceSpec) -> int:
         """Create the (empty) table if it does not exist; return its version."""
@@ -157,17 +171,31 @@ class RawStore:
         self.warehouse.drop_table(self.uri(spec))
 
     def ingest(
-        self, spec: SourceSpec, path: str | Path, change_source: ChangeSource
+        self,
+        spec: SourceSpec,
+        path: str | Path,
+        change_source: ChangeSource,
+        *,
+        not_before: dt.datetime | None = None,
     ) -> IngestResult:
         """Validate the whole file, then upsert it in one MERGE commit.
 
         A row equal to the stored one (every column the same, NaN equal to NaN; an optional
         column left null keeps the stored value) is not rewritten: it changes nothing, so it is
         not in the change feed and makes nothing dirty. A file of such rows commits nothing.
-        Raises IngestValidationError, leaving the table untouched, if any row is invalid.
+        Raises IngestValidationError, leaving the table untouched, if any row is invalid, or if a
+        row's time is before `not_before` (retention dropped those days; its rollups keep their
+        values and would not be corrected from the raw rows).
         """
         reader = BatchReader(spec, path)
         summary = reader.validate()
+        if not_before is not None and as_utc(summary.min_ts) < not_before:
+            raise IngestValidationError(
+                spec.name,
+                None,
+                f"it holds readings from {as_utc(summary.min_ts).isoformat()}, before "
+                f"{not_before.isoformat()}: retention has dropped those days",
+            )
         keys = key_columns(spec)
         days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
         predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
@@ -278,13 +306,47 @@ class RawStore:
             "rollups.min_ts": lo.isoformat(),
             "rollups.max_ts": (hi - dt.timedelta(microseconds=1)).isoformat(),
         }
+        return self._delete(spec, " AND ".join(parts), metadata)
+
+    def drop_days_before(self, spec: SourceSpec, cut: dt.datetime) -> "DroppedDays":
+        """Retention: drop every UTC-day partition before midnight `cut` in one commit (whole
+        files, nothing rewritten), marked as retention so detection, the forward lane and the
+        change feed skip it. Returns the days and rows dropped (no commit when none)."""
+        table = self.table(spec)
+        if table is None:
+            return DroppedDays(spec.name, (), 0, None)
+        first_kept = cut.astimezone(dt.UTC).date()
+        days = sorted(
+            {
+                day
+                for f in file_actions(table)
+                for day in [_partition_day(f)]
+                if day is not None and day < first_kept
+            }
+        )
+        if not days:
+            return DroppedDays(spec.name, (), 0, None)
+        first = dt.datetime.combine(days[0], dt.time(0), tzinfo=dt.UTC)
+        metadata = {
+            "rollups.operation": RETENTION_OPERATION,
+            "rollups.min_ts": first.isoformat(),
+            "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
+            "rollups.retained_from": cut.isoformat(),
+        }
+        version, rows = self._delete(spec, f"{DAY_COLUMN} < '{first_kept.isoformat()}'", metadata)
+        return DroppedDays(spec.name, tuple(days), rows, version)
+
+    def _delete(
+        self, spec: SourceSpec, predicate: str, metadata: dict[str, str]
+    ) -> tuple[int | None, int]:
+        """Delete the rows matching `predicate` in one commit carrying `metadata`: (its version,
+        or None when no row matched, and the rows deleted)."""
 
         def delete() -> tuple[int | None, int]:
             current = self.table(spec)
             assert current is not None
             metrics = current.delete(
-                " AND ".join(parts),
-                commit_properties=CommitProperties(custom_metadata=metadata),
+                predicate, commit_properties=CommitProperties(custom_metadata=metadata)
             )
             deleted = int(metrics.get("num_deleted_rows", 0) or 0)
             return (current.version() if deleted else None), deleted
@@ -502,6 +564,25 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
         return data
+
+
+def _recorded_span(commit: dict) -> Window:
+    """The time range a retention commit recorded; everything for one that recorded none."""
+    lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
+    if lo is None or hi is None:
+        return Window(
+            dt.datetime.min.replace(tzinfo=dt.UTC), dt.datetime.max.replace(tzinfo=dt.UTC)
+        )
+    end = dt.datetime.fromisoformat(hi) + dt.timedelta(microseconds=1)
+    return Window(dt.datetime.fromisoformat(lo), end)
+
+
+def _partition_day(f: dict) -> dt.date | None:
+    """The UTC day partition of a live file (`file_actions`; None when it has none)."""
+    value = f.get(f"partition.{DAY_COLUMN}")
+    if value is None:
+        return None
+    return value if isinstance(value, dt.date) else dt.date.fromisoformat(str(value))
 
 
 def _day_may_overlap(body: dict, merged: Sequence[Window]) -> bool:

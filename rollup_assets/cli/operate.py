@@ -123,15 +123,39 @@ def status(rollup: str | None, fmt: str) -> None:
 
 
 @main.command()
-@click.option("--retention-hours", type=int, default=168, show_default=True)
+@click.option(
+    "--now",
+    "now",
+    help="Measure the raw retention horizons from this instant (ISO-8601); "
+    "default: ROLLUPS_NOW, else the real time.",
+)
+@click.option(
+    "--retention-hours",
+    type=int,
+    default=168,
+    show_default=True,
+    help="Vacuum deletes files unreferenced for longer than this (keep it above the longest "
+    "read or run); unrelated to an archive's raw retention.",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
-def maintain(retention_hours: int, fmt: str) -> None:
-    """Checkpoint, compact, sweep and vacuum every table."""
+def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
+    """Apply raw retention, then checkpoint, compact, sweep and vacuum every table.
+
+    Retention: an activated raw or time-range archive whose spec declares `retention` loses its
+    UTC days older than now - retention, once every first-level rollup reading it has
+    aggregated them. The rollups keep their values (a retention delete is not a correction).
+    Exits 1 if an archive's retention failed (the others are still applied).
+    """
     from rollup_assets.services.maintenance import maintain as run
 
-    report = run(engine(), retention_hours=retention_hours)
-    echo_data({k: v for k, v in asdict(report).items() if k != "details"}, fmt)
+    at = parse_instant(now, "--now") if now else settings().now
+    report = run(engine(), now=at, retention_hours=retention_hours)
+    echo_data({k: v for k, v in asdict(report).items() if k not in ("details", "retention")}, fmt)
+    for outcome in report.retention:
+        click.echo(outcome.describe(), err=fmt != "table")
+    if report.retention_failures:
+        raise SystemExit(1)
 
 
 @main.command()

@@ -156,7 +156,11 @@ def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
 def recompute(
     rollup: str, start: str, end: str, entities: tuple[str, ...], no_wait: bool, fmt: str
 ) -> None:
-    """Reader-safe recompute of [--from, --to) (trigger Manual); dependents follow."""
+    """Reader-safe recompute of [--from, --to) (trigger Manual); dependents follow.
+
+    Refused, writing nothing, for a first-level rollup whose raw rows in the range were removed
+    by retention; a rollup over a rollup recomputes from the stored level below.
+    """
     a, b = time_range(start, end)
     assert a is not None and b is not None
     job = ops().request_recompute(rollup, a, b, frozenset(entities) or None)

@@ -24,6 +24,7 @@ from rollup_assets.demo.steps import (
     ingest_correction,
     ingest_year,
     propagate,
+    retention,
 )
 from rollup_assets.demo.story import MARKER, DemoError, Story
 from rollup_assets.services.engine import Engine
@@ -110,4 +111,5 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     reader.report(snapshot, after)
     verify(story)
     chart(story, before, corrected_day, late)
+    retention(story)
     epilogue(story)

@@ -16,8 +16,10 @@ from rollup_assets.demo.story import (
     LEVELS,
     ONE_DAY,
     SEED,
+    DemoError,
     Story,
 )
+from rollup_assets.model.durations import format_duration
 from rollup_assets.model.jobs import ChangeSource, Job, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.windows import Window
@@ -25,7 +27,10 @@ from rollup_assets.orchestration.jobs import job_name
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.runner import execute, tick_until_quiet
 from rollup_assets.orchestration.tags import partition_range_tags
+from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.operations import Operations
+from rollup_assets.services.retention import apply_retention
+from rollup_assets.services.verify import compare_all, raw_frame
 
 
 def ingest_year(story: Story, first: date, today: date) -> None:
@@ -54,7 +59,7 @@ def ingest_year(story: Story, first: date, today: date) -> None:
             pq.write_table(
                 pa.concat_tables(day_batch(d, story.meters, SEED) for d in month_days), path
             )
-            result = story.engine.raw.ingest(spec, path, ChangeSource.IMPORT)
+            result = ingest_file(story.engine, spec.name, path, ChangeSource.IMPORT)
             total, version = total + result.rows, result.version
     story.say(f"energy_raw: {total:,} readings, table version {version}")
 
@@ -147,7 +152,7 @@ def ingest_correction(story: Story, today: date) -> tuple[date, pa.Table]:
     late = late_readings(story, today)
     path = story.out / "landing" / "correction.parquet"
     pq.write_table(pa.concat_tables([fixed, late]), path)
-    result = story.engine.raw.ingest(spec, path, ChangeSource.MANUAL)
+    result = ingest_file(story.engine, spec.name, path, ChangeSource.MANUAL)
     story.say(
         f"energy_raw: {fixed.num_rows} corrected + {late.num_rows} late readings upserted "
         f"(table version {result.version}, change source Manual)"
@@ -206,3 +211,37 @@ def propagate(story: Story) -> list[Job]:
         if j.created_at >= since and j.trigger.lane is Lane.RECOMPUTE
     ]
     return sorted(jobs, key=lambda j: (LEVELS.index(j.rollup), j.created_at))
+
+
+def retention(story: Story) -> None:
+    spec = story.catalog.raw["energy_raw"]
+    kept = format_duration(spec.retention) if spec.retention else "forever"
+    story.step(
+        f"11. Nightly maintenance: energy_raw keeps {kept} of raw readings",
+        "The first step of `rollups maintain` (the nightly schedule) drops the raw UTC days older "
+        "than the archive's retention (compaction and vacuum, which follow it there, are left "
+        "out here to keep the demo short). The rollups are the long-term store: a retention "
+        "delete is not a correction, so every level keeps its values.",
+    )
+    upper = [name for name in LEVELS if name != "energy_hourly"]
+    before = {name: story.query(name) for name in upper}
+    outcomes = apply_retention(story.engine, datetime.now(UTC))
+    for outcome in outcomes:
+        story.say(outcome.describe())
+    dropped = sum(len(o.days) for o in outcomes)
+    rows = sum(o.rows for o in outcomes)
+    unchanged = all(story.query(name).equals(before[name]) for name in upper)
+    if not unchanged:
+        raise DemoError("a level changed when retention dropped raw days")
+    removed = story.engine.removed_spans(spec)
+    raw = raw_frame(story.engine.raw.read_arrow(spec))
+    skipped: dict[str, int] = {}
+    problems = compare_all(story.query, raw, story.catalog, removed=removed, skipped=skipped)
+    if problems:
+        raise DemoError("; ".join(problems))
+    story.say(
+        click.style("every level kept its values", fg="green", bold=True)
+        + f" ({dropped} raw day(s), {rows:,} readings dropped;"
+        f" {len(raw):,} readings left equal the rollups outside the dropped range, "
+        f"{skipped.get('energy_hourly', 0):,} hourly buckets now live only in the rollups)"
+    )

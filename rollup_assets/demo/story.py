@@ -5,7 +5,9 @@ A year of 15-minute readings for a few dozen meters is ingested and rolled up th
 one meter's readings for a day three months ago are replaced, and a few late readings arrive for
 last week. The sensors detect exactly which windows changed, recompute them at every level with a
 new generation while a reader keeps querying, and a pandas aggregation of the raw data checks
-every level. Everything lands in ROLLUPS_WAREHOUSE and DAGSTER_HOME, so `make dev` shows it.
+every level. Last, maintenance applies the raw archive's retention: the old raw days go, the
+rollups keep their values. Everything lands in ROLLUPS_WAREHOUSE and DAGSTER_HOME, so
+`make dev` shows it.
 """
 
 import time

@@ -20,6 +20,22 @@ _CALENDAR_RANK = {
 }
 
 
+# The longest a calendar bucket can be, a DST hour included.
+_LONGEST = {
+    Alignment.CALENDAR_DAY: DAY + HOUR,
+    Alignment.ISO8601_WEEK: 7 * DAY + HOUR,
+    Alignment.CALENDAR_MONTH: 31 * DAY + HOUR,
+    Alignment.CALENDAR_YEAR: 366 * DAY + HOUR,
+}
+
+
+def longest_bucket(spec: RollupSpec) -> timedelta:
+    """The longest any bucket of `spec` lasts (in UTC time)."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        return spec.size or timedelta(0)
+    return _LONGEST[spec.alignment]
+
+
 def zone_offsets(zone: ZoneInfo, start: datetime, years: int = 80) -> set[timedelta]:
     """Every UTC offset `zone` uses from `start` on, sampled densely enough to see each rule."""
     t = datetime(max(start.year, 1900), 1, 1, tzinfo=UTC)

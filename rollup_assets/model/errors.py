@@ -62,6 +62,11 @@ class IngestValidationError(RollupsError):
         )
 
 
+class RawRowsRetainedError(RollupsError):
+    """A first-level recompute (or rewind) needs raw rows that retention removed; the stored
+    buckets keep their values and nothing was written."""
+
+
 class InvalidTimeRangeError(RollupsError):
     """A time or time range given by a user is unparseable, inverted or misaligned."""
 

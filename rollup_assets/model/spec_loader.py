@@ -169,20 +169,24 @@ def _formula(name: str, col: str, decl: Mapping[str, Any]) -> Formula | None:
 
 
 def _parse_raw(name: str, body: Any) -> RawArchiveSpec:
-    b = _mapping(name, body, {"columns", "description"})
+    b = _mapping(name, body, {"columns", "description", "retention"})
     return RawArchiveSpec(
-        name=name, columns=_columns(name, b), description=str(b.get("description", ""))
+        name=name,
+        columns=_columns(name, b),
+        description=str(b.get("description", "")),
+        retention=_retention(name, b),
     )
 
 
 def _parse_time_range(name: str, body: Any) -> TimeRangeArchiveSpec:
-    b = _mapping(name, body, {"columns", "description", "period"})
+    b = _mapping(name, body, {"columns", "description", "period", "retention"})
     period = _duration(name, "period", b.get("period")) if b.get("period") is not None else None
     return TimeRangeArchiveSpec(
         name=name,
         columns=_columns(name, b),
         period=period,
         description=str(b.get("description", "")),
+        retention=_retention(name, b),
     )
 
 
@@ -249,6 +253,12 @@ def _aggregation(name: str, index: int, a: Any) -> AggregationSpec:
         ) from None
     target = a.get("target")
     return AggregationSpec(str(a["column"]), fn, str(target) if target is not None else None)
+
+
+def _retention(name: str, body: Mapping[str, Any]) -> timedelta | None:
+    """`retention` of a raw or time-range archive; absent or null: rows are kept forever."""
+    value = body.get("retention")
+    return None if value is None else _duration(name, "retention", value)
 
 
 def _duration(name: str, key: str, value: Any) -> timedelta:

@@ -7,8 +7,9 @@ import dataclasses
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from rollup_assets.model.bucket_rules import check_fixed_size, check_nesting
+from rollup_assets.model.bucket_rules import check_fixed_size, check_nesting, longest_bucket
 from rollup_assets.model.column_rules import check_computed_columns
+from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.specs import (
     PARTIALS,
@@ -59,7 +60,31 @@ def validate_catalog(
     resolved: dict[str, RollupSpec] = {}
     for name in ordered:
         resolved[name] = _check_rollup(rollups[name], raw, time_range, resolved)
+    for spec in values:
+        _check_retention(spec, [r for r in resolved.values() if r.source == spec.name])
     return Catalog(raw=raw, time_range=time_range, rollups=resolved, origin=origin)
+
+
+def _check_retention(
+    spec: RawArchiveSpec | TimeRangeArchiveSpec, readers: list[RollupSpec]
+) -> None:
+    """A raw day may only go once every rollup reading it has closed the buckets it touches:
+    the retention must be longer than each first level's longest bucket plus its watermark
+    lag (otherwise the forward lane would aggregate a bucket whose rows are partly gone)."""
+    if spec.retention is None:
+        return
+    if spec.retention <= timedelta(0):
+        raise SpecError(spec.name, "retention", "'retention' must be positive")
+    for rollup in readers:
+        needed = longest_bucket(rollup) + rollup.watermark_lag
+        if spec.retention <= needed:
+            raise SpecError(
+                spec.name,
+                "retention",
+                f"retention {format_duration(spec.retention)} must be longer than the longest "
+                f"bucket plus watermark lag of rollup '{rollup.name}' reading it "
+                f"({format_duration(needed)}): its rows would go before the bucket closes",
+            )
 
 
 def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> None:

@@ -149,6 +149,9 @@ class RawArchiveSpec:
     name: str
     columns: tuple[ColumnSpec, ...]
     description: str = ""
+    # How long raw rows are kept (whole UTC days older than it are dropped); None: forever.
+    # Not part of the schema fingerprint: it may change while the archive is activated.
+    retention: timedelta | None = None
     kind: ArchiveKind = field(default=ArchiveKind.RAW, init=False)
 
     @property
@@ -172,6 +175,7 @@ class TimeRangeArchiveSpec:
     columns: tuple[ColumnSpec, ...]
     period: timedelta | None = None
     description: str = ""
+    retention: timedelta | None = None  # as for raw archives (by `range_start`)
     kind: ArchiveKind = field(default=ArchiveKind.TIME_RANGE, init=False)
 
     @property
@@ -246,7 +250,10 @@ ArchiveSpec = RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
 
 
 def schema_fingerprint(spec: ArchiveSpec) -> str:
-    """The schema-relevant part of a spec; an activated archive must keep it unchanged."""
+    """The schema-relevant part of a spec; an activated archive must keep it unchanged.
+
+    A raw archive's `retention` is not in it: retention decides how long rows are kept, not
+    what a row is, so it may be changed (shortened or lengthened) on an activated archive."""
     if isinstance(spec, RollupSpec):
         return spec.schema_fingerprint()
     cols = ",".join(

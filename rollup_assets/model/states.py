@@ -27,6 +27,8 @@ class ArchiveState:
     accept_gaps: bool | None = None
     fingerprint: str | None = None
     activated_at: datetime | None = None
+    # Raw and time-range archives: retention has dropped every UTC day before this midnight.
+    retained_from: datetime | None = None
     reason: str = "declared"
     changed_by: str = ""
     changed_at: datetime | None = None

@@ -37,6 +37,7 @@ def build_rollup_check(spec: RollupSpec, catalog: Catalog) -> dg.AssetChecksDefi
             passed=diff.differing == 0,
             metadata={
                 "buckets_checked": diff.buckets,
+                "buckets_removed_by_retention": diff.retained,
                 "rows_checked": diff.rows,
                 "differing_rows": diff.differing,
                 "differing_windows": dg.MetadataValue.json(diff.examples),

@@ -7,6 +7,7 @@ from pyspark.sql import SparkSession
 from rollup_assets.compute.compare import diff_partials
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.retention import removed_within
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
@@ -18,18 +19,25 @@ class CheckDiff:
     rows: int
     differing: int
     examples: list[dict] = field(default_factory=list)
+    retained: int = 0  # buckets not checked: their raw rows were removed by retention
 
 
 def compare_with_source(
     engine: Engine, spark: SparkSession, spec: RollupSpec, spans: list[Window]
 ) -> CheckDiff:
-    """Compare the aggregated (closed) buckets in `spans`; later buckets are skipped."""
+    """Compare the aggregated (closed) buckets in `spans`; later buckets are skipped, and so
+    are first-level buckets whose raw rows retention removed (counted in `retained`)."""
     state = engine.states.get(spec.name)
     mark = state.watermark
     buckets = [w for w in buckets_in(spec, spans) if mark is not None and w.end <= mark]
+    # A first-level bucket whose raw rows retention removed has no source left to compare with.
+    removed = engine.removed_spans(engine.catalog.archive(spec.source))
+    kept = [w for w in buckets if not removed_within([w], removed)]
+    retained = len(buckets) - len(kept)
+    buckets = kept
     if not buckets:
-        return CheckDiff(0, 0, 0)
+        return CheckDiff(0, 0, 0, retained=retained)
     fresh, _ = engine.partials(spark, spec, Cells.of(buckets))
     stored = engine.rollups.read_spark(spark, spec, buckets)
     diff = diff_partials(fresh, stored, spec)
-    return CheckDiff(len(buckets), diff.rows, diff.differing, diff.examples)
+    return CheckDiff(len(buckets), diff.rows, diff.differing, diff.examples, retained)

@@ -6,7 +6,7 @@ Dagster resource provides it to runs and sensors, and the CLI and the tests buil
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,8 +31,13 @@ from rollup_assets.model.cells import (
     changed_cells,
     rewrites_whole,
 )
-from rollup_assets.model.errors import ArchiveNotActivatedError, ArchiveSchemaImmutableError
+from rollup_assets.model.errors import (
+    ArchiveNotActivatedError,
+    ArchiveSchemaImmutableError,
+    RawRowsRetainedError,
+)
 from rollup_assets.model.jobs import Job
+from rollup_assets.model.retention import BEGINNING, describe_removed, removed_within
 from rollup_assets.model.specs import (
     ENTITY_COLUMN,
     ArchiveSpec,
@@ -98,6 +103,42 @@ class Engine:
                 "an activated "
                 "archive's columns, source, alignment, zone, start and aggregations are frozen. "
                 f"Declare a new archive (e.g. '{spec.name}_v2') or delete this one first."
+            )
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def removed_spans(self, source: ArchiveSpec) -> list[Window]:
+        """The time ranges of a raw or time-range archive whose rows retention removed (empty
+        for a rollup): everything before the archive's `retained_from` (recorded in its state
+        before the days are dropped, so it outlives the table's log), and the ranges of manual
+        retention deletes (recorded in their commits). The one answer to "which raw range is
+        gone"."""
+        if isinstance(source, RollupSpec):
+            return []
+        spans = self.raw.retained_spans(source)
+        kept_from = self.states.get(source.name).retained_from
+        if kept_from is not None:
+            spans.append(Window(BEGINNING, kept_from))
+        return merge_windows(spans)
+
+    def require_source_rows(self, spec: RollupSpec, windows: Sequence[Window]) -> None:
+        """Refuse work on `spec` that would aggregate raw rows retention removed: a first-level
+        bucket reaching into a removed range can no longer be aggregated again (its stored rows
+        are the only record). A rollup over a rollup always can: it reads the level below."""
+        source = self.catalog.archive(spec.source)
+        removed = self.removed_spans(source)
+        if not removed:
+            return
+        gone = removed_within(windows, removed)
+        if gone:
+            asked = merge_windows(list(windows))
+            span = Window(asked[0].start, asked[-1].end)
+            raise RawRowsRetainedError(
+                f"cannot aggregate '{spec.name}' again over {span}: it needs raw rows of "
+                f"'{source.name}' in {', '.join(str(w) for w in gone)}, which retention removed "
+                f"({source.name} keeps nothing {describe_removed(removed)}); the stored buckets "
+                "keep their values and nothing was written. The levels above still recompute "
+                "from the level below."
             )
 
     # -- compute -----------------------------------------------------------------------------
@@ -177,7 +218,9 @@ class Engine:
         few named cells runs on the driver: their source row groups read with delta-rs and
         aggregated with Arrow (`compute.arrow_partials`; on Spark when a min or max input is
         NaN), compared with the stored ones; a larger job stays on Spark, where the rows are
-        cached until `Recomputed.release`."""
+        cached until `Recomputed.release`. Refuses (`RawRowsRetainedError`) cells whose raw
+        rows retention removed."""
+        self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
             on_driver = self._driver_partials(spec, cells, raw_table)

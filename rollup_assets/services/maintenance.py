@@ -1,4 +1,8 @@
-"""Table upkeep: checkpoints, compaction of small files, full sweeps, pointer folding, and vacuum.
+"""Table upkeep: raw retention, checkpoints, compaction of small files, full sweeps, pointer
+folding, and vacuum.
+
+First each raw archive's retention drops its UTC days older than its horizon
+(`services.retention`); the rollups keep what they aggregated from them.
 
 Every commit adds a log entry and usually a small file; forward refreshes and control writes add
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
@@ -12,11 +16,13 @@ every read resolves generations against them. Maintenance folds them: a closed b
 least `FOLD_MIN_POINTERS` cell pointers gets a pending recompute job for every entity (trigger
 Maintenance), which the recompute lane runs like any other (its pool slot, a new generation, one
 flip) and rewrites whole under a single bucket pointer. Buckets a retention delete reached are
-not folded at the first level: their raw rows are gone, so the stored rows are the only record.
+not folded at the first level: their raw rows are gone, so the stored rows are the only record
+(`Engine.removed_spans`).
 """
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from resources.delta_tables import open_table
 from resources.genmap import read_pointers
@@ -26,6 +32,7 @@ from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.retention import RetentionOutcome, apply_retention
 
 log = logging.getLogger(__name__)
 DEFAULT_RETENTION_HOURS = 168
@@ -33,12 +40,16 @@ DEFAULT_RETENTION_HOURS = 168
 
 @dataclass
 class MaintenanceReport:
+    raw_days_dropped: int = 0  # UTC days retention dropped from raw and time-range archives
+    raw_rows_dropped: int = 0
+    retention_failures: int = 0  # archives whose retention failed (the others went on)
     tables: int = 0
     files_compacted: int = 0
     files_vacuumed: int = 0
     rows_swept: int = 0
     buckets_to_fold: int = 0  # buckets queued to be rewritten whole (their pointers folded)
     details: list[str] = field(default_factory=list)
+    retention: list[RetentionOutcome] = field(default_factory=list)
 
 
 def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
@@ -60,7 +71,7 @@ def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
         buckets = [w for w, n in counts.items() if n >= FOLD_MIN_POINTERS]
         source = engine.catalog.archive(spec.source)
         if buckets and not isinstance(source, RollupSpec):
-            kept = engine.raw.retained_spans(source)
+            kept = engine.removed_spans(source)
             buckets = [w for w in buckets if not any(w.overlaps(k) for k in kept)]
         if buckets:
             jobs.append(Job(spec.name, Trigger.MAINTENANCE, tuple(sorted(buckets)), entities=None))
@@ -77,10 +88,19 @@ def table_uris(warehouse: Warehouse, catalog: Catalog) -> list[str]:
 def maintain(
     engine: Engine,
     *,
+    now: datetime | None = None,
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     enforce_retention: bool = True,
 ) -> MaintenanceReport:
+    """Apply raw retention as of `now` (default: the real clock), then sweep, fold, compact,
+    vacuum (files unreferenced for `retention_hours`) and checkpoint every table."""
     report = MaintenanceReport()
+    for outcome in apply_retention(engine, now or datetime.now(UTC)):
+        report.retention.append(outcome)
+        report.raw_days_dropped += len(outcome.days)
+        report.raw_rows_dropped += outcome.rows
+        report.retention_failures += bool(outcome.error)
+        report.details.append(outcome.describe())
     warehouse, catalog, store = engine.warehouse, engine.catalog, engine.rollups
     active = {j.rollup: j for j in engine.ledger.snapshot().jobs.values() if j.state.active}
     statuses = engine.states.all()

@@ -222,6 +222,8 @@ class Operations:
                 f"rewind moves the watermark back; {to.isoformat()} is after the current watermark "
                 f"{state.watermark.isoformat() if state.watermark else 'none'}"
             )
+        # The forward lane aggregates the rewound range again from its source.
+        self.engine.require_source_rows(spec, [Window(to, state.watermark)])
         deleted = self.engine.rollups.rewind(spec, to)
         new = self.engine.states.update(
             name,
@@ -235,7 +237,8 @@ class Operations:
         self, name: str, start: datetime, end: datetime, entities: frozenset[str] | None = None
     ) -> Job:
         """Queue a Manual recompute of the buckets covering [start, end). Fails fast (and records a
-        Failed job) when the rollup is not activated."""
+        Failed job) when the rollup is not activated; refuses, recording nothing, a first-level
+        range whose raw rows retention removed (`RawRowsRetainedError`)."""
         spec = self.catalog.rollup(name)
         start, end = as_utc(start), as_utc(end)
         if start >= end:
@@ -256,5 +259,6 @@ class Operations:
                 f"recompute of '{name}' failed: {reason} (job {job.job_id})"
             )
         self.engine.require_same_schema(spec, state)
+        self.engine.require_source_rows(spec, buckets)
         self.engine.ledger.record([job])
         return job

@@ -188,7 +188,7 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
         ChangeSource.MANUAL,
         retention=True,
     )
-    report = maintain(world.engine)
+    report = maintain(world.engine, now=NOW)
     queued = [
         j
         for j in world.engine.ledger.snapshot().pending("energy_hourly")

@@ -72,7 +72,7 @@ def test_maintenance_between_a_recompute_commit_and_its_flip_keeps_the_new_rows(
 
     def run_maintenance() -> None:
         try:
-            report.append(maintain(world.engine))
+            report.append(maintain(world.engine, now=NOW))
         finally:
             maintained.set()
 

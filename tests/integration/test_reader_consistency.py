@@ -322,7 +322,7 @@ def run_scenario(
             world.tick(sensors=("retroactive_write_sensor",))
             assert model.settled(), (cycle, model.state)
             if cycle % 3 == 2:  # full sweep + compaction while the reader reads
-                maintain(world.engine)
+                maintain(world.engine, now=NOW)
                 steps.append(
                     {
                         "step": "maintained",

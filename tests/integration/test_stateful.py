@@ -305,7 +305,7 @@ class Rollups(RuleBasedStateMachine):
     @rule()
     @timed
     def run_maintenance(self) -> None:
-        report = maintain(self.world.engine)
+        report = maintain(self.world.engine, now=NOW)
         FIGURES["maintain"] += 1
         FIGURES["buckets_queued_to_fold"] += report.buckets_to_fold
 
