@@ -161,7 +161,8 @@ def render_rows(table, fmt: str) -> str:
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @handle_errors
 def verify(entities: tuple[str, ...]) -> None:
-    """Compare every rollup with a pandas aggregation of the raw rows (in memory; small archives).
+    """Compare every rollup with a pandas aggregation of its raw or time-range rows (in memory;
+    small archives).
 
     Exits 1 and lists the differences if any level disagrees with the raw data.
     """
@@ -171,7 +172,7 @@ def verify(entities: tuple[str, ...]) -> None:
     ents = list(entities) or None
     problems: list[str] = []
     c = catalog()
-    for base in c.raw.values():
+    for base in [*c.raw.values(), *c.time_range.values()]:
         names = [r for r in c.rollups if c.base_source(r).name == base.name]
         if not names:
             continue
