@@ -166,13 +166,15 @@ def verify(entities: tuple[str, ...]) -> None:
 
     Exits 1 and lists the differences if any level disagrees with the raw data.
     """
+    from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
     from rollup_assets.services.query import query_arrow
     from rollup_assets.services.verify import compare_all, raw_frame
 
     ents = list(entities) or None
     problems: list[str] = []
     c = catalog()
-    for base in [*c.raw.values(), *c.time_range.values()]:
+    bases: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*c.raw.values(), *c.time_range.values()]
+    for base in bases:
         names = [r for r in c.rollups if c.base_source(r).name == base.name]
         if not names:
             continue

@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from rollup_assets.model.specs import AggregateFunction, Alignment, Catalog, RollupSpec
 
-
 TIME_COLUMNS = ("ts", "range_start")  # a raw row's time, a time-range row's start
 
 
