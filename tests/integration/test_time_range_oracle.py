@@ -19,7 +19,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import yaml
+from click.testing import CliRunner
+from deltalake import write_deltalake
 
+from resources.schemas import archive_schema
+from rollup_assets.cli import app as cli
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource, Job, JobState
@@ -258,3 +263,27 @@ def test_time_range_chain_equals_the_oracle_after_backfill_and_corrections(
         world.ingest(pa.concat_tables([good, stretched]), archive=ARCHIVE, source="Manual")
     after = world.engine.raw.table(spec)
     assert before is not None and after is not None and after.version() == before.version()
+
+    # `rollups verify` checks the chain over the time-range archive too, and reports a row that
+    # another Delta writer (no ingest checks) put in across an hour.
+    specs = world.root / "specs.yaml"
+    specs.write_text(yaml.safe_dump(SPECS), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROLLUPS_SPECS", str(specs))
+        mp.setenv("ROLLUPS_WAREHOUSE", str(world.engine.warehouse.root))
+        for cached in (cli.settings, cli.catalog, cli.engine):
+            cached.cache_clear()
+        try:
+            agree = CliRunner().invoke(cli.main, ["verify"])
+            assert agree.exit_code == 0, agree.output
+            assert "every level equals" in agree.output
+            direct = stretched.append_column(
+                "day", pc.cast(stretched["range_start"], pa.date32())
+            ).cast(archive_schema(spec))
+            write_deltalake(world.engine.raw.uri(spec), direct, mode="append")
+            split = CliRunner().invoke(cli.main, ["verify"])
+            assert split.exit_code == 1
+            assert "ranges_hourly: 1 source row(s) span more than one bucket" in split.output
+        finally:
+            for cached in (cli.settings, cli.catalog, cli.engine):
+                cached.cache_clear()
