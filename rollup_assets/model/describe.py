@@ -1,7 +1,13 @@
 """Human descriptions of archives, generated from their specs (asset descriptions, the CLI)."""
 
 from rollup_assets.model.durations import format_duration
-from rollup_assets.model.specs import Alignment, ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.model.specs import (
+    Alignment,
+    ArchiveSpec,
+    Catalog,
+    RollupSpec,
+    TimeRangeArchiveSpec,
+)
 
 
 def group_name(catalog: Catalog, name: str) -> str:
@@ -15,9 +21,13 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
             f"{c.name} ({c.type.value}{', required' if c.required else ''})" for c in spec.columns
         )
         kind = "Raw archive" if spec.kind.value == "raw" else "Time-range archive"
-        return (
+        text = (
             f"{spec.description or kind}.\n\n{kind} written by `rollups ingest`; columns: {cols}."
         )
+        if isinstance(spec, TimeRangeArchiveSpec):
+            period = f"; period {format_duration(spec.period)}" if spec.period else ""
+            text += f"\n\nRows cover [range_start, range_end){period}."
+        return text
     align = spec.alignment.value
     if spec.alignment is Alignment.FIXED_SIZE and spec.size is not None:
         align += f" {format_duration(spec.size)}"

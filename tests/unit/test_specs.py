@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rollup_assets.model.describe import describe
 from rollup_assets.model.durations import format_duration, parse_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
@@ -320,6 +321,7 @@ def test_a_time_range_archive_knows_only_the_rollups_built_from_it() -> None:
     # Which rollups use it is no part of the archive's identity or its schema.
     declared = parse_catalog(quarter_hour_archive()).time_range["q"]
     assert declared.first_levels == () and declared == cat.time_range["q"]
+    assert "[range_start, range_end); period 15m" in describe(declared, cat)
 
 
 def test_levels_inherit_the_chain_start_and_keep_a_later_one() -> None:
