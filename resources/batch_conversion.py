@@ -6,11 +6,14 @@ Each check names the first offending row (0-based, in file order) and its reason
 
 import datetime as dt
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.schemas import ARROW_TYPES, TS
 from rollup_assets.compute.formulas import computed_values
+from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -20,9 +23,11 @@ from rollup_assets.model.specs import (
     ColumnSpec,
     ColumnType,
     RawArchiveSpec,
+    RollupSpec,
     TimeRangeArchiveSpec,
     key_columns,
 )
+from rollup_assets.model.windows import EPOCH, iso_utc
 
 _OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
 _TRUE = {"true", "t", "1", "yes"}
@@ -30,6 +35,7 @@ _FALSE = {"false", "f", "0", "no"}
 # The instants Python, Spark and Delta readers can all represent.
 _MIN_TS = pa.scalar(dt.datetime(1, 1, 1, tzinfo=dt.UTC), TS)
 _MAX_TS = pa.scalar(dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC), TS)
+_NEVER = np.iinfo(np.int64).max
 
 
 class BatchConverter:
@@ -94,10 +100,56 @@ class BatchConverter:
         if isinstance(self.spec, TimeRangeArchiveSpec):
             bad = pc.greater_equal(out[RANGE_START_COLUMN], out[RANGE_END_COLUMN])
             self._fail_first(bad, offset, "range_start must be before range_end")
+            self._check_nesting(self.spec, out[RANGE_START_COLUMN], out[RANGE_END_COLUMN], offset)
         fill_computed(self.spec, out, n)
         time_col = key_columns(self.spec)[1]
         out[DAY_COLUMN] = pc.cast(out[time_col], pa.date32())
         return pa.table(out, schema=self.schema)
+
+    def _check_nesting(
+        self,
+        spec: TimeRangeArchiveSpec,
+        starts: pa.ChunkedArray,
+        ends: pa.ChunkedArray,
+        offset: int,
+    ) -> None:
+        """Refuse the first row whose range a bucket of a rollup built from the archive would
+        split: the row belongs to the bucket holding its range_start, so its range_end must not
+        pass that bucket's end (the first boundary after range_start), in the rollup's zone."""
+        if not spec.first_levels or len(starts) == 0:
+            return
+        start_us = pc.cast(starts, pa.int64()).to_numpy()
+        end_us = pc.cast(ends, pa.int64()).to_numpy()
+        days = pc.unique(pc.cast(starts, pa.date32())).to_pylist()
+        first: tuple[int, RollupSpec, int] | None = None  # (row, rollup, boundary in µs)
+        for rollup in spec.first_levels:
+            bounds = np.array(
+                [_micros(t) for t in Bucketing.of(rollup).boundaries_near(days)], dtype=np.int64
+            )
+            if len(bounds) == 0:
+                continue
+            idx = np.searchsorted(bounds, start_us, side="right")
+            # No boundary after a start: its bucket runs to the end of representable time.
+            nxt = np.where(idx < len(bounds), bounds[np.minimum(idx, len(bounds) - 1)], _NEVER)
+            bad = end_us > nxt
+            if bad.any():
+                i = int(np.argmax(bad))
+                if first is None or i < first[0]:
+                    first = (i, rollup, int(nxt[i]))
+        if first is None:
+            return
+        i, rollup, boundary = first
+        grain = rollup.alignment.value
+        if rollup.size is not None:
+            grain += f" {format_duration(rollup.size)}"
+        raise IngestValidationError(
+            spec.name,
+            offset + i,
+            f"range [{iso_utc(starts[i].as_py())}, {iso_utc(ends[i].as_py())}) crosses "
+            f"{iso_utc(EPOCH + dt.timedelta(microseconds=boundary))}, a bucket boundary of "
+            f"rollup '{rollup.name}' ({grain} in {rollup.reference_time_zone}); a time-range "
+            "row must lie within one bucket of every rollup built from the archive",
+        )
 
     def _fail_first(self, bad: pa.ChunkedArray | pa.Array, offset: int, reason: str) -> None:
         bad = pc.fill_null(bad, False)
@@ -273,6 +325,10 @@ def with_stored_operands(
     fill_computed(spec, columns, batch.num_rows)
     merged = pa.table({name: columns[name] for name in batch.schema.names}, schema=batch.schema)
     return merged.combine_chunks().to_batches()[0]
+
+
+def _micros(t: dt.datetime) -> int:
+    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:

@@ -9,6 +9,8 @@ in required columns (NaN in an optional double column means "missing" and become
 infinities; timestamps parseable (ISO-8601 strings or timestamp columns; naive means UTC, offsets
 are converted) and within years 1 to 9999 in UTC; no duplicate keys inside one batch; no columns
 the spec does not declare, none twice. In a CSV file only an empty cell is missing ("NA" is text).
+A time-range row's range_start is before its range_end, and its range lies within one bucket of
+every rollup built from the archive (in the rollup's reference zone), so no rollup splits it.
 """
 
 import datetime as dt
@@ -134,9 +136,8 @@ class BatchReader:
         return t.select(key_columns(self.spec)).append_column("__row", rows)
 
     def _duplicate(self, row: int) -> IngestValidationError:
-        return IngestValidationError(
-            self.spec.name, row, "duplicate key (entity_id, time) within the batch"
-        )
+        key = ", ".join(key_columns(self.spec))
+        return IngestValidationError(self.spec.name, row, f"duplicate key ({key}) within the batch")
 
     def _first_offence(
         self, err: IngestValidationError, chunk: pa.Table, offset: int, keys: list[pa.Table]

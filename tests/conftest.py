@@ -1,6 +1,7 @@
 """Shared fixtures: one Spark session per test session, and an isolated warehouse + Dagster home."""
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -17,7 +18,7 @@ from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.model.specs import Catalog
+from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
@@ -120,23 +121,29 @@ class World:
     def query(self, archive: str, **kw) -> pa.Table:
         return query_arrow(self.engine, archive, **kw)
 
-    def raw(self) -> pd.DataFrame:
-        energy = self.catalog.raw["energy_raw"]
-        return raw_frame(self.engine.raw.read_arrow(energy), energy)
+    def raw(self, archive: str = "energy_raw") -> pd.DataFrame:
+        """The rows of a raw or time-range archive, for the oracle."""
+        spec = self.catalog.archive(archive)
+        assert not isinstance(spec, RollupSpec), archive
+        return raw_frame(self.engine.raw.read_arrow(spec), spec)
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> World:
+def world_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, catalog: Catalog) -> Iterator[World]:
+    """An isolated installation of `catalog` (the `world` fixture's, for other spec files)."""
     wh = tmp_path / "warehouse"
     home = tmp_path / "dagster_home"
     home.mkdir()
     monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(wh))
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    catalog = load_catalog()
     defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, catalog)
         yield World(tmp_path, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[World]:
+    yield from world_of(tmp_path, monkeypatch, load_catalog())
 
 
 def days(first: date, n: int) -> list[date]:

@@ -173,13 +173,15 @@ def render_rows(table, fmt: str) -> str:
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @handle_errors
 def verify(entities: tuple[str, ...]) -> None:
-    """Compare every rollup with a pandas aggregation of the raw rows (in memory; small archives).
+    """Compare every rollup with a pandas aggregation of its raw or time-range rows (in memory;
+    small archives).
 
     Exits 1 and lists the differences if any level disagrees with the raw data. Buckets reaching
     into raw rows retention removed are not compared (their stored values are the only record);
     their count per rollup is reported.
     """
     from rollup_assets.model.retention import describe_removed
+    from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
     from rollup_assets.services.query import query_arrow
     from rollup_assets.services.verify import compare_all, raw_frame
 
@@ -187,7 +189,8 @@ def verify(entities: tuple[str, ...]) -> None:
     problems: list[str] = []
     notes: list[str] = []
     c = catalog()
-    for base in c.raw.values():
+    bases: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*c.raw.values(), *c.time_range.values()]
+    for base in bases:
         names = [r for r in c.rollups if c.base_source(r).name == base.name]
         if not names:
             continue

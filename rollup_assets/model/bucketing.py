@@ -4,7 +4,7 @@ The same alignment becomes the Dagster partitions definition in the orchestratio
 check that the two agree across DST switches.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
@@ -84,6 +84,26 @@ class Bucketing:
             n = self.next_start(s)
             yield Window(s, n)
             s = n
+
+    def boundaries_near(self, days: Iterable[date]) -> list[datetime]:
+        """Sorted UTC bucket boundaries around the UTC `days`: for each day, from the start of
+        the bucket holding its first instant to the first boundary at or after its end. So the
+        next boundary after any instant of those days is in the list (each day's buckets are
+        enumerated: a handful for calendar buckets, 96 a day for 15-minute ones). A bucket
+        reaching past the years 1 to 9999 adds no boundary there: none is representable."""
+        out: set[datetime] = set()
+        for d in days:
+            first = datetime.combine(d, time(0), tzinfo=UTC)
+            last = datetime.combine(d, time.max, tzinfo=UTC)
+            try:
+                s = self.floor(first)
+                out.add(s)
+                while s <= last:
+                    s = self.next_start(s)
+                    out.add(s)
+            except (OverflowError, ValueError):
+                continue  # past the years 1 to 9999: no boundary is representable there
+        return sorted(out)
 
     def _local_midnight(self, d: date) -> datetime:
         return datetime.combine(d, time(0), tzinfo=self.zone).astimezone(UTC)

@@ -9,6 +9,7 @@ from rollup_assets.model.specs import (
     Catalog,
     ColumnType,
     RollupSpec,
+    TimeRangeArchiveSpec,
 )
 
 
@@ -25,9 +26,13 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
             for c in spec.columns
         )
         kind = "Raw archive" if spec.kind.value == "raw" else "Time-range archive"
-        return (
+        text = (
             f"{spec.description or kind}.\n\n{kind} written by `rollups ingest`; columns: {cols}."
         )
+        if isinstance(spec, TimeRangeArchiveSpec):
+            period = f"; period {format_duration(spec.period)}" if spec.period else ""
+            text += f"\n\nRows cover [range_start, range_end){period}."
+        return text
     align = spec.alignment.value
     if spec.alignment is Alignment.FIXED_SIZE and spec.size is not None:
         align += f" {format_duration(spec.size)}"

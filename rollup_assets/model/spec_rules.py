@@ -62,6 +62,13 @@ def validate_catalog(
         resolved[name] = _check_rollup(rollups[name], raw, time_range, resolved)
     for spec in values:
         _check_retention(spec, [r for r in resolved.values() if r.source == spec.name])
+    # Ingest checks each time-range row against the buckets of the rollups built from it.
+    time_range = {
+        name: dataclasses.replace(
+            spec, first_levels=tuple(r for r in resolved.values() if r.source == name)
+        )
+        for name, spec in time_range.items()
+    }
     return Catalog(raw=raw, time_range=time_range, rollups=resolved, origin=origin)
 
 

@@ -169,13 +169,22 @@ class RawArchiveSpec:
 
 @dataclass(frozen=True)
 class TimeRangeArchiveSpec:
-    """Externally pre-aggregated rows, each covering `[range_start, range_end)`."""
+    """Externally pre-aggregated rows, each covering `[range_start, range_end)`.
+
+    A row belongs to the bucket holding its `range_start`, and its whole range must lie in that
+    bucket of every first-level rollup over the archive (ingest refuses a row a bucket would
+    split). `period` is the declared length of a row's range: a rollup over the archive must
+    have buckets that are whole multiples of it (checked at load).
+    """
 
     name: str
     columns: tuple[ColumnSpec, ...]
     period: timedelta | None = None
     description: str = ""
     retention: timedelta | None = None  # as for raw archives (by `range_start`)
+    # Filled in by validation: the rollups built directly from this archive, whose buckets
+    # every ingested row's range must lie within.
+    first_levels: tuple["RollupSpec", ...] = field(default=(), compare=False, repr=False)
     kind: ArchiveKind = field(default=ArchiveKind.TIME_RANGE, init=False)
 
     @property

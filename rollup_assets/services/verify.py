@@ -4,6 +4,10 @@ Used by the tests, `rollups verify` and the demo. Buckets are derived with panda
 handling (local day, ISO week, month, year in the reference zone), not with the project's bucket
 code, so the two can disagree if either is wrong. Everything is loaded into memory: this is a check
 for test-sized and demo-sized archives, not for production volumes (use `rollups check` there).
+
+A raw row belongs to the bucket holding its `ts`; a time-range row `[range_start, range_end)` to
+the bucket holding its `range_start`, and the whole range must lie in that bucket (`split_rows`
+lists the rows that do not: a rollup over them would be wrong whatever it computed).
 """
 
 from collections.abc import Sequence
@@ -21,14 +25,15 @@ from rollup_assets.model.specs import (
     ColumnType,
     RawArchiveSpec,
     RollupSpec,
+    TimeRangeArchiveSpec,
 )
 from rollup_assets.model.windows import Window
 
+TIME_COLUMNS = ("ts", "range_start")  # a raw row's time, a time-range row's start
 
-def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
-    """UTC start of each timestamp's bucket, via local calendar arithmetic in pandas."""
-    if spec.alignment is Alignment.FIXED_SIZE:
-        return ts_utc.dt.floor(pd.Timedelta(spec.size))
+
+def _local_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
+    """Naive local start of each calendar bucket (not for FixedSize)."""
     local = ts_utc.dt.tz_convert(spec.reference_time_zone)
     day = local.dt.tz_localize(None).dt.normalize()
     if spec.alignment is Alignment.ISO8601_WEEK:
@@ -37,14 +42,53 @@ def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
         day = day.dt.to_period("M").dt.to_timestamp()
     elif spec.alignment is Alignment.CALENDAR_YEAR:
         day = day.dt.to_period("Y").dt.to_timestamp()
+    return day
+
+
+def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
+    """UTC start of each timestamp's bucket, via local calendar arithmetic in pandas."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        return ts_utc.dt.floor(pd.Timedelta(spec.size))
+    day = _local_starts(ts_utc, spec)
     return day.dt.tz_localize(spec.reference_time_zone).dt.tz_convert("UTC")
 
 
+def bucket_ends(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
+    """UTC end of each timestamp's bucket: the next local calendar boundary, or start + size."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        return ts_utc.dt.floor(pd.Timedelta(spec.size)) + pd.Timedelta(spec.size)
+    step = {
+        Alignment.CALENDAR_DAY: pd.DateOffset(days=1),
+        Alignment.ISO8601_WEEK: pd.DateOffset(weeks=1),
+        Alignment.CALENDAR_MONTH: pd.DateOffset(months=1),
+        Alignment.CALENDAR_YEAR: pd.DateOffset(years=1),
+    }[spec.alignment]
+    nxt = _local_starts(ts_utc, spec) + step
+    return nxt.dt.tz_localize(spec.reference_time_zone).dt.tz_convert("UTC")
+
+
+def time_column(raw: pd.DataFrame) -> str:
+    """The column whose instant places a row in its bucket (`ts`, or `range_start`)."""
+    return next(c for c in TIME_COLUMNS if c in raw.columns)
+
+
+def split_rows(raw: pd.DataFrame, spec: RollupSpec) -> pd.DataFrame:
+    """The time-range rows of `raw` whose range ends after the end of the bucket `spec` puts
+    them in (empty for raw rows, which have no range)."""
+    if "range_end" not in raw.columns or raw.empty:
+        return raw.iloc[0:0]
+    start = pd.to_datetime(raw["range_start"], utc=True)
+    end = pd.to_datetime(raw["range_end"], utc=True)
+    return raw[(end > bucket_ends(start, spec)).to_numpy()]
+
+
 def oracle(raw: pd.DataFrame, spec: RollupSpec) -> pd.DataFrame:
-    """Logical columns of `spec` for every (entity, bucket) that has raw rows."""
+    """Logical columns of `spec` for every (entity, bucket) that has raw rows (time-range rows
+    by their `range_start`)."""
     df = raw.copy()
-    df["ts"] = pd.to_datetime(df["ts"], utc=True)
-    df["bucket_start"] = bucket_starts(df["ts"], spec)
+    time_col = time_column(df)
+    df[time_col] = pd.to_datetime(df[time_col], utc=True)
+    df["bucket_start"] = bucket_starts(df[time_col], spec)
     g = df.groupby(["entity_id", "bucket_start"])
     out = pd.DataFrame(index=g.size().index)
     for agg in spec.aggregations:
@@ -64,11 +108,16 @@ def oracle(raw: pd.DataFrame, spec: RollupSpec) -> pd.DataFrame:
     return out.reset_index().sort_values(["bucket_start", "entity_id"]).reset_index(drop=True)
 
 
-def raw_frame(table: pa.Table, spec: RawArchiveSpec | None = None) -> pd.DataFrame:
-    """Raw rows as pandas; with `spec`, its computed columns evaluated again from the inputs
-    with numpy (not with the ingest's Arrow evaluator), so a wrong stored value shows."""
+def raw_frame(
+    table: pa.Table, spec: RawArchiveSpec | TimeRangeArchiveSpec | None = None
+) -> pd.DataFrame:
+    """The rows of a raw or time-range archive, their instants as UTC timestamps; with `spec`,
+    its computed columns evaluated again from the inputs with numpy (not with the ingest's Arrow
+    evaluator), so a wrong stored value shows."""
     df = table.to_pandas()
-    df["ts"] = pd.to_datetime(df["ts"], utc=True)
+    for t in (*TIME_COLUMNS, "range_end"):
+        if t in df.columns:
+            df[t] = pd.to_datetime(df[t], utc=True)
     for c in spec.computed_columns if spec is not None else ():
         assert c.formula is not None
         with np.errstate(all="ignore"):
@@ -231,6 +280,13 @@ def compare_all(
     for spec in catalog.rollups.values():
         if names is not None and spec.name not in names:
             continue
+        split = split_rows(raw, spec)
+        if len(split):
+            r = split.iloc[0]
+            problems.append(
+                f"{spec.name}: {len(split)} source row(s) span more than one bucket, e.g. "
+                f"{r['entity_id']} [{r['range_start']}, {r['range_end']})"
+            )
         expected = oracle(raw, spec)
         actual = query(spec.name)
         if removed:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rollup_assets.model.describe import describe
 from rollup_assets.model.durations import format_duration, parse_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
@@ -258,6 +259,83 @@ def test_rollup_over_a_time_range_archive_with_a_period() -> None:
     assert cat.time_range["tariff"].period == timedelta(minutes=15)
     assert cat.base_source("tariff_daily").name == "tariff"
     assert cat.rollups["tariff_daily"].output_names == ("price_avg",)
+
+
+def quarter_hour_archive(**rollups: dict[str, Any]) -> dict[str, Any]:
+    """A time-range archive declaring a 15-minute period, with `rollups`."""
+    return {
+        "time_range_archives": {"q": {"period": "15m", "columns": {"x": "double"}}},
+        "rollups": rollups,
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(rollup("q", size="15m", aggregations=[agg("x")]), id="15m"),
+        pytest.param(rollup("q", size="30m", aggregations=[agg("x")]), id="30m"),
+        pytest.param(rollup("q", size="1h", aggregations=[agg("x")]), id="1h"),
+        pytest.param(rollup("q", "CalendarDay", size=None, aggregations=[agg("x")]), id="day"),
+        pytest.param(rollup("q", "Iso8601Week", size=None, aggregations=[agg("x")]), id="week"),
+        pytest.param(rollup("q", "CalendarMonth", size=None, aggregations=[agg("x")]), id="month"),
+        pytest.param(rollup("q", "CalendarYear", size=None, aggregations=[agg("x")]), id="year"),
+    ],
+)
+def test_buckets_that_are_whole_multiples_of_the_period_load(body: dict[str, Any]) -> None:
+    cat = parse_catalog(quarter_hour_archive(r=body))
+    assert [r.name for r in cat.time_range["q"].first_levels] == ["r"]
+
+
+@pytest.mark.parametrize(
+    ("size", "zone", "fragment"),
+    [
+        pytest.param("5m", "Europe/Vienna", "finer", id="5m-finer"),
+        pytest.param("10m", "UTC", "finer", id="10m-finer"),
+        pytest.param("20m", "Europe/Vienna", "not an integer multiple", id="20m"),
+    ],
+)
+def test_buckets_that_would_split_a_period_are_refused(size: str, zone: str, fragment: str) -> None:
+    doc = quarter_hour_archive(r=rollup("q", size=size, zone=zone, aggregations=[agg("x")]))
+    rejected(doc, "r", "bucket nests in source", fragment, "'q'")
+
+
+@pytest.mark.parametrize(
+    ("period", "zone", "loads"),
+    [
+        pytest.param("1d", "UTC", True, id="utc-day-over-days"),
+        pytest.param("1h", "Europe/Vienna", True, id="vienna-day-over-hours"),
+        pytest.param("30m", "Asia/Kolkata", True, id="kolkata-day-over-half-hours"),
+        pytest.param("1h", "Asia/Kolkata", False, id="kolkata-day-over-hours"),
+        pytest.param("2h", "Europe/Vienna", False, id="vienna-day-over-2h"),
+        pytest.param("7h", "UTC", False, id="7h-does-not-divide-a-day"),
+        pytest.param("2d", "UTC", False, id="longer-than-a-day"),
+    ],
+)
+def test_calendar_day_over_a_period_must_start_on_its_boundaries(
+    period: str, zone: str, loads: bool
+) -> None:
+    doc = {
+        "time_range_archives": {"t": {"period": period, "columns": {"x": "double"}}},
+        "rollups": {"d": rollup("t", "CalendarDay", size=None, zone=zone, aggregations=[agg("x")])},
+    }
+    if loads:
+        assert parse_catalog(doc).time_range["t"].first_levels[0].name == "d"
+    else:
+        rejected(doc, "d", "bucket nests in source", "'t'")
+
+
+def test_a_time_range_archive_knows_only_the_rollups_built_from_it() -> None:
+    doc = quarter_hour_archive(
+        h=rollup("q", aggregations=[agg("x")]),
+        d=level("h", "CalendarDay", aggregations=[agg("x")]),
+        d2=rollup("q", "CalendarDay", size=None, aggregations=[agg("x")]),
+    )
+    cat = parse_catalog(doc)
+    assert [r.name for r in cat.time_range["q"].first_levels] == ["h", "d2"]
+    # Which rollups use it is no part of the archive's identity or its schema.
+    declared = parse_catalog(quarter_hour_archive()).time_range["q"]
+    assert declared.first_levels == () and declared == cat.time_range["q"]
+    assert "[range_start, range_end); period 15m" in describe(declared, cat)
 
 
 def test_levels_inherit_the_chain_start_and_keep_a_later_one() -> None:
