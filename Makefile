@@ -55,8 +55,9 @@ fmt: install ## Format the code
 typecheck: install ## mypy on the packages
 	$(BIN)/mypy
 
-check-defs: install ## dagster definitions validate
+check-defs: install ## dagster definitions validate, and dg check defs (the [tool.dg] project)
 	DAGSTER_HOME= $(BIN)/dagster definitions validate -w workspace.yaml
+	DAGSTER_HOME= VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 
 bench: install check-java ## Benchmarks (SIZE=small|default), writes bench/results.json and a plot
 	$(BIN)/python -m bench --size $(SIZE)

@@ -36,6 +36,24 @@ def longest_bucket(spec: RollupSpec) -> timedelta:
     return _LONGEST[spec.alignment]
 
 
+# How late a rollup's newest materialization may be, past its longest bucket and watermark lag,
+# before it is reported: the forward lane closes a bucket on the first sensor tick after its
+# lag, so minutes of slack are plenty; the failure margin leaves room for a busy daemon.
+FRESHNESS_WARN_SLACK = timedelta(minutes=5)
+FRESHNESS_FAIL_SLACK = timedelta(minutes=30)
+
+
+def freshness_windows(spec: RollupSpec) -> tuple[timedelta, timedelta]:
+    """(warn, fail): how old a rollup's newest materialization may be while the chain keeps up.
+
+    A bucket closes one watermark lag after it ends, and each close (or open-bucket refresh)
+    materializes the rollup, so a rollup that keeps up materializes at least once per longest
+    bucket plus lag.
+    """
+    due = longest_bucket(spec) + spec.watermark_lag
+    return due + FRESHNESS_WARN_SLACK, due + FRESHNESS_FAIL_SLACK
+
+
 def zone_offsets(zone: ZoneInfo, start: datetime, years: int = 80) -> set[timedelta]:
     """Every UTC offset `zone` uses from `start` on, sampled densely enough to see each rule."""
     t = datetime(max(start.year, 1900), 1, 1, tzinfo=UTC)

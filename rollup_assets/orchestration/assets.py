@@ -15,6 +15,7 @@ import dagster as dg
 from dagster._core.definitions.metadata import RawMetadataValue
 from pydantic import Field
 
+from rollup_assets.model.bucket_rules import freshness_windows
 from rollup_assets.model.describe import describe, group_name
 from rollup_assets.model.jobs import Lane
 from rollup_assets.model.specs import Catalog, RollupSpec
@@ -108,6 +109,12 @@ def _own_materializations(
         yield from _materializations(spec, outcome, spark)
 
 
+def _freshness(spec: RollupSpec) -> dg.FreshnessPolicy:
+    """Dagster's own check that the rollup keeps up with its buckets (see `freshness_windows`)."""
+    warn, fail = freshness_windows(spec)
+    return dg.FreshnessPolicy.time_window(fail_window=fail, warn_window=warn)
+
+
 def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
     """The rollup's asset. `backfill_policy` and `allow_nonexistent_upstream_partitions` are beta
     parameters used on purpose; their warnings would otherwise print on every load."""
@@ -135,6 +142,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
         description=describe(spec, catalog),
         kinds={"spark", "delta"},
         metadata={"rollups/source": spec.source, "rollups/zone": spec.reference_time_zone},
+        freshness_policy=_freshness(spec),
     )
     def _rollup(
         context: dg.AssetExecutionContext,
