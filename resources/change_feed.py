@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 
 from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
+from resources.raw_columns import COLUMNS_OPERATION
 from resources.raw_store import RETENTION_OPERATION, RawStore
 from resources.rollup_store import RollupStore
 from rollup_assets.model.jobs import ChangeSource
@@ -82,6 +83,8 @@ def read_changes(
         return None
     if info.get("rollups.operation") == RETENTION_OPERATION:
         return None  # rows dropped on purpose: the rollups keep what they aggregated
+    if info.get("rollups.operation") == COLUMNS_OPERATION:
+        return None  # formulas changed: the rollups over them are recomputed by the change
     data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
     data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
     if not data:

@@ -32,6 +32,7 @@ from resources.delta_tables import (
     read_commit,
     with_retries,
 )
+from resources.raw_columns import S, applied_spec, columns_changed_between
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
@@ -100,6 +101,10 @@ class RawStore:
 
     def table(self, spec: SourceSpec, version: int | None = None) -> DeltaTable | None:
         return open_table(self.uri(spec), self.options, version)
+
+    def applied(self, spec: S, table: DeltaTable | None = None) -> S:
+        """`spec` with the computed columns its table applies (`raw_columns.applied_spec`)."""
+        return applied_spec(spec, table if table is not None else self.table(spec))
 
     def changed_within(self, spec: SourceSpec, after: int, window: Window) -> bool:
         """Could a commit after version `after` have changed rows placed in `window`? Exact for
@@ -171,6 +176,27 @@ class RawStore:
         self.warehouse.drop_table(self.uri(spec))
 
     def ingest(
+        self,
+        spec: SourceSpec,
+        path: str | Path,
+        change_source: ChangeSource,
+        *,
+        not_before: dt.datetime | None = None,
+    ) -> IngestResult:
+        """`_ingest` with the computed columns the table applies; when they changed while the
+        batch was being upserted (a columns commit it did not see), the batch is upserted again,
+        so its rows hold the new formulas' values."""
+        while True:
+            table = self.table(spec)
+            seen = table.version() if table is not None else -1
+            result = self._ingest(
+                self.applied(spec, table), path, change_source, not_before=not_before
+            )
+            if not columns_changed_between(self.uri(spec), self.options, seen, result.version):
+                return result
+            log.info("'%s': computed columns changed during an ingest; upserting again", spec.name)
+
+    def _ingest(
         self,
         spec: SourceSpec,
         path: str | Path,
@@ -418,8 +444,11 @@ class RawStore:
         in the commit) and retention commits are skipped. Raises ChangeFeedGone when a commit
         or a file it names is no longer there.
         """
+        if columns_changed_between(self.uri(spec), self.options, after, upto):
+            # The stored partials predate new formulas: changes cannot bring them up to date.
+            raise ChangeFeedGone(f"'{spec.name}': its computed columns changed after {after}")
         merged = merge_windows(list(spans))
-        schema = archive_data_schema(spec)
+        schema = archive_data_schema(self.applied(spec))
         out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
             pa.field(COMMIT_VERSION, pa.int64())
         )
@@ -547,7 +576,7 @@ class RawStore:
         """Rows with their time in `spans` (and entity in `entities`), of `table` when given (a
         snapshot of this archive), else of the latest version."""
         table = table or self.table(spec)
-        schema = archive_schema(spec)
+        schema = archive_schema(self.applied(spec, table))
         if table is None:
             return schema.empty_table()
         time_col = spec.time_column

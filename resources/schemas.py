@@ -38,11 +38,28 @@ BOOKKEEPING = [
 PART_COLUMN = "bucket_part"
 
 
+# A computed column's field carries its formula and type: the table itself records which
+# formulas its rows were computed with (see `resources/raw_columns.py`).
+FORMULA_KEY = "rollups.formula"
+TYPE_KEY = "rollups.type"
+
+
 def archive_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schema:
     """The Delta schema of a raw or time-range table (`day` is the UTC partition date)."""
     keys = [pa.field(ENTITY_COLUMN, pa.string())]
     keys += [pa.field(c, TS) for c in key_columns(spec)[1:]]
-    values = [pa.field(c.name, ARROW_TYPES[c.type]) for c in spec.columns]
+    values = [
+        pa.field(
+            c.name,
+            ARROW_TYPES[c.type],
+            metadata=(
+                {FORMULA_KEY: c.formula.text, TYPE_KEY: c.type.value}
+                if c.formula is not None
+                else None
+            ),
+        )
+        for c in spec.columns
+    ]
     return pa.schema([*keys, *values, pa.field(DAY_COLUMN, pa.date32())])
 
 

@@ -41,18 +41,6 @@ def validate(fmt: str) -> None:
 
 @main.command()
 @click.argument("archive")
-@click.option("--format", "fmt", type=FORMATS, default="table")
-@handle_errors
-def columns(archive: str, fmt: str) -> None:
-    """List the columns of ARCHIVE: type, and whether ingested, computed (with its formula) or
-    aggregated (a rollup's, with the partial columns it is stored as)."""
-    from rollup_assets.model.describe import column_rows
-
-    echo_data(column_rows(catalog().archive(archive)), fmt)
-
-
-@main.command()
-@click.argument("archive")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option(
     "--change-source",

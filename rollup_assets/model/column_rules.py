@@ -19,7 +19,7 @@ from rollup_assets.model.specs import (
 )
 
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
-S = TypeVar("S", RawArchiveSpec, TimeRangeArchiveSpec)
+S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
 
 
 def check_computed_columns(spec: S) -> S:

@@ -48,31 +48,19 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
     )
 
 
-def column_rows(spec: ArchiveSpec) -> list[dict]:
-    """One row per logical column of an archive: its type, and where its values come from."""
-    if isinstance(spec, RollupSpec):
-        return [
-            {
-                "column": a.output_name,
-                "type": _logical_type(spec, a),
-                "origin": f"{a.function.value}({a.column}) of {spec.source}",
-                "stored_as": ", ".join(
-                    sc.name
-                    for sc in a.stored_columns(spec.column_types.get(a.column, ColumnType.DOUBLE))
-                ),
-            }
-            for a in spec.aggregations
-        ]
+def aggregated_columns(spec: RollupSpec) -> list[dict]:
+    """One row per logical column of a rollup: its type, what it aggregates, how it is stored."""
     return [
         {
-            "column": c.name,
-            "type": c.type.value,
-            "origin": f"= {c.formula.text}"
-            if c.formula is not None
-            else ("ingested, required" if c.required else "ingested"),
-            "stored_as": c.name,
+            "column": a.output_name,
+            "type": _logical_type(spec, a),
+            "origin": f"{a.function.value}({a.column}) of {spec.source}",
+            "stored_as": ", ".join(
+                sc.name
+                for sc in a.stored_columns(spec.column_types.get(a.column, ColumnType.DOUBLE))
+            ),
         }
-        for c in spec.columns
+        for a in spec.aggregations
     ]
 
 

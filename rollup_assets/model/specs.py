@@ -265,10 +265,10 @@ def schema_fingerprint(spec: ArchiveSpec) -> str:
     what a row is, so it may be changed (shortened or lengthened) on an activated archive."""
     if isinstance(spec, RollupSpec):
         return spec.schema_fingerprint()
+    # Computed columns are not frozen: the table records the formulas it applies, and a changed
+    # declaration is a pending change applied online (`services/columns.py`).
     cols = ",".join(
-        f"{c.name}:{c.type.value}:{int(c.required)}"
-        + (f":={c.formula.text}" if c.formula is not None else "")
-        for c in spec.columns
+        f"{c.name}:{c.type.value}:{int(c.required)}" for c in spec.columns if not c.is_computed
     )
     period = getattr(spec, "period", None)
     return f"{spec.kind.value}|{cols}|{period}"

@@ -12,6 +12,7 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.tags import TAG_OPERATOR
+from rollup_assets.services.columns import ColumnAction, change_column
 from rollup_assets.services.operations import Operations
 
 
@@ -48,6 +49,11 @@ class LifecycleConfig(dg.Config):
     action: Literal["activate", "disable", "enable", "delete"] = Field(
         description="Lifecycle transition"
     )
+
+
+class ColumnConfig(dg.Config):
+    archive: str = Field(description="Raw or time-range archive, e.g. energy_raw")
+    column: str = Field(description="Computed column, as the spec declares it (or no longer does)")
 
 
 def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
@@ -105,6 +111,39 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
         state = getattr(o, config.action)(config.archive)
         context.log.info("%s is now %s", config.archive, state.status.value)
 
+    def column_op(action: ColumnAction) -> dg.OpDefinition:
+        @dg.op(name=f"{action.value.replace('-', '_')}_column")
+        def _op(
+            context: dg.OpExecutionContext, config: ColumnConfig, warehouse: WarehouseResource
+        ) -> None:
+            result = change_column(
+                warehouse.engine(catalog),
+                config.archive,
+                config.column,
+                action,
+                actor=f"dagster:{context.run_id}",
+            )
+            context.log.info(
+                "%s of computed column %s.%s committed at version %d (%d rows rewritten, %d "
+                "re-ingested, %d recompute job(s) queued)",
+                action.value,
+                config.archive,
+                config.column,
+                result.version,
+                result.rows,
+                result.reingested,
+                len(result.recomputes),
+            )
+            context.add_output_metadata(
+                {
+                    "version": result.version,
+                    "rows_rewritten": result.rows,
+                    "recompute_jobs": [j.job_id for j in result.recomputes],
+                }
+            )
+
+        return _op
+
     def job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
         @dg.job(name=name, description=description, tags={TAG_OPERATOR: "true"})
         def _job() -> None:
@@ -134,5 +173,21 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
             "change_archive_status",
             change_status,
             "Activate, disable, enable or delete an archive.",
+        ),
+        job(
+            "add_computed_column",
+            column_op(ColumnAction.ADD),
+            "Add a computed column the spec declares: rows computed out of sight, one commit "
+            "makes it visible.",
+        ),
+        job(
+            "set_column_formula",
+            column_op(ColumnAction.SET_FORMULA),
+            "Apply a computed column's new formula in one commit; its rollups are recomputed.",
+        ),
+        job(
+            "remove_computed_column",
+            column_op(ColumnAction.REMOVE),
+            "Remove a computed column the spec no longer declares, in one commit.",
         ),
     ]

@@ -55,6 +55,7 @@ class Operations:
                     f"cannot activate '{name}': its source '{spec.source}' is {src.status.value}; "
                     f"activate the source first"
                 )
+            self._require_applied_columns(spec)
         if current.status is ArchiveStatus.DISABLED:
             self.engine.require_same_schema(spec, current)
         try:
@@ -141,6 +142,29 @@ class Operations:
             self.engine.ledger.record(forget=[name])
         self._drop_tables(spec)
         return state
+
+    def _require_applied_columns(self, spec: RollupSpec) -> None:
+        """A first-level rollup aggregates the computed columns its source's table applies: a
+        declared column not yet added (or whose new formula is not applied) must be first."""
+        source = self.catalog.archive(spec.source)
+        if isinstance(source, RollupSpec):
+            return
+        applied = self.engine.raw.applied(source)
+        for agg in spec.aggregations:
+            declared, current = source.column(agg.column), applied.column(agg.column)
+            if declared is None or declared.formula is None:
+                continue
+            if (
+                current is None
+                or current.formula is None
+                or (current.formula.text != declared.formula.text)
+            ):
+                verb = "add-column" if current is None else "set-formula"
+                raise RollupSourceMissingError(
+                    f"cannot activate '{spec.name}': computed column '{agg.column}' of "
+                    f"'{source.name}' is not applied as declared; run `rollups {verb} "
+                    f"{source.name} {agg.column}` first"
+                )
 
     def _drop_tables(self, spec: ArchiveSpec) -> None:
         if isinstance(spec, RollupSpec):

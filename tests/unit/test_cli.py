@@ -167,8 +167,9 @@ def test_bad_arguments_fail_with_one_line(rollups: Invoke, args: list[str], need
 
 def test_columns_shows_ingested_computed_and_aggregated_columns(rollups: Invoke) -> None:
     raw = {r["column"]: r for r in as_json(rollups("columns", "energy_raw", "--format", "json"))}
-    assert raw["energy_kwh"]["origin"] == "ingested, required"
-    assert raw["current_a"]["origin"] == "= power_kw * 1000 / voltage_v"
+    assert raw["energy_kwh"]["status"] == "ingested"
+    assert raw["current_a"]["status"] == "active"  # not created yet: the spec's formula applies
+    assert raw["current_a"]["formula"] == "power_kw * 1000 / voltage_v"
     daily = {
         r["column"]: r for r in as_json(rollups("columns", "energy_daily", "--format", "json"))
     }

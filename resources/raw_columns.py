@@ -1,0 +1,123 @@
+"""The computed columns a raw table applies, and changing them in one commit.
+
+The table records its own computed columns: each one's field in the Delta schema carries its
+formula and type (`schemas.FORMULA_KEY`, `TYPE_KEY`). That record, not the spec file, is what
+ingest evaluates and readers project, so a spec that declares a new, changed or removed
+computed column leaves the archive as it is until the change is applied.
+
+Applying a change (`rewrite_columns`) recomputes every computed column of every row under the
+new set of formulas into new files, invisible to readers, and commits them with the new schema
+in one overwrite commit marked `rollups.operation = columns`: a reader sees the old columns and
+values or the new ones, never a mix, and a failure before the commit changes nothing. Change
+detection and the change feed skip that commit (`COLUMNS_OPERATION`); the rollups over a changed
+column are recomputed from their rows instead (`services/columns.py`).
+
+A concurrent ingest that updates or deletes rows makes the overwrite fail (it removed data the
+overwrite read), and the rewrite runs again; one that only inserts new rows does not, so the
+commits between the rewrite's snapshot and its own are returned for the caller to bring up to
+date. An ingest whose snapshot predates a columns commit it did not see runs again
+(`columns_changed_between`).
+"""
+
+import dataclasses
+import urllib.parse
+from collections.abc import Iterator
+from typing import TypeVar
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from resources.batch_conversion import fill_computed
+from resources.delta_tables import file_actions, read_commit
+from resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
+from resources.warehouse import filesystem_for
+from rollup_assets.model.column_rules import check_computed_columns
+from rollup_assets.model.formulas import parse_formula
+from rollup_assets.model.specs import (
+    DAY_COLUMN,
+    ColumnSpec,
+    ColumnType,
+    RawArchiveSpec,
+    TimeRangeArchiveSpec,
+)
+
+SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
+S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
+COLUMNS_OPERATION = "columns"
+
+
+def applied_spec(spec: S, table: DeltaTable | None) -> S:
+    """`spec` with the computed columns `table` applies (the spec's own for a table not yet
+    created, or a column written before formulas were recorded in the schema)."""
+    if table is None:
+        return spec
+    computed: list[ColumnSpec] = []
+    for f in table.schema().fields:
+        meta = f.metadata or {}
+        if FORMULA_KEY in meta:
+            ctype = ColumnType(meta.get(TYPE_KEY, ColumnType.DOUBLE.value))
+            computed.append(ColumnSpec(f.name, ctype, False, parse_formula(meta[FORMULA_KEY])))
+        elif (declared := spec.column(f.name)) is not None and declared.is_computed:
+            computed.append(declared)
+    ingested = [c for c in spec.columns if not c.is_computed]
+    return check_computed_columns(dataclasses.replace(spec, columns=(*ingested, *computed)))
+
+
+def rewrite_columns(
+    table: DeltaTable, target: SourceSpec, change: dict[str, str], options: dict[str, str]
+) -> tuple[int, int, int]:
+    """Rewrite every row of `table` with `target`'s computed columns in one overwrite commit;
+    return the version it read, the version it committed and the rows it wrote. `change` is
+    recorded in the commit's metadata. Raises deltalake's CommitFailedError when a concurrent
+    commit deleted data it read (the caller runs it again)."""
+    read = table.version()
+    written = 0
+    schema = archive_schema(target)
+    names = [f.name for f in schema if f.name != DAY_COLUMN]
+    keep = [n for n in names if (c := target.column(n)) is None or not c.is_computed]
+
+    # Read with pyarrow alone: the writer below drives delta-rs while it pulls these batches.
+    fs, root = filesystem_for(table.table_uri, options)
+    dataset = ds.dataset(
+        [f"{root}/{urllib.parse.unquote(f['path'])}" for f in file_actions(table)],
+        filesystem=fs,
+        format="parquet",
+        partitioning=ds.partitioning(pa.schema([(DAY_COLUMN, pa.date32())]), flavor="hive"),
+        partition_base_dir=root,
+    )
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal written
+        for batch in dataset.to_batches(columns=[*keep, DAY_COLUMN]):
+            columns = {n: batch.column(n) for n in [*keep, DAY_COLUMN]}
+            fill_computed(target, columns, batch.num_rows)
+            written += batch.num_rows
+            out = pa.table({f.name: columns[f.name] for f in schema}, schema=schema)
+            yield from out.to_batches()
+
+    write_deltalake(
+        table,
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        mode="overwrite",
+        schema_mode="overwrite",
+        partition_by=[DAY_COLUMN],
+        commit_properties=CommitProperties(
+            custom_metadata={"rollups.operation": COLUMNS_OPERATION, **change}
+        ),
+    )
+    table.update_incremental()
+    return read, table.version(), written
+
+
+def columns_changed_between(uri: str, options: dict[str, str], after: int, upto: int) -> bool:
+    """Did a commit after version `after`, up to `upto`, change the computed columns?"""
+    return any(
+        _info(uri, options, v).get("rollups.operation") == COLUMNS_OPERATION
+        for v in range(after + 1, upto + 1)
+    )
+
+
+def _info(uri: str, options: dict[str, str], version: int) -> dict:
+    actions = read_commit(uri, version, options)
+    return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})

@@ -1,0 +1,218 @@
+"""Computed columns changed on an activated archive: add, new formula, remove, each in one
+commit that readers see whole; ingest running alongside; refusals; failures change nothing.
+
+No Spark: the raw table, its registry of formulas and the ingest path on delta-rs alone.
+"""
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import resources.raw_columns as raw_columns
+from resources.change_feed import read_changes
+from resources.warehouse import Warehouse
+from rollup_assets.model.errors import RollupSourceMissingError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.spec_loader import parse_catalog
+from rollup_assets.model.specs import Catalog
+from rollup_assets.services.columns import (
+    ColumnAction,
+    ColumnChangeError,
+    change_column,
+    column_states,
+)
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.operations import Operations
+
+NOW = datetime(2025, 6, 10, tzinfo=UTC)
+T0 = datetime(2025, 6, 1, tzinfo=UTC)
+
+
+def catalog(computed: dict[str, str], rollup_over: str | None = None) -> Catalog:
+    columns: dict = {"p": {"type": "double", "required": True}, "s": "double"}
+    columns |= {n: {"type": "double", "formula": f} for n, f in computed.items()}
+    doc: dict = {"raw_archives": {"meters": {"columns": columns}}}
+    if rollup_over:
+        doc["rollups"] = {
+            "meters_hourly": {
+                "source": "meters",
+                "alignment": "FixedSize",
+                "size": "1h",
+                "start": "2025-01-01",
+                "aggregations": [{"column": rollup_over, "function": "Max"}],
+            }
+        }
+    return parse_catalog(doc)
+
+
+def engine_for(root: Path, cat: Catalog) -> Engine:
+    return Engine(cat, Warehouse(str(root / "warehouse")))
+
+
+def ingest(engine: Engine, root: Path, rows: list[tuple[str, datetime, float, float | None]]):
+    path = root / f"b{datetime.now().timestamp()}.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "entity_id": [r[0] for r in rows],
+                "ts": pa.array([r[1] for r in rows], pa.timestamp("us", tz="UTC")),
+                "p": [r[2] for r in rows],
+                "s": pa.array([r[3] for r in rows], pa.float64()),
+            }
+        ),
+        path,
+    )
+    return engine.raw.ingest(engine.catalog.raw["meters"], path, ChangeSource("Pipeline"))
+
+
+def values(engine: Engine, column: str) -> dict[tuple[str, datetime], float | None]:
+    t = engine.raw.read_arrow(engine.catalog.raw["meters"])
+    return {(r["entity_id"], r["ts"]): r.get(column, "absent") for r in t.to_pylist()}
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Engine:
+    """An activated archive computing x = p / s, with four readings."""
+    engine = engine_for(tmp_path, catalog({"x": "p / s"}))
+    Operations(engine, actor="test").activate("meters", now=NOW)
+    ingest(
+        engine,
+        tmp_path,
+        [("a", T0, 6.0, 3.0), ("a", T0 + timedelta(minutes=15), 1.0, 0.0),
+         ("b", T0, 8.0, 2.0), ("b", T0 + timedelta(days=1), 5.0, None)],
+    )  # fmt: skip
+    return engine
+
+
+def test_add_makes_the_column_visible_in_one_commit(started: Engine, tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p / s", "y": "p + s"}))
+    spec = engine.catalog.raw["meters"]
+    states = {s.column: s.status for s in column_states(engine, "meters")}
+    assert states == {"p": "ingested", "s": "ingested", "x": "active", "y": "pending add"}
+    assert "y" not in engine.raw.read_arrow(spec).column_names  # pending: not visible
+    before = engine.raw.table(spec).version()
+
+    result = change_column(engine, "meters", "y", ColumnAction.ADD)
+    assert result.version == before + 1 and result.rows == 4
+    assert "y" not in [f.name for f in engine.raw.table(spec, before).schema().fields]
+    got = values(engine, "y")
+    assert got[("a", T0)] == 9.0 and got[("b", T0 + timedelta(days=1))] is None
+    assert {s.column: s.status for s in column_states(engine, "meters")}["y"] == "active"
+    # Later ingests compute it; the add itself is not a change the sensors recompute.
+    ingest(engine, tmp_path, [("c", T0, 2.0, 2.0)])
+    assert values(engine, "y")[("c", T0)] == 4.0
+    assert read_changes(engine.raw, spec, result.version, 10_000) is None
+
+
+def test_a_new_formula_serves_old_values_until_it_is_applied(
+    started: Engine, tmp_path: Path
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    assert {s.column: s.status for s in column_states(engine, "meters")}["x"] == ("pending formula")
+    # Until applied, ingest keeps computing the formula the table applies.
+    ingest(engine, tmp_path, [("c", T0, 9.0, 3.0)])
+    assert values(engine, "x")[("c", T0)] == 3.0
+    change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    got = values(engine, "x")
+    assert got[("a", T0)] == 18.0 and got[("c", T0)] == 27.0
+    assert got[("a", T0 + timedelta(minutes=15))] == 0.0  # was null (1 / 0)
+    # An engine still loaded with the old spec ingests with the applied formula, not its own.
+    ingest(started, tmp_path, [("d", T0, 2.0, 5.0)])
+    assert values(engine, "x")[("d", T0)] == 10.0
+
+
+def test_remove_hides_the_column(started: Engine, tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, catalog({}))
+    assert {s.column: s.status for s in column_states(engine, "meters")}["x"] == ("pending removal")
+    change_column(engine, "meters", "x", ColumnAction.REMOVE)
+    assert "x" not in engine.raw.read_arrow(engine.catalog.raw["meters"]).column_names
+    assert [s.column for s in column_states(engine, "meters")] == ["p", "s"]
+
+
+def test_changes_that_do_not_apply_are_refused(started: Engine, tmp_path: Path) -> None:
+    same = engine_for(tmp_path, catalog({"x": "p / s"}))
+    with pytest.raises(ColumnChangeError, match="already computes"):
+        change_column(same, "meters", "x", ColumnAction.SET_FORMULA)
+    with pytest.raises(ColumnChangeError, match="applied already"):
+        change_column(same, "meters", "x", ColumnAction.ADD)
+    with pytest.raises(ColumnChangeError, match="still declares"):
+        change_column(same, "meters", "x", ColumnAction.REMOVE)
+    with pytest.raises(ColumnChangeError, match="does not declare"):
+        change_column(same, "meters", "z", ColumnAction.ADD)
+    # A column another computed column reads keeps its formula (and stays).
+    reading = engine_for(tmp_path, catalog({"x": "p / s", "y": "x + 1"}))
+    change_column(reading, "meters", "y", ColumnAction.ADD)
+    changed = engine_for(tmp_path, catalog({"x": "p * s", "y": "x + 1"}))
+    version = changed.raw.table(changed.catalog.raw["meters"]).version()
+    with pytest.raises(ColumnChangeError, match=r"computed column\(s\) \['y'\] of 'meters' read"):
+        change_column(changed, "meters", "x", ColumnAction.SET_FORMULA)
+    assert changed.raw.table(changed.catalog.raw["meters"]).version() == version
+
+
+def test_a_failed_rewrite_leaves_the_previous_columns(
+    started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    spec = engine.catalog.raw["meters"]
+    version = engine.raw.table(spec).version()
+    before = values(engine, "x")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(raw_columns, "write_deltalake", broken)
+    with pytest.raises(OSError, match="disk full"):
+        change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    assert engine.raw.table(spec).version() == version
+    assert values(engine, "x") == before
+
+
+def test_rows_inserted_during_the_rewrite_get_the_new_values(
+    started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    real = raw_columns.write_deltalake
+    late = T0 + timedelta(days=5)  # a new day: the insert conflicts with nothing
+
+    def with_concurrent_insert(*args, **kwargs):
+        ingest(started, tmp_path, [("e", late, 4.0, 4.0)])  # under the old formula: 1.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(raw_columns, "write_deltalake", with_concurrent_insert)
+    result = change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    assert result.reingested == 1
+    assert values(engine, "x")[("e", late)] == 16.0
+
+
+def test_an_ingest_that_missed_a_switch_upserts_again(
+    started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    store = started.raw
+    real = type(store)._ingest
+    calls = []
+
+    def switch_first(self, spec, path, source, **kw):
+        calls.append(spec.column("x").formula.text)
+        if len(calls) == 1:  # the formulas change after this ingest read them
+            change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+        return real(self, spec, path, source, **kw)
+
+    monkeypatch.setattr(type(store), "_ingest", switch_first)
+    late = T0 + timedelta(days=6)
+    ingest(started, tmp_path, [("f", late, 3.0, 2.0)])
+    assert calls == ["p / s", "p * s"]
+    assert values(engine, "x")[("f", late)] == 6.0
+
+
+def test_a_rollup_over_a_column_not_applied_cannot_be_activated(
+    started: Engine, tmp_path: Path
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p / s", "y": "p + s"}, rollup_over="y"))
+    with pytest.raises(RollupSourceMissingError, match="rollups add-column meters y"):
+        Operations(engine, actor="test").activate("meters_hourly", now=NOW)
+    change_column(engine, "meters", "y", ColumnAction.ADD)
+    Operations(engine, actor="test").activate("meters_hourly", now=NOW)
