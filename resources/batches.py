@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from resources.batch_conversion import BatchConverter
 from resources.schemas import archive_schema
 from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
@@ -49,11 +50,17 @@ class BatchSummary:
 class BatchReader:
     """Validated, converted chunks of one input file; `validate()` must pass before `chunks()`."""
 
-    def __init__(self, spec: RawArchiveSpec | TimeRangeArchiveSpec, path: str | Path) -> None:
+    def __init__(
+        self,
+        spec: RawArchiveSpec | TimeRangeArchiveSpec,
+        path: str | Path,
+        progress: Progress | None = None,
+    ) -> None:
         self.spec = spec
         self.path = Path(path)
         self.schema = archive_schema(spec)
         self.converter = BatchConverter(spec, self.schema)
+        self.progress = progress
 
     # -- raw chunks from the file ----------------------------------------------------------
 
@@ -122,6 +129,8 @@ class BatchReader:
                 hi = b.as_py() if hi is None else max(hi, b.as_py())
                 days.update(pc.unique(t[DAY_COLUMN]).to_pylist())
             offset += t.num_rows
+            if self.progress is not None:
+                self.progress("validated", offset)
         if offset == 0 or lo is None or hi is None:
             raise IngestValidationError(self.spec.name, None, f"{self.path.name} holds no rows")
         allkeys = pa.concat_tables(keys)
@@ -170,6 +179,8 @@ class BatchReader:
             t = self.converter.convert(chunk, offset)
             offset += t.num_rows
             yield from t.sort_by(order).to_batches()
+            if self.progress is not None:
+                self.progress("upserted", offset)  # the upsert has taken the chunk
 
 
 def _first_duplicate(keys: pa.Table, names: list[str]) -> int | None:

@@ -41,6 +41,7 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
 from rollup_assets.model.windows import Window, as_utc, merge_windows
 
@@ -182,6 +183,7 @@ class RawStore:
         change_source: ChangeSource,
         *,
         not_before: dt.datetime | None = None,
+        progress: Progress | None = None,
     ) -> IngestResult:
         """`_ingest` with the computed columns the table applies; when they changed while the
         batch was being upserted (a columns commit it did not see), the batch is upserted again,
@@ -190,7 +192,11 @@ class RawStore:
             table = self.table(spec)
             seen = table.version() if table is not None else -1
             result = self._ingest(
-                self.applied(spec, table), path, change_source, not_before=not_before
+                self.applied(spec, table),
+                path,
+                change_source,
+                not_before=not_before,
+                progress=progress,
             )
             if not columns_changed_between(self.uri(spec), self.options, seen, result.version):
                 return result
@@ -203,8 +209,10 @@ class RawStore:
         change_source: ChangeSource,
         *,
         not_before: dt.datetime | None = None,
+        progress: Progress | None = None,
     ) -> IngestResult:
-        """Validate the whole file, then upsert it in one MERGE commit.
+        """Validate the whole file, then upsert it in one MERGE commit (`progress` hears of
+        each chunk of both passes).
 
         A row equal to the stored one (every column the same, NaN equal to NaN; an optional
         column left null keeps the stored value) is not rewritten: it changes nothing, so it is
@@ -213,7 +221,7 @@ class RawStore:
         row's time is before `not_before` (retention dropped those days; its rollups keep their
         values and would not be corrected from the raw rows).
         """
-        reader = BatchReader(spec, path)
+        reader = BatchReader(spec, path, progress)
         summary = reader.validate()
         if not_before is not None and as_utc(summary.min_ts) < not_before:
             raise IngestValidationError(

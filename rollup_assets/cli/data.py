@@ -50,13 +50,22 @@ def validate(fmt: str) -> None:
     help="Provenance recorded with the commit (shown in job history).",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@click.option(
+    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
+)
 @handle_errors
-def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
-    """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing)."""
+def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -> None:
+    """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing). On a
+    terminal, a progress line counts the rows validated, then upserted, and their rate."""
+    from rollup_assets.cli.progress import Meter
     from rollup_assets.model.jobs import ChangeSource
     from rollup_assets.services.ingest import ingest_file
 
-    result = ingest_file(engine(), archive, file, ChangeSource(change_source))
+    meter = Meter(f"ingest {file}", quiet=quiet)
+    try:
+        result = ingest_file(engine(), archive, file, ChangeSource(change_source), meter)
+    finally:
+        meter.close()
     row = {
         "archive": archive,
         "version": result.version,

@@ -71,17 +71,25 @@ def import_command(archive: str, file: str, fmt: str) -> None:
 @main.command("backup")
 @click.argument("directory", metavar="DIR")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@click.option(
+    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
+)
 @handle_errors
-def backup_command(directory: str, fmt: str) -> None:
+def backup_command(directory: str, fmt: str, quiet: bool) -> None:
     """Copy every table of the warehouse into the new or empty DIR (a path or URI).
 
     The tables are taken at the versions a reader saw at one instant, control tables (archive
     states, ledger and detection cursors) included; DIR/manifest.json, written last, lists them.
     The running system may keep working meanwhile.
     """
+    from rollup_assets.cli.progress import Meter
     from rollup_assets.services.backup import backup
 
-    m = backup(engine(), directory)
+    meter = Meter(f"backup into {directory}", unit="tables", quiet=quiet)
+    try:
+        m = backup(engine(), directory, meter)
+    finally:
+        meter.close()
     rows = [
         {"table": t.path, "version": t.version, "files": t.files, "bytes": t.bytes}
         for t in m.tables
@@ -94,17 +102,25 @@ def backup_command(directory: str, fmt: str) -> None:
 @main.command("restore")
 @click.argument("directory", metavar="DIR")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@click.option(
+    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
+)
 @handle_errors
-def restore_command(directory: str, fmt: str) -> None:
+def restore_command(directory: str, fmt: str, quiet: bool) -> None:
     """Rebuild the empty warehouse (ROLLUPS_WAREHOUSE) from the backup in DIR.
 
     Refuses, writing nothing, a warehouse root that is not empty, a missing or corrupt
     manifest, a backup with missing files, and archives the spec file does not declare the
     same way. Use a fresh DAGSTER_HOME with the restored warehouse.
     """
+    from rollup_assets.cli.progress import Meter
     from rollup_assets.services.backup import restore
 
-    m = restore(engine(), directory)
+    meter = Meter(f"restore from {directory}", unit="tables", quiet=quiet)
+    try:
+        m = restore(engine(), directory, meter)
+    finally:
+        meter.close()
     rows = [{"table": t.path, "version": t.version, "files": t.files} for t in m.tables]
     echo_data(rows, fmt, ["table", "version", "files"])
     if fmt == "table":

@@ -58,6 +58,7 @@ from rollup_assets.model.manifests import (
     TableEntry,
     declared_archives,
 )
+from rollup_assets.model.progress import Progress
 from rollup_assets.services.engine import Engine
 
 TABLES = "tables"  # where a backup keeps the tables, under the same paths as the warehouse
@@ -108,9 +109,10 @@ def consistent_versions(engine: Engine, attempts: int = READ_ATTEMPTS) -> dict[s
     )
 
 
-def backup(engine: Engine, target: str) -> BackupManifest:
+def backup(engine: Engine, target: str, progress: Progress | None = None) -> BackupManifest:
     """Copy every table of the warehouse at one consistent set of versions into the empty
-    directory `target` (a local path or a URI) and write its manifest."""
+    directory `target` (a local path or a URI) and write its manifest; `progress` hears of
+    each table copied."""
     out = Warehouse(target)
     fs, root = out.filesystem()
     entry = first_entry(fs, root)
@@ -130,6 +132,8 @@ def backup(engine: Engine, target: str) -> BackupManifest:
             history=path.startswith("raw/"),  # sources: their change data feed is read
         )
         tables.append(TableEntry(path, version, copied.files, copied.bytes))
+        if progress is not None:
+            progress("copying", len(tables))
     manifest = BackupManifest(
         created_at=datetime.now(UTC),
         source_root=engine.warehouse.root,
@@ -160,8 +164,9 @@ def read_manifest(source: str) -> BackupManifest:
     return BackupManifest.from_json(text, where)
 
 
-def restore(engine: Engine, source: str) -> BackupManifest:
-    """Rebuild the (empty) warehouse of `engine` from the backup at `source`."""
+def restore(engine: Engine, source: str, progress: Progress | None = None) -> BackupManifest:
+    """Rebuild the (empty) warehouse of `engine` from the backup at `source`; `progress` hears
+    of each table whose data files, then whose log, is copied."""
     manifest = read_manifest(source)
     backup_dir = Warehouse(source)
     problems = manifest.mismatches(engine.catalog)
@@ -193,10 +198,14 @@ def restore(engine: Engine, source: str) -> BackupManifest:
     def ends(path: str) -> tuple[tuple[pafs.FileSystem, str], tuple[pafs.FileSystem, str]]:
         return (src_fs, f"{src_root}/{TABLES}/{path}"), (dst_fs, f"{dst_root}/{path}")
 
-    for path, (data, _) in plans.items():
+    for done, (path, (data, _)) in enumerate(plans.items(), 1):
         copy_files(*ends(path), data)
-    for path in sorted(plans, key=lambda p: p == STATES_TABLE):
+        if progress is not None:
+            progress("copying data of", done)
+    for done, path in enumerate(sorted(plans, key=lambda p: p == STATES_TABLE), 1):
         copy_files(*ends(path), plans[path][1], ordered=path == STATES_TABLE)
+        if progress is not None:
+            progress("copying logs of", done)
     for t in manifest.tables:
         table = open_table(engine.warehouse.join(t.path), engine.warehouse.storage_options)
         found = None if table is None else table.version()

@@ -16,6 +16,7 @@ from pathlib import Path
 from resources.raw_store import IngestResult, SourceSpec
 from rollup_assets.model.errors import InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
@@ -46,9 +47,15 @@ def delete_rows(
 
 
 def ingest_file(
-    engine: Engine, archive: str, path: str | Path, change_source: ChangeSource
+    engine: Engine,
+    archive: str,
+    path: str | Path,
+    change_source: ChangeSource,
+    progress: Progress | None = None,
 ) -> IngestResult:
     """Ingest a Parquet or CSV file into an activated raw or time-range archive, as
-    `rollups ingest` does."""
+    `rollups ingest` does; `progress(pass, rows)` hears of each chunk validated and upserted."""
     spec, state = _writable(engine, archive)
-    return engine.raw.ingest(spec, path, change_source, not_before=state.retained_from)
+    return engine.raw.ingest(
+        spec, path, change_source, not_before=state.retained_from, progress=progress
+    )

@@ -369,6 +369,7 @@ class Rollups(RuleBasedStateMachine):
         raw = self.model.assign(
             power_kw=4 * self.model["energy_kwh"], voltage_v=220 + self.model["energy_kwh"]
         )
+        raw = raw.assign(current_a=raw["power_kw"] * 1000 / raw["voltage_v"])  # computed
         problems = compare_all(self.world.query, raw, self.world.catalog)
         assert problems == [], problems
         FIGURES["quiet_checks"] += 1
