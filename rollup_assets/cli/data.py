@@ -9,6 +9,7 @@ from rollup_assets.cli.app import (
     engine,
     handle_errors,
     main,
+    tenant_option,
     time_range,
 )
 from rollup_assets.cli.format import rows_of
@@ -62,6 +63,7 @@ def columns(archive: str, fmt: str) -> None:
     help="Provenance recorded with the commit (shown in job history).",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
     """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing)."""
@@ -96,6 +98,7 @@ def ingest(archive: str, file: str, change_source: str, fmt: str) -> None:
 )
 @click.option("--change-source", type=SOURCES, default="Manual", show_default=True)
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def delete_rows_command(
     archive: str,
@@ -144,6 +147,7 @@ def delete_rows_command(
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
+@tenant_option
 @handle_errors
 def query(
     archive: str,
@@ -171,6 +175,7 @@ def render_rows(table, fmt: str) -> str:
 
 @main.command()
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@tenant_option
 @handle_errors
 def verify(entities: tuple[str, ...]) -> None:
     """Compare every rollup with a pandas aggregation of its raw or time-range rows (in memory;
