@@ -97,11 +97,12 @@ def tenant() -> str | None:
     """The tenant this command acts for (`--tenant`, else $ROLLUPS_TENANT), checked against the
     spec: one of its tenants if it declares any, else none."""
     name = _Chosen.tenant or settings().tenant
-    try:
-        catalog().tenant(name)
-    except TenantError as exc:
-        hint = "; pass --tenant NAME or set ROLLUPS_TENANT" if name is None else ""
-        raise TenantError(f"{exc}{hint}") from None
+    if name is None and catalog().tenants:
+        raise TenantError(
+            f"{catalog().origin} declares tenants ({', '.join(catalog().tenants)}): "
+            "pass --tenant NAME or set ROLLUPS_TENANT"
+        )
+    catalog().tenant(name)
     return name
 
 
