@@ -43,6 +43,7 @@ class Scope:
         return {TAG_TENANT: self.tenant} if self.tenant else {}
 
     def describe(self, text: str) -> str:
+        """A job's or sensor's description, marked with its tenant for the UI."""
         return f"[{self.tenant}] {text}" if self.tenant else text
 
 
