@@ -5,6 +5,10 @@ Layout under the root:
     rollups/<rollup>/              rollup rows at every generation (Delta)
     rollups/<rollup>__genmap/      the active-generation pointers of that rollup (Delta)
     _control/<table>/              archive state, ledger and job history (Delta)
+
+With tenants declared in the spec, each tenant has a root of its own with that same layout:
+the one its spec gives, else `<warehouse>/tenants/<tenant>/` (`tenant_warehouses`). Nothing
+is written at the configured root itself then.
 """
 
 import urllib.parse
@@ -13,7 +17,11 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from rollup_assets.model.errors import SpecError
+from rollup_assets.model.specs import Catalog
 from rollup_assets.settings import Settings
+
+TENANTS_DIR = "tenants"
 
 
 def _is_uri(root: str) -> bool:
@@ -99,6 +107,41 @@ class Warehouse:
         fs, path = filesystem_for(uri, self.storage_options)
         if fs.get_file_info(path).type is not pafs.FileType.NotFound:
             fs.delete_dir(path)
+
+
+def tenant_warehouses(base: Warehouse, catalog: Catalog) -> dict[str, Warehouse]:
+    """Each declared tenant's warehouse: the root its spec gives, else `<base>/tenants/<name>`,
+    with `base`'s storage options. Refuses roots that overlap (one tenant's root inside
+    another's, or the base root itself), since a tenant could then reach the other's tables."""
+    out = {
+        name: Warehouse(
+            tenant.warehouse or base.join(TENANTS_DIR, name), dict(base.storage_options)
+        )
+        for name, tenant in catalog.tenants.items()
+    }
+    others = [("the configured warehouse", base)]
+    others += [(f"tenant '{n}'s warehouse", wh) for n, wh in out.items()]
+    for name, wh in out.items():
+        for what, owh in others:
+            if owh is wh:
+                continue
+            if wh.root == owh.root or owh.root.startswith(wh.root + "/"):
+                raise SpecError(
+                    f"tenants.{name}",
+                    "separate tenant warehouses",
+                    f"its warehouse {wh.root} holds {what} ({owh.root}); "
+                    "give each tenant a root of its own",
+                )
+    return out
+
+
+def tenant_warehouse(base: Warehouse, catalog: Catalog, tenant: str | None) -> Warehouse:
+    """The warehouse a command for `tenant` works in (`base` itself when the spec declares no
+    tenants); the tenant must be declared iff the spec declares tenants."""
+    if catalog.tenant(tenant) is None:
+        return base
+    assert tenant is not None
+    return tenant_warehouses(base, catalog)[tenant]
 
 
 def filesystem_for(

@@ -48,6 +48,8 @@ class Settings:
     limits: DetectionLimits = DetectionLimits()
     # DAGSTER_PG_* for PostgreSQL storage, as given (read when DAGSTER_HOME is first written).
     postgres: Mapping[str, str] = field(default_factory=dict)
+    # The tenant the CLI acts for when its `--tenant` is not given (specs that declare tenants).
+    tenant: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -76,6 +78,7 @@ class Settings:
                 max_cdf_rows=_int(env, "ROLLUPS_MAX_CDF_ROWS", defaults.max_cdf_rows),
             ),
             postgres={k: v for k, v in env.items() if k.startswith("DAGSTER_PG_")},
+            tenant=(env.get("ROLLUPS_TENANT") or "").strip() or None,
         )
 
     @property

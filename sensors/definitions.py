@@ -26,6 +26,7 @@ from rollup_assets.orchestration.partitions import key_range_for, partitions_def
 from rollup_assets.orchestration.resources import ClockResource, WarehouseResource
 from rollup_assets.orchestration.runs import DagsterRunLookup, launcher_host
 from rollup_assets.orchestration.tags import RunIntent, partition_range_tags
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.health import health
@@ -38,22 +39,26 @@ log = logging.getLogger(__name__)
 
 
 def run_request_for(
-    catalog: Catalog, launch: Launch, now: datetime | None = None, host: str | None = None
+    catalog: Catalog,
+    launch: Launch,
+    now: datetime | None = None,
+    host: str | None = None,
+    scope: Scope = NO_TENANT,
 ) -> dg.RunRequest:
-    """A range run of the launch's buckets; `now` pins the run's clock, `host` says where its
-    worker will run (so a later tick can tell that it died)."""
+    """A range run of the launch's buckets, by `scope`'s job; `now` pins the run's clock, `host`
+    says where its worker will run (so a later tick can tell that it died)."""
     spec = catalog.rollup(launch.rollup)
     keys = key_range_for(partitions_def_for(spec), launch.buckets)
     intent = RunIntent(launch.rollup, launch.lane, launch.trigger, launch.job_id, now, host)
     return dg.RunRequest(
-        job_name=job_name(spec),
+        job_name=job_name(spec, scope),
         run_key=f"recompute:{launch.job_id}" if launch.job_id else None,
-        tags={**partition_range_tags(keys.start, keys.end), **intent.tags()},
+        tags={**partition_range_tags(keys.start, keys.end), **intent.tags(), **scope.tags()},
     )
 
 
 def _health_events(
-    engine: Engine, previous: dict[str, str]
+    engine: Engine, previous: dict[str, str], scope: Scope
 ) -> tuple[list[dg.AssetObservation], dict[str, str]]:
     """Observations carrying each rollup's health fields, emitted when they change."""
     snap = engine.ledger.snapshot()
@@ -83,7 +88,7 @@ def _health_events(
         }
         digests[name] = digest
         if previous.get(name) != digest:
-            events.append(dg.AssetObservation(asset_key=name, metadata=meta))
+            events.append(dg.AssetObservation(asset_key=scope.key(name), metadata=meta))
     return events, digests
 
 
@@ -125,22 +130,30 @@ def build_sensors(
     rollup_jobs: list,
     interval_seconds: int = 30,
     limits: DetectionLimits = DEFAULT_LIMITS,
+    scope: Scope = NO_TENANT,
 ) -> list[dg.SensorDefinition]:
-    """The sensors, targeting the per-rollup jobs (one partitions definition each), evaluated
-    every `interval_seconds`."""
+    """The sensors of `scope`, targeting its per-rollup jobs (one partitions definition each),
+    evaluated every `interval_seconds`. A tenant's sensors read and write its own warehouse
+    (its resource) and see only its own runs."""
+    resource_keys = {scope.warehouse_key, "clock"}
+
+    def resources(context: dg.SensorEvaluationContext) -> tuple[WarehouseResource, ClockResource]:
+        return getattr(context.resources, scope.warehouse_key), context.resources.clock
 
     @dg.sensor(
-        name="retroactive_write_sensor",
+        name=scope.name("retroactive_write_sensor"),
         jobs=rollup_jobs,
         minimum_interval_seconds=interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Detects late and corrected writes in source tables (Delta change data feed), "
-        "records dirty buckets, coalesces them and launches at most one recompute per rollup.",
+        description=scope.describe(
+            "Detects late and corrected writes in source tables (Delta change data feed), "
+            "records dirty buckets, coalesces them and launches at most one recompute per rollup."
+        ),
+        required_resource_keys=resource_keys,
     )
-    def retroactive_write_sensor(
-        context: dg.SensorEvaluationContext, warehouse: WarehouseResource, clock: ClockResource
-    ):
-        ensure_pools(context.instance, catalog)
+    def retroactive_write_sensor(context: dg.SensorEvaluationContext):
+        warehouse, clock = resources(context)
+        ensure_pools(context.instance, catalog, scope)
         engine = warehouse.engine(catalog)
         feed = ChangeFeed(engine.raw, limits.max_cdf_rows)
         detection = detect(catalog, engine.states.all(), engine.ledger.snapshot(), feed, limits)
@@ -153,7 +166,7 @@ def build_sensors(
             )
         for note in detection.notes:
             context.log.info(note)
-        lookup = DagsterRunLookup(context.instance)
+        lookup = DagsterRunLookup(context.instance, scope)
         _finish_dead_runs(engine, lookup)
         plan = plan_drain(
             catalog,
@@ -170,13 +183,13 @@ def build_sensors(
         for note in plan.notes:
             context.log.info(note)
         cursor = json.loads(context.cursor) if context.cursor else {}
-        events, digests = _health_events(engine, cursor.get("health", {}))
+        events, digests = _health_events(engine, cursor.get("health", {}), scope)
         new_cursor = json.dumps(
             {"health": digests, "detected": detection.cursors or cursor.get("detected", {})}
         )
         events += [
             dg.AssetObservation(
-                asset_key=c.archive,
+                asset_key=scope.key(c.archive),
                 metadata={
                     "delta_version": c.version,
                     "change_source": c.change_source or "unknown",
@@ -191,7 +204,7 @@ def build_sensors(
         host = launcher_host(context.instance)
         # A pinned clock (tests, `rollups tick --now`) travels with the runs it requests.
         now = clock.current() if clock.pinned else None
-        requests = [run_request_for(catalog, launch, now, host) for launch in plan.launches]
+        requests = [run_request_for(catalog, launch, now, host, scope) for launch in plan.launches]
         if not requests and not events:
             return dg.SkipReason(
                 f"no retroactive writes ({detection.versions_read} new source version(s) read) "
@@ -200,20 +213,22 @@ def build_sensors(
         return dg.SensorResult(run_requests=requests, cursor=new_cursor, asset_events=events)
 
     @dg.sensor(
-        name="forward_aggregation_sensor",
+        name=scope.name("forward_aggregation_sensor"),
         jobs=rollup_jobs,
         minimum_interval_seconds=interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Closes buckets past each rollup's watermark (once `end <= now - lag` and the "
-        "source level has closed them) and refreshes open buckets whose source changed.",
+        description=scope.describe(
+            "Closes buckets past each rollup's watermark (once `end <= now - lag` and the "
+            "source level has closed them) and refreshes open buckets whose source changed."
+        ),
+        required_resource_keys=resource_keys,
     )
-    def forward_aggregation_sensor(
-        context: dg.SensorEvaluationContext, warehouse: WarehouseResource, clock: ClockResource
-    ):
-        ensure_pools(context.instance, catalog)
+    def forward_aggregation_sensor(context: dg.SensorEvaluationContext):
+        warehouse, clock = resources(context)
+        ensure_pools(context.instance, catalog, scope)
         engine = warehouse.engine(catalog)
         now = clock.current()
-        lookup = DagsterRunLookup(context.instance)
+        lookup = DagsterRunLookup(context.instance, scope)
         in_flight = lookup.in_flight(Lane.FORWARD) | lookup.in_flight(Lane.RECOMPUTE)
         launches = plan_forward(
             catalog,
@@ -227,7 +242,7 @@ def build_sensors(
             return dg.SkipReason(f"nothing closed or changed at {iso_utc(now)}")
         return dg.SensorResult(
             run_requests=[
-                run_request_for(catalog, launch, now, launcher_host(context.instance))
+                run_request_for(catalog, launch, now, launcher_host(context.instance), scope)
                 for launch in launches
             ]
         )

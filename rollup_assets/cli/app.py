@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rollup_assets.cli.format import render
-from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError
+from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError, TenantError
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.settings import Settings, SettingsError
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import dagster as dg
 
     from rollup_assets.model.specs import Catalog
+    from rollup_assets.orchestration.tenancy import Scope
     from rollup_assets.services.engine import Engine
     from rollup_assets.services.operations import Operations
 
@@ -65,12 +66,62 @@ def catalog() -> "Catalog":
     return load_catalog(settings().specs)
 
 
+class _Chosen:
+    """The `--tenant` of the command being run (None when it was not given)."""
+
+    tenant: str | None = None
+
+
+def _choose_tenant(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # Click calls this for every command that has the option, given or not, so a command never
+    # inherits the tenant of an earlier one run in the same process.
+    if value != _Chosen.tenant:
+        engine.cache_clear()
+    _Chosen.tenant = value
+
+
+def tenant_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--tenant NAME` on a command that reads or writes an installation's data or operates it."""
+    return click.option(
+        "--tenant",
+        metavar="NAME",
+        expose_value=False,
+        callback=_choose_tenant,
+        help="The tenant to act for (default: $ROLLUPS_TENANT); required when the spec declares "
+        "tenants, refused when it declares none. A command only ever reaches that tenant's "
+        "warehouse, runs and ledger.",
+    )(fn)
+
+
+def tenant() -> str | None:
+    """The tenant this command acts for (`--tenant`, else $ROLLUPS_TENANT), checked against the
+    spec: one of its tenants if it declares any, else none."""
+    name = _Chosen.tenant or settings().tenant
+    if name is None and catalog().tenants:
+        raise TenantError(
+            f"{catalog().origin} declares tenants ({', '.join(catalog().tenants)}): "
+            "pass --tenant NAME or set ROLLUPS_TENANT"
+        )
+    catalog().tenant(name)
+    return name
+
+
+def scope() -> "Scope":
+    """The Dagster names of the tenant this command acts for (jobs, sensors, ops)."""
+    from rollup_assets.orchestration.tenancy import Scope
+
+    return Scope(tenant())
+
+
 @cache
 def engine() -> "Engine":
-    from resources.warehouse import Warehouse
+    """The engine over the warehouse of the tenant the command acts for (the configured
+    warehouse itself when the spec declares no tenants)."""
+    from resources.warehouse import Warehouse, tenant_warehouse
     from rollup_assets.services.engine import Engine
 
-    return Engine(catalog(), Warehouse(settings().warehouse))
+    base = Warehouse(settings().warehouse)
+    return Engine(catalog(), tenant_warehouse(base, catalog(), tenant()))
 
 
 def ops() -> "Operations":
@@ -129,7 +180,8 @@ def main() -> None:
     """Time-series rollups that stay correct (Dagster + Spark + Delta).
 
     Configuration: ROLLUPS_SPECS (spec file), ROLLUPS_WAREHOUSE (warehouse root, default
-    ./warehouse), DAGSTER_HOME (default ./.dagster_home).
+    ./warehouse), DAGSTER_HOME (default ./.dagster_home), ROLLUPS_TENANT (the tenant of a spec
+    that declares tenants, when a command's --tenant is not given).
     """
 
 

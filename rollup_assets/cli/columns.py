@@ -2,12 +2,21 @@
 
 import click
 
-from rollup_assets.cli.app import FORMATS, catalog, echo_data, engine, handle_errors, main
+from rollup_assets.cli.app import (
+    FORMATS,
+    catalog,
+    echo_data,
+    engine,
+    handle_errors,
+    main,
+    tenant_option,
+)
 
 
 @main.command()
 @click.argument("archive")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def columns(archive: str, fmt: str) -> None:
     """List the columns of ARCHIVE. A raw or time-range archive's columns are ingested or
@@ -56,6 +65,7 @@ def _change(archive: str, column: str, action: str, fmt: str) -> None:
 @click.argument("archive")
 @click.argument("column")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def add_column(archive: str, column: str, fmt: str) -> None:
     """Add COLUMN, declared in the spec as computed, to the activated ARCHIVE: every row is
@@ -68,6 +78,7 @@ def add_column(archive: str, column: str, fmt: str) -> None:
 @click.argument("archive")
 @click.argument("column")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def set_formula(archive: str, column: str, fmt: str) -> None:
     """Apply the formula the spec now declares for computed COLUMN of ARCHIVE: the old values
@@ -81,6 +92,7 @@ def set_formula(archive: str, column: str, fmt: str) -> None:
 @click.argument("archive")
 @click.argument("column")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def remove_column(archive: str, column: str, fmt: str) -> None:
     """Remove computed COLUMN, no longer declared in the spec, from ARCHIVE in one commit

@@ -9,9 +9,11 @@ from rollup_assets.cli.app import (
     engine,
     handle_errors,
     main,
+    tenant_option,
     time_range,
 )
 from rollup_assets.cli.format import rows_of
+from rollup_assets.cli.progress import QUIET
 from rollup_assets.model.windows import iso_utc
 
 SOURCES = click.Choice(["Manual", "Pipeline", "Import"])
@@ -50,9 +52,8 @@ def validate(fmt: str) -> None:
     help="Provenance recorded with the commit (shown in job history).",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
-@click.option(
-    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
-)
+@QUIET
+@tenant_option
 @handle_errors
 def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -> None:
     """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing). On a
@@ -93,6 +94,7 @@ def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -
 )
 @click.option("--change-source", type=SOURCES, default="Manual", show_default=True)
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def delete_rows_command(
     archive: str,
@@ -141,6 +143,7 @@ def delete_rows_command(
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
+@tenant_option
 @handle_errors
 def query(
     archive: str,
@@ -168,6 +171,7 @@ def render_rows(table, fmt: str) -> str:
 
 @main.command()
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@tenant_option
 @handle_errors
 def verify(entities: tuple[str, ...]) -> None:
     """Compare every rollup with a pandas aggregation of its raw or time-range rows (in memory;

@@ -13,6 +13,7 @@ from rollup_assets.cli.app import (
     main,
     ops,
     settings,
+    tenant_option,
 )
 from rollup_assets.cli.format import job_row, state_row
 from rollup_assets.model.windows import iso_utc, parse_instant
@@ -24,6 +25,7 @@ from rollup_assets.model.windows import iso_utc, parse_instant
     "--until", required=True, help="Buckets ending at or before this instant are not written."
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def freeze(rollup: str, until: str, fmt: str) -> None:
     """Freeze a rollup up to --until (monotonic: a smaller value is rejected)."""
@@ -34,6 +36,7 @@ def freeze(rollup: str, until: str, fmt: str) -> None:
 @click.argument("rollup")
 @click.option("--accept-gaps", is_flag=True, help="Recorded for audit.")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def unfreeze(rollup: str, accept_gaps: bool, fmt: str) -> None:
     """Lift a freeze; pending work in the frozen range drains on the next tick."""
@@ -44,6 +47,7 @@ def unfreeze(rollup: str, accept_gaps: bool, fmt: str) -> None:
 @click.argument("rollup")
 @click.option("--to", "to", required=True, help="Bucket boundary to move the watermark back to.")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def rewind(rollup: str, to: str, fmt: str) -> None:
     """DESTRUCTIVE: move the watermark back; the forward lane re-aggregates from there, and until
@@ -56,6 +60,7 @@ def _lifecycle(action: str, doc: str) -> None:
     @main.command(name=action, help=doc)
     @click.argument("archive")
     @click.option("--format", "fmt", type=FORMATS, default="table")
+    @tenant_option
     @handle_errors
     def _cmd(archive: str, fmt: str) -> None:
         echo_data(state_row(getattr(ops(), action)(archive)), fmt)
@@ -86,6 +91,7 @@ _lifecycle("delete", "Delete ARCHIVE and its data (rejected while activated roll
     "forward lane's closes and open-bucket refreshes; all: both.",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def jobs(rollup: str, limit: int, lane: str, fmt: str) -> None:
     """Job history of ROLLUP, newest first: its recompute jobs, unless --lane says otherwise."""
@@ -99,6 +105,7 @@ def jobs(rollup: str, limit: int, lane: str, fmt: str) -> None:
 @main.command()
 @click.argument("rollup", required=False)
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def status(rollup: str | None, fmt: str) -> None:
     """Health of one rollup or of every archive."""
@@ -138,6 +145,7 @@ def status(rollup: str | None, fmt: str) -> None:
     "read or run); unrelated to an archive's raw retention.",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
     """Apply raw retention, then checkpoint, compact, sweep and vacuum every table.
@@ -161,14 +169,15 @@ def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
 @main.command()
 @handle_errors
 def setup() -> None:
-    """Create DAGSTER_HOME (default ./.dagster_home) and give every rollup pool a limit of 1."""
-    from rollup_assets.orchestration.instance import ensure_pools, get_instance
+    """Create DAGSTER_HOME (default ./.dagster_home) and give every rollup pool (every tenant's,
+    when the spec declares tenants) a limit of 1."""
+    from rollup_assets.orchestration.instance import ensure_pools, get_instance, pool_names
 
     instance = get_instance(settings())
     ensure_pools(instance, catalog())
     click.echo(
         f"DAGSTER_HOME={instance.root_directory}; pools: "
-        + ", ".join(f"rollup_{n}=1" for n in catalog().rollups)
+        + ", ".join(f"{n}=1" for n in pool_names(catalog()))
     )
 
 

@@ -11,7 +11,10 @@ from rollup_assets.cli.app import (
     main,
     ops,
     runs_context,
+    scope,
     settings,
+    tenant,
+    tenant_option,
     time_range,
 )
 from rollup_assets.cli.format import job_row
@@ -31,6 +34,7 @@ from rollup_assets.model.windows import Window, iso_utc, parse_instant
 )
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def materialize(
     rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...], fmt: str
@@ -57,14 +61,15 @@ def materialize(
     keys = key_range_for(partitions_def_for(spec), closed)
     say = click.echo if fmt == "table" else (lambda _text: None)
     say(f"{rollup}: materializing partitions {keys.start} .. {keys.end} ({len(closed)} bucket(s))")
+    names = scope()
     # With --downstream the run itself carries the change up the chain (then a tick drains what
     # it could not take); without it the levels above are left to the sensors, as pending work.
     op_config = {"entities": list(entities), "propagate_in_run": downstream}
-    config = {"ops": {rollup: {"config": op_config}}}
+    config = {"ops": {names.name(rollup): {"config": op_config}}}
     run = execute(
         defs,
         instance,
-        job_name(spec),
+        job_name(spec, names),
         partition_range_tags(keys.start, keys.end),
         config,
         log_level=settings().run_log_level,
@@ -78,6 +83,7 @@ def materialize(
             instance,
             sensors=("retroactive_write_sensor",),
             log_level=settings().run_log_level,
+            tenant=names.tenant,
         ):
             for r in report.runs:
                 runs.append(r)
@@ -108,6 +114,7 @@ def materialize(
 @click.option("--now", "now", help="Pin the forward clock (ISO-8601); default: the real time.")
 @click.option("--until-quiet", is_flag=True, help="Repeat until a tick launches nothing.")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
     """Evaluate the sensors once and execute their run requests in this process."""
@@ -115,11 +122,13 @@ def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
     from rollup_assets.orchestration.runner import tick_until_quiet
 
     at = parse_instant(now, "--now") if now else None
+    name = tenant()
     defs, instance = runs_context()
+    level = settings().run_log_level
     reports = (
-        tick_until_quiet(defs, instance, at, log_level=settings().run_log_level)
+        tick_until_quiet(defs, instance, at, log_level=level, tenant=name)
         if until_quiet
-        else [run_tick(defs, instance, at, log_level=settings().run_log_level)]
+        else [run_tick(defs, instance, at, log_level=level, tenant=name)]
     )
     rows = [
         {
@@ -152,6 +161,7 @@ def tick(now: str | None, until_quiet: bool, fmt: str) -> None:
     "--no-wait", is_flag=True, help="Only queue the job; the sensor (or `rollups tick`) runs it."
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def recompute(
     rollup: str, start: str, end: str, entities: tuple[str, ...], no_wait: bool, fmt: str
@@ -173,6 +183,7 @@ def recompute(
             instance,
             sensors=("retroactive_write_sensor",),
             log_level=settings().run_log_level,
+            tenant=tenant(),
         )
     final = engine().ledger.job(job.job_id) or job
     if final.coalesced_into:
@@ -188,6 +199,7 @@ def recompute(
 @click.option("--to", "end", required=True)
 @click.option("--max-partitions", type=int, default=50, show_default=True)
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def check(rollup: str, start: str, end: str, max_partitions: int, fmt: str) -> None:
     """Run the `matches_source` asset check, one partition per run (per partition in the UI)."""
@@ -214,7 +226,7 @@ def check(rollup: str, start: str, end: str, max_partitions: int, fmt: str) -> N
         run = execute(
             defs,
             instance,
-            check_job_name(spec),
+            check_job_name(spec, scope()),
             {"dagster/partition": key},
             log_level=settings().run_log_level,
         )

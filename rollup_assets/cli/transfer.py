@@ -3,7 +3,16 @@ warehouse."""
 
 import click
 
-from rollup_assets.cli.app import FORMATS, echo_data, engine, handle_errors, main, time_range
+from rollup_assets.cli.app import (
+    FORMATS,
+    echo_data,
+    engine,
+    handle_errors,
+    main,
+    tenant_option,
+    time_range,
+)
+from rollup_assets.cli.progress import QUIET
 from rollup_assets.model.windows import iso_utc
 
 
@@ -16,6 +25,7 @@ from rollup_assets.model.windows import iso_utc
 @click.option("--to", "end", help="Rows (buckets) starting before this instant.")
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def export(
     archive: str, file: str, start: str | None, end: str | None, entities: tuple[str, ...], fmt: str
@@ -46,6 +56,7 @@ def export(
 @click.argument("archive")
 @click.argument("file")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
 @handle_errors
 def import_command(archive: str, file: str, fmt: str) -> None:
     """Load FILE (written by `export`, or any file `ingest` takes) into a raw or time-range
@@ -71,9 +82,8 @@ def import_command(archive: str, file: str, fmt: str) -> None:
 @main.command("backup")
 @click.argument("directory", metavar="DIR")
 @click.option("--format", "fmt", type=FORMATS, default="table")
-@click.option(
-    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
-)
+@QUIET
+@tenant_option
 @handle_errors
 def backup_command(directory: str, fmt: str, quiet: bool) -> None:
     """Copy every table of the warehouse into the new or empty DIR (a path or URI).
@@ -102,9 +112,8 @@ def backup_command(directory: str, fmt: str, quiet: bool) -> None:
 @main.command("restore")
 @click.argument("directory", metavar="DIR")
 @click.option("--format", "fmt", type=FORMATS, default="table")
-@click.option(
-    "--quiet", is_flag=True, help="No progress line (there is none unless on a terminal)."
-)
+@QUIET
+@tenant_option
 @handle_errors
 def restore_command(directory: str, fmt: str, quiet: bool) -> None:
     """Rebuild the empty warehouse (ROLLUPS_WAREHOUSE) from the backup in DIR.

@@ -27,6 +27,7 @@ from rollup_assets.demo.steps import (
     retention,
 )
 from rollup_assets.demo.story import MARKER, DemoError, Story
+from rollup_assets.model.errors import TenantError
 from rollup_assets.services.engine import Engine
 from rollup_assets.settings import Settings
 
@@ -71,6 +72,11 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     warehouse = Warehouse(settings.warehouse)
     home = ensure_home(settings)
     catalog = load_catalog(settings.specs)
+    if catalog.tenants:
+        raise TenantError(
+            f"the demo runs one installation, but {catalog.origin} declares tenants "
+            f"({', '.join(catalog.tenants)}); use a spec without tenants"
+        )
     click.echo(click.style("rollups demo: rollups that stay correct", bold=True))
     click.echo(f"  warehouse     {warehouse.root}")
     click.echo(f"  Dagster home  {home}")

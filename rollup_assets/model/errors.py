@@ -21,6 +21,11 @@ class ArchiveNotFoundError(RollupsError):
     """The name does not resolve to a declared archive."""
 
 
+class TenantError(RollupsError):
+    """A tenant is unknown, missing where the spec declares tenants, or given where it declares
+    none."""
+
+
 class InvalidArchiveOperationError(RollupsError):
     """The operation does not apply to this kind of archive (e.g. ingest into a rollup)."""
 

@@ -25,6 +25,7 @@ from rollup_assets.model.specs import (
     ColumnType,
     RawArchiveSpec,
     RollupSpec,
+    Tenant,
     TimeRangeArchiveSpec,
 )
 from rollup_assets.settings import Settings
@@ -78,20 +79,22 @@ def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
         "raw_archives",
         "time_range_archives",
         "rollups",
+        "tenants",
     }
     if unknown:
         raise SpecError(
             origin,
             "known top-level keys",
             f"unknown top-level keys {sorted(unknown)}; expected raw_archives, "
-            "time_range_archives, rollups",
+            "time_range_archives, rollups, tenants",
         )
     raw = {n: _parse_raw(n, b) for n, b in _section(doc, "raw_archives", origin).items()}
     tr = {
         n: _parse_time_range(n, b) for n, b in _section(doc, "time_range_archives", origin).items()
     }
     rollups = {n: _parse_rollup(n, b) for n, b in _section(doc, "rollups", origin).items()}
-    return validate_catalog(raw, tr, rollups, origin)
+    tenants = {n: _parse_tenant(n, b) for n, b in _section(doc, "tenants", origin).items()}
+    return validate_catalog(raw, tr, rollups, origin, tenants)
 
 
 def _section(doc: Mapping[str, Any], key: str, origin: str) -> dict[str, Any]:
@@ -166,6 +169,26 @@ def _formula(name: str, col: str, decl: Mapping[str, Any]) -> Formula | None:
         return parse_formula(text)
     except FormulaSyntaxError as exc:
         raise SpecError(name, "formula", f"column '{col}': {exc}") from None
+
+
+def _parse_tenant(name: str, body: Any) -> Tenant:
+    """A tenant: `{}` (or nothing) for the default root, or `{warehouse: <root>}`."""
+    subject = f"tenants.{name}"
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise SpecError(subject, "tenant body is a mapping", "a tenant must be {} or a mapping")
+    unknown = set(body) - {"warehouse"}
+    if unknown:
+        raise SpecError(
+            subject, "known keys", f"unknown keys {sorted(unknown)}; allowed: ['warehouse']"
+        )
+    root = body.get("warehouse")
+    if root is not None and (not isinstance(root, str) or not root.strip()):
+        raise SpecError(
+            subject, "tenant warehouse", "'warehouse' must be a directory or an object-store URI"
+        )
+    return Tenant(name=name, warehouse=root.strip() if root is not None else None)
 
 
 def _parse_raw(name: str, body: Any) -> RawArchiveSpec:

@@ -21,6 +21,7 @@ from rollup_assets.model.specs import (
     ColumnType,
     RawArchiveSpec,
     RollupSpec,
+    Tenant,
     TimeRangeArchiveSpec,
     is_valid_name,
 )
@@ -31,7 +32,10 @@ def validate_catalog(
     time_range: dict[str, TimeRangeArchiveSpec],
     rollups: dict[str, RollupSpec],
     origin: str,
+    tenants: dict[str, Tenant] | None = None,
 ) -> Catalog:
+    tenants = tenants or {}
+    _check_tenants(tenants)
     seen: dict[str, str] = {}
     for kind, names in (("raw", raw), ("time_range", time_range), ("rollup", rollups)):
         for name in names:
@@ -69,7 +73,30 @@ def validate_catalog(
         )
         for name, spec in time_range.items()
     }
-    return Catalog(raw=raw, time_range=time_range, rollups=resolved, origin=origin)
+    return Catalog(raw=raw, time_range=time_range, rollups=resolved, origin=origin, tenants=tenants)
+
+
+def _check_tenants(tenants: dict[str, Tenant]) -> None:
+    """Tenant names are archive-like names (they become asset-key prefixes and parts of job,
+    sensor and pool names), and no two tenants name the same warehouse root."""
+    roots: dict[str, str] = {}
+    for name, tenant in tenants.items():
+        if not is_valid_name(name):
+            raise SpecError(
+                f"tenants.{name}",
+                "tenant name",
+                "names are lower-case identifiers (a-z, 0-9, _; no '__'), at most 63 characters",
+            )
+        if tenant.warehouse is None:
+            continue
+        root = tenant.warehouse.rstrip("/")
+        if root in roots:
+            raise SpecError(
+                f"tenants.{name}",
+                "one warehouse per tenant",
+                f"warehouse {tenant.warehouse!r} is also tenant '{roots[root]}'s",
+            )
+        roots[root] = name
 
 
 def _check_retention(

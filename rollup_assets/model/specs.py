@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from rollup_assets.model.errors import ArchiveNotFoundError, InvalidArchiveOperationError
+from rollup_assets.model.errors import (
+    ArchiveNotFoundError,
+    InvalidArchiveOperationError,
+    TenantError,
+)
 from rollup_assets.model.formulas import Formula
 
 ENTITY_COLUMN = "entity_id"
@@ -275,13 +279,40 @@ def schema_fingerprint(spec: ArchiveSpec) -> str:
 
 
 @dataclass(frozen=True)
+class Tenant:
+    """A tenant: every declared archive again, in its own warehouse root and under its own
+    asset-key prefix. `warehouse` is the root the spec gives (None: the default, a directory
+    named after the tenant under the configured warehouse, resolved at the edge)."""
+
+    name: str
+    warehouse: str | None = None
+
+
+@dataclass(frozen=True)
 class Catalog:
-    """All declared archives, validated. Rollups are kept in dependency order (sources first)."""
+    """All declared archives, validated. Rollups are kept in dependency order (sources first).
+    With `tenants`, each tenant gets every archive, in isolation; without, there is one
+    installation, as before."""
 
     raw: Mapping[str, RawArchiveSpec]
     time_range: Mapping[str, TimeRangeArchiveSpec]
     rollups: Mapping[str, RollupSpec]
     origin: str = "<memory>"
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+
+    def tenant(self, name: str | None) -> Tenant | None:
+        """The tenant a command acts for: `name` must be a declared tenant when the spec
+        declares tenants, and None when it declares none."""
+        known = ", ".join(self.tenants)
+        if name is None:
+            if self.tenants:
+                raise TenantError(f"{self.origin} declares tenants ({known}); name one of them")
+            return None
+        if not self.tenants:
+            raise TenantError(f"tenant '{name}' given, but {self.origin} declares no tenants")
+        if name not in self.tenants:
+            raise TenantError(f"tenant '{name}' is not declared in {self.origin} (known: {known})")
+        return self.tenants[name]
 
     def archive(self, name: str) -> ArchiveSpec:
         for table in (self.raw, self.time_range, self.rollups):

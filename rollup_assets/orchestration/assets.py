@@ -25,6 +25,7 @@ from rollup_assets.orchestration.partitions import partitions_def_for
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
 from rollup_assets.orchestration.runs import DagsterRunGate
 from rollup_assets.orchestration.tags import RunIntent
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.chain import Chain
 from rollup_assets.services.engine import RunOutcome
 from rollup_assets.services.forward import run_forward
@@ -84,18 +85,20 @@ def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
 
 
 def _materializations(
-    spec: RollupSpec, outcome: RunOutcome, spark: SparkResource
+    spec: RollupSpec, outcome: RunOutcome, spark: SparkResource, scope: Scope
 ) -> Iterator[dg.AssetMaterialization]:
     """One materialization per bucket the run rewrote, all with the run's figures."""
     meta = _metadata(outcome, spark)
     for key in _partition_keys(spec, outcome):
-        yield dg.AssetMaterialization(
-            asset_key=dg.AssetKey(spec.name), partition=key, metadata=meta
-        )
+        yield dg.AssetMaterialization(asset_key=scope.key(spec.name), partition=key, metadata=meta)
 
 
 def _own_materializations(
-    context: dg.AssetExecutionContext, spec: RollupSpec, outcome: RunOutcome, spark: SparkResource
+    context: dg.AssetExecutionContext,
+    spec: RollupSpec,
+    outcome: RunOutcome,
+    spark: SparkResource,
+    scope: Scope,
 ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
     """The run's own asset: when it rewrote exactly the partitions it was asked for (a backfill
     range, typically), one result for the range, which Dagster records per partition through its
@@ -106,7 +109,7 @@ def _own_materializations(
     if set(_partition_keys(spec, outcome)) == set(context.partition_keys):
         yield dg.MaterializeResult(metadata=_metadata(outcome, spark))
     else:
-        yield from _materializations(spec, outcome, spark)
+        yield from _materializations(spec, outcome, spark, scope)
 
 
 def _freshness(spec: RollupSpec) -> dg.FreshnessPolicy:
@@ -115,21 +118,24 @@ def _freshness(spec: RollupSpec) -> dg.FreshnessPolicy:
     return dg.FreshnessPolicy.time_window(fail_window=fail, warn_window=warn)
 
 
-def build_rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
-    """The rollup's asset. `backfill_policy` and `allow_nonexistent_upstream_partitions` are beta
-    parameters used on purpose; their warnings would otherwise print on every load."""
+def build_rollup_asset(
+    spec: RollupSpec, catalog: Catalog, scope: Scope = NO_TENANT
+) -> dg.AssetsDefinition:
+    """The rollup's asset, over `scope`'s warehouse only (its tenant's root and engine).
+    `backfill_policy` and `allow_nonexistent_upstream_partitions` are beta parameters used on
+    purpose; their warnings would otherwise print on every load."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _rollup_asset(spec, catalog)
+        return _rollup_asset(spec, catalog, scope)
 
 
-def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
+def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.AssetsDefinition:
     @dg.asset(
-        name=spec.name,
+        key=scope.key(spec.name),
         partitions_def=partitions_def_for(spec),
         deps=[
             dg.AssetDep(
-                spec.source,
+                scope.key(spec.source),
                 partition_mapping=dg.TimeWindowPartitionMapping(
                     allow_nonexistent_upstream_partitions=True
                 ),
@@ -137,20 +143,25 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
         ],
         backfill_policy=dg.BackfillPolicy.single_run(),
         output_required=False,
-        pool=pool_name(spec),
-        group_name=group_name(catalog, spec.name),
+        pool=pool_name(spec, scope),
+        group_name=scope.name(group_name(catalog, spec.name)),
         description=describe(spec, catalog),
         kinds={"spark", "delta"},
-        metadata={"rollups/source": spec.source, "rollups/zone": spec.reference_time_zone},
         freshness_policy=_freshness(spec),
+        metadata={
+            "rollups/source": spec.source,
+            "rollups/zone": spec.reference_time_zone,
+            **scope.tags(),
+        },
+        # The warehouse by its scope's key: a tenant's asset is handed its own root only.
+        required_resource_keys={scope.warehouse_key, "spark", "clock"},
     )
     def _rollup(
-        context: dg.AssetExecutionContext,
-        config: RollupRunConfig,
-        spark: SparkResource,
-        warehouse: WarehouseResource,
-        clock: ClockResource,
+        context: dg.AssetExecutionContext, config: RollupRunConfig
     ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+        warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
+        spark: SparkResource = context.resources.spark
+        clock: ClockResource = context.resources.clock
         engine = warehouse.engine(catalog)
         intent = RunIntent.from_tags(context.run.tags, spec.name)
         tw = context.partition_time_window
@@ -185,25 +196,25 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog) -> dg.AssetsDefinition:
             )
         if outcome.note:
             say(outcome.note)
-        yield from _own_materializations(context, spec, outcome, spark)
+        yield from _own_materializations(context, spec, outcome, spark, scope)
         if outcome.buckets and config.propagate_in_run:
-            gate = DagsterRunGate(context.instance, run_id)
+            gate = DagsterRunGate(context.instance, run_id, scope)
             chain = Chain(engine, spark.session, gate, run_id, now, log_progress=say)
             for above, result in chain.run(spec, outcome):
-                yield from _materializations(above, result, spark)
+                yield from _materializations(above, result, spark, scope)
         say(f"Spark: {spark.describe_use()}")
 
     return _rollup
 
 
-def build_raw_spec(name: str, catalog: Catalog) -> dg.AssetSpec:
+def build_raw_spec(name: str, catalog: Catalog, scope: Scope = NO_TENANT) -> dg.AssetSpec:
     spec = catalog.archive(name)
     firsts = catalog.first_levels(name)
     return dg.AssetSpec(
-        name,
+        scope.key(name),
         partitions_def=partitions_def_for(firsts[0]) if firsts else None,
-        group_name=group_name(catalog, name),
+        group_name=scope.name(group_name(catalog, name)),
         description=describe(spec, catalog),
         kinds={"delta"},
-        metadata={"rollups/kind": spec.kind.value},
+        metadata={"rollups/kind": spec.kind.value, **scope.tags()},
     )

@@ -19,6 +19,7 @@ import yaml
 
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.orchestration.dagster_internals import set_pool_limits
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope, scopes_of
 from rollup_assets.settings import Settings
 
 # Runs wait in Dagster's queue; it looks for runs to launch every second (Dagster's default is
@@ -136,14 +137,24 @@ def ensure_home(settings: Settings) -> Path:
     return home
 
 
-def pool_name(spec: RollupSpec) -> str:
-    """The rollup's Dagster pool: every run that writes the rollup holds its one slot."""
-    return f"rollup_{spec.name}"
+def pool_name(spec: RollupSpec, scope: Scope = NO_TENANT) -> str:
+    """The rollup's Dagster pool (one per tenant and rollup): every run that writes the rollup
+    holds its one slot."""
+    return f"rollup_{scope.name(spec.name)}"
 
 
-def ensure_pools(instance: dg.DagsterInstance, catalog: Catalog) -> None:
-    """Give every rollup's pool an explicit limit of 1 (idempotent)."""
-    set_pool_limits(instance, [pool_name(spec) for spec in catalog.rollups.values()], limit=1)
+def pool_names(catalog: Catalog, scope: Scope | None = None) -> list[str]:
+    """The pools of `scope`'s rollups (None: of every tenant's)."""
+    scopes = [scope] if scope is not None else scopes_of(catalog)
+    return [pool_name(spec, s) for s in scopes for spec in catalog.rollups.values()]
+
+
+def ensure_pools(
+    instance: dg.DagsterInstance, catalog: Catalog, scope: Scope | None = None
+) -> None:
+    """Give every rollup's pool an explicit limit of 1 (idempotent), of `scope` (None: of every
+    tenant)."""
+    set_pool_limits(instance, pool_names(catalog, scope), limit=1)
 
 
 def get_instance(settings: Settings) -> dg.DagsterInstance:

@@ -4,16 +4,19 @@ import dagster as dg
 
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.orchestration.tags import TAG_ROLLUP
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 
 
-def job_name(spec: RollupSpec) -> str:
-    return f"{spec.name}_job"
+def job_name(spec: RollupSpec, scope: Scope = NO_TENANT) -> str:
+    return scope.name(f"{spec.name}_job")
 
 
-def build_rollup_job(spec: RollupSpec):
+def build_rollup_job(spec: RollupSpec, scope: Scope = NO_TENANT):
     return dg.define_asset_job(
-        name=job_name(spec),
-        selection=dg.AssetSelection.assets(spec.name).without_checks(),
-        description=f"Materialize partitions of {spec.name} (the sensors launch it; so can you).",
-        tags={TAG_ROLLUP: spec.name},
+        name=job_name(spec, scope),
+        selection=dg.AssetSelection.assets(scope.key(spec.name)).without_checks(),
+        description=scope.describe(
+            f"Materialize partitions of {spec.name} (the sensors launch it; so can you)."
+        ),
+        tags={TAG_ROLLUP: spec.name, **scope.tags()},
     )

@@ -5,6 +5,7 @@ from pydantic import Field
 
 from rollup_assets.model.specs import Catalog
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.maintenance import DEFAULT_RETENTION_HOURS, maintain
 
 
@@ -19,11 +20,14 @@ class MaintenanceConfig(dg.Config):
     )
 
 
-def build_maintenance(catalog: Catalog) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
-    @dg.op
-    def maintain_tables(
-        context: dg.OpExecutionContext, config: MaintenanceConfig, warehouse: WarehouseResource
-    ):
+def build_maintenance(
+    catalog: Catalog, scope: Scope = NO_TENANT
+) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    """The maintenance job and schedule of `scope` (a tenant's maintain its own warehouse)."""
+
+    @dg.op(name=scope.name("maintain_tables"), required_resource_keys={scope.warehouse_key})
+    def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig):
+        warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
         report = maintain(warehouse.engine(catalog), retention_hours=config.retention_hours)
         for line in report.details:
             context.log.info(line)
@@ -43,15 +47,18 @@ def build_maintenance(catalog: Catalog) -> tuple[dg.JobDefinition, dg.ScheduleDe
             raise dg.Failure(description="; ".join(failed))
 
     @dg.job(
-        name="maintain_warehouse",
-        description="Drop raw days older than each archive's retention, then checkpoint, "
-        "compact, sweep and vacuum every table.",
+        name=scope.name("maintain_warehouse"),
+        description=scope.describe(
+            "Drop raw days older than each archive's retention, then checkpoint, "
+            "compact, sweep and vacuum every table."
+        ),
+        tags=scope.tags(),
     )
     def maintain_warehouse() -> None:
         maintain_tables()
 
     schedule = dg.ScheduleDefinition(
-        name="nightly_maintenance",
+        name=scope.name("nightly_maintenance"),
         job=maintain_warehouse,
         cron_schedule="30 2 * * *",
         execution_timezone="UTC",

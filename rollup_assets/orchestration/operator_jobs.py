@@ -12,6 +12,7 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.tags import TAG_OPERATOR
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.columns import ColumnAction, change_column
 from rollup_assets.services.operations import Operations
 
@@ -56,15 +57,17 @@ class ColumnConfig(dg.Config):
     column: str = Field(description="Computed column, as the spec declares it (or no longer does)")
 
 
-def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
-    def ops(context: dg.OpExecutionContext, warehouse: WarehouseResource) -> Operations:
+def build_operator_jobs(catalog: Catalog, scope: Scope = NO_TENANT) -> list[dg.JobDefinition]:
+    """The operator jobs of `scope` (a tenant's act on its own warehouse only)."""
+    resources = {scope.warehouse_key}
+
+    def ops(context: dg.OpExecutionContext) -> Operations:
+        warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
         return Operations(warehouse.engine(catalog), actor=f"dagster:{context.run_id}")
 
-    @dg.op
-    def queue_recompute(
-        context: dg.OpExecutionContext, config: RecomputeConfig, warehouse: WarehouseResource
-    ):
-        job = ops(context, warehouse).request_recompute(
+    @dg.op(name=scope.name("queue_recompute"), required_resource_keys=resources)
+    def queue_recompute(context: dg.OpExecutionContext, config: RecomputeConfig):
+        job = ops(context).request_recompute(
             config.rollup,
             parse_instant(config.start, "start"),
             parse_instant(config.end, "end"),
@@ -79,23 +82,19 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
         context.add_output_metadata({"job_id": job.job_id})
         return job.job_id
 
-    @dg.op
-    def freeze(context: dg.OpExecutionContext, config: FreezeConfig, warehouse: WarehouseResource):
-        state = ops(context, warehouse).freeze(config.rollup, parse_instant(config.until, "until"))
+    @dg.op(name=scope.name("freeze"), required_resource_keys=resources)
+    def freeze(context: dg.OpExecutionContext, config: FreezeConfig):
+        state = ops(context).freeze(config.rollup, parse_instant(config.until, "until"))
         context.log.info("%s frozen until %s", config.rollup, state.frozen_until)
 
-    @dg.op
-    def unfreeze(
-        context: dg.OpExecutionContext, config: UnfreezeConfig, warehouse: WarehouseResource
-    ):
-        ops(context, warehouse).unfreeze(config.rollup, config.accept_gaps)
+    @dg.op(name=scope.name("unfreeze"), required_resource_keys=resources)
+    def unfreeze(context: dg.OpExecutionContext, config: UnfreezeConfig):
+        ops(context).unfreeze(config.rollup, config.accept_gaps)
         context.log.info("%s unfrozen (accept_gaps=%s)", config.rollup, config.accept_gaps)
 
-    @dg.op
-    def rewind(context: dg.OpExecutionContext, config: RewindConfig, warehouse: WarehouseResource):
-        state, deleted = ops(context, warehouse).rewind(
-            config.rollup, parse_instant(config.to, "to")
-        )
+    @dg.op(name=scope.name("rewind"), required_resource_keys=resources)
+    def rewind(context: dg.OpExecutionContext, config: RewindConfig):
+        state, deleted = ops(context).rewind(config.rollup, parse_instant(config.to, "to"))
         context.log.info(
             "%s rewound to %s; %d recomputed row(s) dropped",
             config.rollup,
@@ -103,19 +102,19 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
             deleted,
         )
 
-    @dg.op
-    def change_status(
-        context: dg.OpExecutionContext, config: LifecycleConfig, warehouse: WarehouseResource
-    ):
-        o = ops(context, warehouse)
+    @dg.op(name=scope.name("change_status"), required_resource_keys=resources)
+    def change_status(context: dg.OpExecutionContext, config: LifecycleConfig):
+        o = ops(context)
         state = getattr(o, config.action)(config.archive)
         context.log.info("%s is now %s", config.archive, state.status.value)
 
     def column_op(action: ColumnAction) -> dg.OpDefinition:
-        @dg.op(name=f"{action.value.replace('-', '_')}_column")
-        def _op(
-            context: dg.OpExecutionContext, config: ColumnConfig, warehouse: WarehouseResource
-        ) -> None:
+        @dg.op(
+            name=scope.name(f"{action.value.replace('-', '_')}_column"),
+            required_resource_keys=resources,
+        )
+        def _op(context: dg.OpExecutionContext, config: ColumnConfig) -> None:
+            warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
             result = change_column(
                 warehouse.engine(catalog),
                 config.archive,
@@ -145,7 +144,11 @@ def build_operator_jobs(catalog: Catalog) -> list[dg.JobDefinition]:
         return _op
 
     def job(name: str, op: dg.OpDefinition, description: str) -> dg.JobDefinition:
-        @dg.job(name=name, description=description, tags={TAG_OPERATOR: "true"})
+        @dg.job(
+            name=scope.name(name),
+            description=scope.describe(description),
+            tags={TAG_OPERATOR: "true", **scope.tags()},
+        )
         def _job() -> None:
             op()
 

@@ -18,6 +18,7 @@ from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.instance import use_range_event_settings
 from rollup_assets.orchestration.resources import ClockResource
 from rollup_assets.orchestration.tags import RUN_KEY, TAG_HOST, TAG_PID
+from rollup_assets.orchestration.tenancy import Scope
 
 log = logging.getLogger(__name__)
 SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor")
@@ -107,13 +108,15 @@ def tick(
     now: datetime | None = None,
     sensors: tuple[str, ...] = SENSORS,
     log_level: str | None = None,
+    tenant: str | None = None,
 ) -> TickReport:
-    """One evaluation of each sensor, with its run requests executed in-process. With `now` the
-    sensors' clock is pinned, and so is the clock of every run they request (its tags carry it)."""
+    """One evaluation of each sensor (of `tenant`'s, when the code location has tenants), with
+    its run requests executed in-process. With `now` the sensors' clock is pinned, and so is the
+    clock of every run they request (its tags carry it)."""
     report = TickReport()
     resources = defs.resources or {}
     clock = ClockResource(now=iso_utc(now)) if now is not None else resources["clock"]
-    for name in sensors:
+    for name in (Scope(tenant).name(s) for s in sensors):
         sensor = defs.resolve_sensor_def(name)
         key = CURSOR_KEY.format(name)
         cursor = instance.run_storage.get_cursor_values({key}).get(key)
@@ -121,8 +124,11 @@ def tick(
             instance=instance,
             cursor=cursor,
             definitions=defs,
-            # Sensors read Delta logs only; never hand them the Spark resource.
-            resources={"warehouse": resources["warehouse"], "clock": clock},
+            # Only what the sensor asks for: its own tenant's warehouse and the clock (sensors
+            # read Delta logs only; never hand them the Spark resource).
+            resources={
+                k: clock if k == "clock" else resources[k] for k in sensor.required_resource_keys
+            },
         )
         data = sensor.evaluate_tick(ctx)
         for event in data.asset_events:
@@ -155,11 +161,12 @@ def tick_until_quiet(
     max_ticks: int = 25,
     sensors: tuple[str, ...] = SENSORS,
     log_level: str | None = None,
+    tenant: str | None = None,
 ) -> list[TickReport]:
     """Tick until a tick launches nothing (or `max_ticks`)."""
     reports = []
     for _ in range(max_ticks):
-        r = tick(defs, instance, now, sensors, log_level)
+        r = tick(defs, instance, now, sensors, log_level, tenant)
         reports.append(r)
         if not r.runs:
             break

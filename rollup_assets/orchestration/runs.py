@@ -13,6 +13,7 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.orchestration.dagster_internals import fail_dead_run, pool_slot
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.tags import TAG_HOST, TAG_JOB, TAG_LANE, TAG_PID, TAG_ROLLUP
+from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 
 log = logging.getLogger(__name__)
 UNFINISHED = [
@@ -33,8 +34,17 @@ def launcher_host(instance: dg.DagsterInstance) -> str | None:
 
 
 class DagsterRunLookup:
-    def __init__(self, instance: dg.DagsterInstance) -> None:
+    """The runs of one scope: a tenant's lookup never sees (nor reaps) another tenant's runs."""
+
+    def __init__(self, instance: dg.DagsterInstance, scope: Scope = NO_TENANT) -> None:
         self.instance = instance
+        self.scope = scope
+
+    def _filter(
+        self, tags: dict[str, str], statuses: list[dg.DagsterRunStatus] | None = None
+    ) -> dg.RunsFilter:
+        """Runs with `tags` (and `statuses`) of this lookup's tenant only."""
+        return dg.RunsFilter(tags={**tags, **self.scope.tags()}, statuses=statuses)
 
     def _gone(self, run: dg.DagsterRun) -> bool:
         """Is `run` unfinished although the process running it (on this host) is gone?"""
@@ -66,7 +76,7 @@ class DagsterRunLookup:
     def dead_runs(self, lane: Lane) -> list[dg.DagsterRun]:
         """Unfinished runs of `lane` whose process is gone (not reaped yet)."""
         records = self.instance.get_run_records(
-            filters=dg.RunsFilter(tags={TAG_LANE: lane.value}, statuses=UNFINISHED)
+            filters=self._filter({TAG_LANE: lane.value}, statuses=UNFINISHED)
         )
         return [r.dagster_run for r in records if self._gone(r.dagster_run)]
 
@@ -77,7 +87,7 @@ class DagsterRunLookup:
     def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:
         """(run id, finished) of every run launched for the job, and of `owner`, the run that
         recorded it running, when that run took the job over in its chain (not launched for it)."""
-        records = list(self.instance.get_run_records(filters=dg.RunsFilter(tags={TAG_JOB: job_id})))
+        records = list(self.instance.get_run_records(filters=self._filter({TAG_JOB: job_id})))
         if owner and all(r.dagster_run.run_id != owner for r in records):
             records += self.instance.get_run_records(filters=dg.RunsFilter(run_ids=[owner]))
         out = []
@@ -88,7 +98,7 @@ class DagsterRunLookup:
 
     def in_flight(self, lane: Lane) -> set[str]:
         records = self.instance.get_run_records(
-            filters=dg.RunsFilter(tags={TAG_LANE: lane.value}, statuses=UNFINISHED)
+            filters=self._filter({TAG_LANE: lane.value}, statuses=UNFINISHED)
         )
         return {
             r.dagster_run.tags.get(TAG_ROLLUP, "")
@@ -101,13 +111,15 @@ class DagsterRunGate:
     """The chain's `RunGate`: a level's slot is its Dagster pool's slot, held for a step named
     after the level; runs are looked up by their tags."""
 
-    def __init__(self, instance: dg.DagsterInstance, run_id: str) -> None:
+    def __init__(self, instance: dg.DagsterInstance, run_id: str, scope: Scope = NO_TENANT) -> None:
         self.instance = instance
         self.run_id = run_id
-        self.lookup = DagsterRunLookup(instance)
+        self.scope = scope
+        self.lookup = DagsterRunLookup(instance, scope)
 
     def hold(self, spec: RollupSpec) -> AbstractContextManager[bool]:
-        return pool_slot(self.instance, pool_name(spec), self.run_id, f"{spec.name}__chain")
+        step = f"{self.scope.name(spec.name)}__chain"
+        return pool_slot(self.instance, pool_name(spec, self.scope), self.run_id, step)
 
     def launched_for(self, job_id: str) -> bool:
         return bool(self.lookup.runs_of_job(job_id))

@@ -154,8 +154,8 @@ def _numpy_value(node: Node, df: pd.DataFrame) -> np.ndarray:
             arithmetic = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide}
             if op in arithmetic:
                 return clean(arithmetic[op](a, b))
-            if op == "^":
-                return clean(np.power(a, b))
+            if op == "^":  # numpy says nan ** 0 == 1 ** nan == 1; a null operand gives null
+                return null_if_any(clean(np.power(a, b)), a, b)
             compare = {
                 "<": np.less,
                 "<=": np.less_equal,

@@ -248,7 +248,7 @@ def _combine(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     ).map(lambda t: f"({t[0]} {t[1]} {t[2]})")
     unary = st.tuples(
         st.sampled_from(["abs", "sqrt", "ln", "floor", "ceil", "sign", "-", "not "]), children
-    ).map(lambda t: f"{t[0]}({t[1]})")
+    ).map(lambda t: f"({t[0]}({t[1]}))")  # `not` binds looser than `+`: parenthesized
     calls = st.one_of(
         st.tuples(children, children).map(lambda t: f"min({t[0]}, {t[1]})"),
         st.tuples(children, children, children).map(lambda t: f"if({t[0]}, {t[1]}, {t[2]})"),
