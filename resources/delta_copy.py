@@ -190,7 +190,7 @@ def copy_table(
     source = filesystem_for(uri, storage_options)
     data = copy_files(source, target, files.data)
     old = copy_files(source, target, files.history, optional=True)
-    logged = copy_files(source, target, files.log)
+    logged = copy_files(source, target, files.log, ordered=True)  # commits before later ones
     if old.skipped:
         log.info("%s: %d file(s) of old commits were already vacuumed", uri, old.skipped)
     return Copied(

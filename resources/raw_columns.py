@@ -25,11 +25,13 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from resources.batch_conversion import fill_computed
-from resources.delta_tables import file_actions, read_commit
+from resources.delta_tables import file_actions, read_commit, with_retries
 from resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
 from resources.warehouse import filesystem_for
 from rollup_assets.model.column_rules import check_computed_columns
@@ -40,6 +42,7 @@ from rollup_assets.model.specs import (
     ColumnType,
     RawArchiveSpec,
     TimeRangeArchiveSpec,
+    key_columns,
 )
 
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
@@ -121,3 +124,63 @@ def columns_changed_between(uri: str, options: dict[str, str], after: int, upto:
 def _info(uri: str, options: dict[str, str], version: int) -> dict:
     actions = read_commit(uri, version, options)
     return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+
+
+def refresh_inserted(
+    uri: str, options: dict[str, str], target: SourceSpec, read: int, wrote: int
+) -> int:
+    """Recompute the computed columns of the rows commits between a rewrite's snapshot (`read`)
+    and its own commit (`wrote`) inserted: the rewrite did not see them. One MERGE updates only
+    the computed columns, and only of rows whose other columns are still what was read (a row
+    an ingest changed since holds values of the new formulas already); returns the rows read."""
+    if wrote - read <= 1:
+        return 0
+    keys = key_columns(target)
+
+    def attempt() -> int:
+        table = DeltaTable(uri, storage_options=options or None)
+        changed = pa.table(
+            table.load_cdf(starting_version=read + 1, ending_version=wrote - 1, columns=keys)
+        )
+        if changed.num_rows == 0:
+            return 0
+        schema = archive_schema(target)
+        key_schema = pa.schema([schema.field(k) for k in keys])
+        wanted = changed.select(keys).cast(key_schema).group_by(keys).aggregate([])
+        days = sorted({d.isoformat() for d in pc.cast(wanted[keys[1]], pa.date32()).to_pylist()})
+        current = pa.table(table.to_pyarrow_table(filters=[(DAY_COLUMN, "in", days)]))
+        current = current.select(schema.names).cast(schema)
+        rows = current.join(wanted, keys=keys, join_type="inner")
+        if rows.num_rows == 0:
+            return 0
+        columns = {n: rows[n] for n in rows.column_names}
+        fill_computed(target, columns, rows.num_rows)
+        source = pa.table({n: columns[n] for n in schema.names}, schema=schema)
+        ingested = [c.name for c in target.columns if not c.is_computed]
+        same = " AND ".join([f"t.{DAY_COLUMN} = s.{DAY_COLUMN}"] + [f"t.{k} = s.{k}" for k in keys])
+        unchanged = " AND ".join(f"(t.{c} IS NOT DISTINCT FROM s.{c})" for c in ingested)
+        lo, hi = pc.min_max(source[keys[1]]).values()
+        table.merge(
+            source,
+            predicate=same,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    "rollups.operation": "refresh-computed",
+                    "rollups.min_ts": lo.as_py().isoformat(),
+                    "rollups.max_ts": hi.as_py().isoformat(),
+                }
+            ),
+        ).when_matched_update(
+            updates={c.name: f"s.{c.name}" for c in target.computed_columns},
+            predicate=unchanged or None,
+        ).execute()
+        return rows.num_rows
+
+    return with_retries(
+        attempt,
+        retryable=lambda exc: isinstance(exc, CommitFailedError),
+        attempts=8,
+        what=f"refreshing computed columns of {uri}",
+    )

@@ -147,7 +147,11 @@ def _call(function: str, values: list[Values], args: tuple[Node, ...]) -> Values
         return _number(_UNARY[function](values[0]))
     if function == "round":
         digits = int(args[1].value) if len(args) == 2 and isinstance(args[1], Number) else 0
-        return pc.round(values[0], ndigits=digits, round_mode="half_towards_infinity")
+        x = values[0]
+        # Arrow raises when x * 10**digits overflows; such a value rounds to null instead.
+        fits = pc.is_finite(pc.multiply(pc.abs(x), 10.0**digits))
+        x = pc.if_else(fits, x, pa.scalar(None, pa.float64()))
+        return pc.round(x, ndigits=digits, round_mode="half_towards_infinity")
     if function == "min":
         return pc.min_element_wise(*values, skip_nulls=False)
     if function == "max":

@@ -182,6 +182,10 @@ class _Parser:
                 f"expected {value!r}, found {found!r}" if found else f"expected {value!r}"
             )
 
+    def check_depth(self, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise self.error(f"the formula nests deeper than {MAX_DEPTH} levels")
+
     def node(self, n: Node, depth: int) -> Node:
         self.nodes += 1
         if self.nodes > MAX_NODES:
@@ -205,6 +209,7 @@ class _Parser:
         return left
 
     def negation(self, depth: int) -> Node:
+        self.check_depth(depth)
         if self.take("not", "!", "~"):
             return self.node(Unary("not", self.negation(depth + 1)), depth)
         return self.comparison(depth)
@@ -231,6 +236,7 @@ class _Parser:
         return left
 
     def sign(self, depth: int) -> Node:
+        self.check_depth(depth)
         if self.take("+"):
             return self.sign(depth + 1)
         if self.take("-"):
@@ -244,8 +250,7 @@ class _Parser:
         return base
 
     def atom(self, depth: int) -> Node:
-        if depth > MAX_DEPTH:
-            raise self.error(f"the formula nests deeper than {MAX_DEPTH} levels")
+        self.check_depth(depth)
         if self.i >= len(self.tokens):
             raise self.error("the formula ends too early")
         kind, value, _ = self.tokens[self.i]

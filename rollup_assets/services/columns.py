@@ -6,30 +6,29 @@ computed with (`resources/raw_columns.py`). A difference is a pending change, sh
 `column_states` and applied by `change_column`: every row is rewritten with the new formulas
 into files readers do not see, then one commit switches the table (a failure leaves the
 previous columns and values). Rows an ingest inserted while the rewrite ran are upserted again
-afterwards, so they hold the new values too. A new formula is a change of every first-level
+afterwards (their computed columns only, and only where nothing changed them since), so
+they hold the new values too. A new formula is a change of every first-level
 rollup aggregating the column: a Manual recompute of its closed buckets (those whose raw rows
 retention has not removed) is queued for each, and the chain carries it up.
 """
 
 import logging
-import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake.exceptions import CommitFailedError
 
 from resources.delta_tables import with_retries
-from resources.raw_columns import rewrite_columns
+from resources.raw_columns import refresh_inserted, rewrite_columns
 from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.column_rules import check_computed_columns
 from rollup_assets.model.errors import InvalidArchiveOperationError, SpecError
-from rollup_assets.model.jobs import ChangeSource, Job
-from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec, key_columns
+from rollup_assets.model.jobs import Job
+from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 
@@ -117,13 +116,15 @@ def change_column(
     table = engine.raw.table(spec)
     if table is None:
         raise ColumnChangeError(f"'{archive}' has no table yet; activate it first")
-    applied = engine.raw.applied(spec, table)
-    target = _target(spec, applied, column, action)
+    _target(spec, engine.raw.applied(spec, table), column, action)  # refuse before any work
     change = {"rollups.column": column, "rollups.column_action": action.value}
 
     def attempt() -> tuple[int, int, int]:
+        # From the snapshot this attempt rewrites: a change another one committed meanwhile
+        # (say, another column added) is kept, not overwritten with what was read before.
         fresh = engine.raw.table(spec)
         assert fresh is not None
+        target = _target(spec, engine.raw.applied(spec, fresh), column, action)
         return rewrite_columns(fresh, target, change, engine.raw.options)
 
     read, wrote, rows = with_retries(
@@ -133,7 +134,9 @@ def change_column(
         what=f"computed column change of {archive}",
     )
     result = ColumnChange(archive, column, action, wrote, rows)
-    result.reingested = _reingest_inserted(engine, spec, read, wrote)
+    result.reingested = refresh_inserted(
+        engine.raw.uri(spec), engine.raw.options, engine.raw.applied(spec), read, wrote
+    )
     if action is ColumnAction.SET_FORMULA:
         result.recomputes = _recompute_rollups(engine, spec, column, actor, now)
     log.info(
@@ -203,33 +206,6 @@ def _target(spec: SourceSpec, applied: SourceSpec, column: str, action: ColumnAc
         raise ColumnChangeError(str(exc)) from None
 
 
-def _reingest_inserted(engine: Engine, spec: SourceSpec, read: int, wrote: int) -> int:
-    """Upsert again the rows commits between the rewrite's snapshot and its commit inserted:
-    the rewrite did not see them, so they still hold the previous formulas' values."""
-    if wrote - read <= 1:
-        return 0
-    table = engine.raw.table(spec)
-    assert table is not None
-    keys = key_columns(spec)
-    changed = pa.table(
-        table.load_cdf(starting_version=read + 1, ending_version=wrote - 1, columns=keys)
-    )
-    if changed.num_rows == 0:
-        return 0
-    current = engine.raw.read_arrow(spec, table=table)
-    key_schema = pa.schema([current.schema.field(k) for k in keys])
-    wanted = changed.select(keys).cast(key_schema).group_by(keys).aggregate([])
-    rows = current.join(wanted, keys=keys, join_type="inner")
-    if rows.num_rows == 0:
-        return 0
-    supplied = [*keys, *(c.name for c in spec.columns if not c.is_computed)]
-    with tempfile.TemporaryDirectory(prefix="rollups-columns-") as tmp:
-        path = Path(tmp) / "inserted.parquet"
-        pq.write_table(rows.select([n for n in supplied if n in rows.column_names]), path)
-        engine.raw.ingest(spec, path, ChangeSource.MANUAL)
-    return rows.num_rows
-
-
 def _recompute_rollups(
     engine: Engine, spec: SourceSpec, column: str, actor: str, now: datetime | None
 ) -> list[Job]:
@@ -243,8 +219,9 @@ def _recompute_rollups(
         state = engine.states.get(rollup.name)
         if state.status is not ArchiveStatus.ACTIVATED or state.watermark is None:
             continue
-        start = max([first_bucket_start(rollup), *(w.end for w in removed)])
-        if start >= state.watermark:
-            continue
-        jobs.append(ops.request_recompute(rollup.name, start, state.watermark))
+        closed = buckets_in(rollup, [Window(first_bucket_start(rollup), state.watermark)])
+        # Every bucket whose raw rows are all there, in runs of adjacent buckets.
+        kept = [b for b in closed if not any(b.overlaps(r) for r in removed)]
+        for run in merge_windows(kept):
+            jobs.append(ops.request_recompute(rollup.name, run.start, run.end))
     return jobs

@@ -141,8 +141,9 @@ def _numpy_value(node: Node, df: pd.DataFrame) -> np.ndarray:
         case ColumnRef(name):
             col = df[name]
             if pd.api.types.is_datetime64_any_dtype(col):
-                ms = col.astype("int64").to_numpy() / 1_000_000  # nanoseconds -> milliseconds
-                return np.where(col.isna().to_numpy(), np.nan, ms)
+                epoch = pd.Timestamp(0, tz=col.dt.tz)
+                ms = (col - epoch) / pd.Timedelta(milliseconds=1)  # whatever the unit
+                return ms.astype(float).to_numpy()
             return pd.to_numeric(col, errors="coerce").astype(float).to_numpy()
         case Unary("-", operand):
             return -_numpy_value(operand, df)
@@ -187,9 +188,11 @@ def _numpy_call(function: str, xs: list[np.ndarray], args: tuple[Node, ...]) -> 
     }
     if function in unary:
         return unary[function](xs[0])
-    if function == "round":
+    if function == "round":  # half away from zero, exactly (no `floor(y + 0.5)` rounding)
         scale = 10.0 ** (args[1].value if len(args) == 2 and isinstance(args[1], Number) else 0)
-        return np.sign(xs[0]) * np.floor(np.abs(xs[0]) * scale + 0.5) / scale
+        y = xs[0] * scale
+        whole = np.trunc(y)
+        return (whole + np.sign(y) * (np.abs(y - whole) >= 0.5)) / scale
     if function in ("min", "max"):
         pick = np.minimum if function == "min" else np.maximum
         out = xs[0]

@@ -18,6 +18,7 @@ from rollup_assets.model.errors import RollupSourceMissingError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
+from rollup_assets.model.windows import Window
 from rollup_assets.services.columns import (
     ColumnAction,
     ColumnChangeError,
@@ -31,7 +32,9 @@ NOW = datetime(2025, 6, 10, tzinfo=UTC)
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
 
 
-def catalog(computed: dict[str, str], rollup_over: str | None = None) -> Catalog:
+def catalog(
+    computed: dict[str, str], rollup_over: str | None = None, daily: bool = False
+) -> Catalog:
     columns: dict = {"p": {"type": "double", "required": True}, "s": "double"}
     columns |= {n: {"type": "double", "formula": f} for n, f in computed.items()}
     doc: dict = {"raw_archives": {"meters": {"columns": columns}}}
@@ -39,8 +42,11 @@ def catalog(computed: dict[str, str], rollup_over: str | None = None) -> Catalog
         doc["rollups"] = {
             "meters_hourly": {
                 "source": "meters",
-                "alignment": "FixedSize",
-                "size": "1h",
+                **(
+                    {"alignment": "CalendarDay", "reference_time_zone": "Europe/Vienna"}
+                    if daily
+                    else {"alignment": "FixedSize", "size": "1h"}
+                ),
                 "start": "2025-01-01",
                 "aggregations": [{"column": rollup_over, "function": "Max"}],
             }
@@ -216,3 +222,76 @@ def test_a_rollup_over_a_column_not_applied_cannot_be_activated(
         Operations(engine, actor="test").activate("meters_hourly", now=NOW)
     change_column(engine, "meters", "y", ColumnAction.ADD)
     Operations(engine, actor="test").activate("meters_hourly", now=NOW)
+
+
+def test_two_changes_at_once_both_land(
+    started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    both = engine_for(tmp_path, catalog({"x": "p / s", "y": "p + s", "z": "p - s"}))
+    real = raw_columns.write_deltalake
+    calls = []
+
+    def other_change_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # z is added while y's rewrite runs: y's commit conflicts
+            monkeypatch.setattr(raw_columns, "write_deltalake", real)
+            change_column(both, "meters", "z", ColumnAction.ADD)
+            monkeypatch.setattr(raw_columns, "write_deltalake", other_change_first)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(raw_columns, "write_deltalake", other_change_first)
+    change_column(both, "meters", "y", ColumnAction.ADD)
+    assert {s.column: s.status for s in column_states(both, "meters")} == {
+        "p": "ingested", "s": "ingested", "x": "active", "y": "active", "z": "active"
+    }  # fmt: skip
+    assert values(both, "z")[("a", T0)] == 3.0 and values(both, "y")[("a", T0)] == 9.0
+
+
+def test_a_refresh_does_not_undo_a_newer_ingest(
+    started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    real_write, real_fill = raw_columns.write_deltalake, raw_columns.fill_computed
+    late = T0 + timedelta(days=5)
+    corrected = []
+
+    def with_concurrent_insert(*args, **kwargs):
+        ingest(started, tmp_path, [("e", late, 4.0, 4.0)])  # inserted under the old formula
+        return real_write(*args, **kwargs)
+
+    def producer_corrects_first(spec, columns, rows):
+        if not corrected and "e" in columns["entity_id"].to_pylist():
+            corrected.append(1)  # the refresh read e; a producer corrects it before it lands
+            ingest(engine, tmp_path, [("e", late, 5.0, 5.0)])
+        return real_fill(spec, columns, rows)
+
+    monkeypatch.setattr(raw_columns, "write_deltalake", with_concurrent_insert)
+    monkeypatch.setattr(raw_columns, "fill_computed", producer_corrects_first)
+    change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    assert corrected
+    row = [r for r in engine.raw.read_arrow(engine.catalog.raw["meters"]).to_pylist()
+           if r["entity_id"] == "e"]  # fmt: skip
+    assert [(r["p"], r["s"], r["x"]) for r in row] == [(5.0, 5.0, 25.0)]
+
+
+def test_a_new_formula_recomputes_every_bucket_whose_raw_rows_are_there(
+    started: Engine, tmp_path: Path
+) -> None:
+    old = engine_for(tmp_path, catalog({"x": "p / s"}, rollup_over="x", daily=True))
+    Operations(old, actor="test").activate("meters_hourly", now=NOW)
+    gone = Window(datetime(2025, 3, 10, tzinfo=UTC), datetime(2025, 3, 12, tzinfo=UTC))
+    spec = old.catalog.raw["meters"]
+    ingest(old, tmp_path, [("a", datetime(2025, 3, 11, tzinfo=UTC), 1.0, 1.0)])
+    old.raw.delete_rows(spec, gone, None, ChangeSource("Manual"), retention=True)
+
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}, rollup_over="x", daily=True))
+    result = change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    windows = sorted(w for job in result.recomputes for w in job.windows)
+    watermark = engine.states.get("meters_hourly").watermark
+    assert windows[0].start == datetime(2024, 12, 31, 23, tzinfo=UTC)  # local midnight
+    assert windows[-1].end == watermark
+    assert not any(w.overlaps(gone) for w in windows)
+    # Every day from the start to the watermark is covered, except those reaching into `gone`.
+    covered = sum((w.end - w.start for w in windows), timedelta())
+    skipped = timedelta(days=3)  # Vienna days 03-10, 03-11 and 03-12 each touch `gone`
+    assert covered == watermark - windows[0].start - skipped

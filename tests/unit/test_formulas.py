@@ -379,3 +379,30 @@ def test_a_batch_may_not_supply_a_computed_column(meters, tmp_path: Path) -> Non
     with pytest.raises(IngestValidationError, match=r"\['power_factor'\] are computed"):
         _ingest(store, spec, tmp_path / "a.parquet", frame)
     assert store.read_arrow(spec).num_rows == 0
+
+
+@pytest.mark.parametrize("prefix", ["-", "+", "!", "~", "not "])
+def test_long_prefix_chains_are_refused_not_crashed(prefix: str) -> None:
+    with pytest.raises(FormulaSyntaxError, match=f"deeper than {MAX_DEPTH}"):
+        parse_formula(prefix * (MAX_FORMULA_CHARS // len(prefix) - 1) + "1")
+
+
+def test_rounding_never_fails_a_batch_and_both_evaluators_agree() -> None:
+    cols = {"p": pa.array([1e307, 2.345, 0.49999999999999994, 4503599627370497.0, -2.5, None])}
+    got = evaluate(parse_formula("round(p, 2) + round(p) * 0"), cols, 6).to_pylist()
+    assert got[0] is None and got[1] == pytest.approx(2.35) and got[5] is None
+    rounded = evaluate(parse_formula("round(p)"), cols, 6).to_pylist()
+    assert rounded[2:5] == [0.0, 4503599627370497.0, -3.0]
+    spec = load({"r": {"type": "double", "formula": "round(p)"}})
+    frame = pa.table(
+        {"entity_id": ["m"] * 6, "ts": pa.array([datetime(2025, 1, 1, tzinfo=UTC)] * 6), **cols}
+    )
+    assert raw_frame(frame, spec)["r"].tolist()[2:5] == rounded[2:5]
+
+
+def test_timestamp_operands_are_milliseconds_in_both_evaluators() -> None:
+    ts = pa.array([datetime(2024, 1, 1, 0, 0, 0, 1500, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+    spec = load({"t": {"type": "double", "formula": "ts"}})
+    frame = pa.table({"entity_id": ["m"], "ts": ts, "p": [1.0], "s": [1.0]})
+    assert evaluate(parse_formula("ts"), {"ts": ts}, 1).to_pylist() == [1704067200001.5]
+    assert raw_frame(frame, spec)["t"].tolist() == [1704067200001.5]
