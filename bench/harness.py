@@ -20,7 +20,7 @@ from bench.generate import Dataset
 from resources.raw_store import IngestResult
 from resources.spark import LOCAL_DEFAULTS, build_session
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog

@@ -4,93 +4,9 @@ This module is the edge where the code location reads its configuration: `Settin
 once, when Dagster loads it; everything below receives what it needs.
 """
 
-import dagster as dg
-
-from resources.warehouse import tenant_warehouses
+from rollup_assets.assembly import build_definitions
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.model.specs import Catalog
-from rollup_assets.model.windows import iso_utc
-from rollup_assets.orchestration.assets import build_raw_spec, build_rollup_asset
-from rollup_assets.orchestration.checks import build_check_job, build_rollup_check
-from rollup_assets.orchestration.jobs import build_rollup_job
-from rollup_assets.orchestration.maintenance_jobs import build_maintenance
-from rollup_assets.orchestration.operator_jobs import build_operator_jobs
-from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
-from rollup_assets.orchestration.tenancy import Scope, scopes_of
 from rollup_assets.settings import Settings
-from sensors.definitions import build_sensors
-
-
-def _scope_definitions(catalog: Catalog, scope: Scope, settings: Settings) -> dg.Definitions:
-    """Every asset, check, job, sensor and schedule of one scope (one tenant, or the code
-    location without tenants), each bound to the scope's own warehouse resource."""
-    rollup_jobs = [build_rollup_job(spec, scope) for spec in catalog.rollups.values()]
-    maintenance_job, maintenance_schedule = build_maintenance(catalog, scope)
-    return dg.Definitions(
-        assets=[
-            *[build_raw_spec(name, catalog, scope) for name in [*catalog.raw, *catalog.time_range]],
-            *[build_rollup_asset(spec, catalog, scope) for spec in catalog.rollups.values()],
-        ],
-        asset_checks=[
-            build_rollup_check(spec, catalog, scope) for spec in catalog.rollups.values()
-        ],
-        jobs=[
-            *rollup_jobs,
-            *[build_check_job(spec, scope) for spec in catalog.rollups.values()],
-            *build_operator_jobs(catalog, scope),
-            maintenance_job,
-        ],
-        sensors=build_sensors(
-            catalog, rollup_jobs, settings.sensor_interval_seconds, settings.limits, scope
-        ),
-        schedules=[maintenance_schedule],
-    )
-
-
-def warehouse_resources(catalog: Catalog, base: WarehouseResource) -> dict[str, WarehouseResource]:
-    """The warehouse resource of each scope, by resource key: `base` alone without tenants;
-    with tenants, one per tenant over its own root (and no resource over `base` itself)."""
-    if not catalog.tenants:
-        return {Scope().warehouse_key: base}
-    roots = tenant_warehouses(base.get(), catalog)
-    return {
-        Scope(name).warehouse_key: WarehouseResource(
-            root=wh.root, storage_options=dict(base.storage_options)
-        )
-        for name, wh in roots.items()
-    }
-
-
-def build_definitions(
-    catalog: Catalog,
-    warehouse: WarehouseResource | None = None,
-    *,
-    settings: Settings | None = None,
-) -> dg.Definitions:
-    """Every asset, check, job, sensor and schedule of `catalog`, with resources from `settings`
-    (default: the environment); `warehouse` overrides the warehouse resource. With tenants
-    declared, each tenant gets its own copy of everything, prefixed by its name and bound to
-    its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
-    settings = settings or Settings.from_env()
-    base = warehouse or WarehouseResource(root=settings.warehouse)
-    return dg.Definitions.merge(
-        *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],
-        dg.Definitions(
-            resources={
-                "spark": SparkResource(
-                    master=settings.spark_master,
-                    remote=settings.spark_remote,
-                    warm_server_dir=str(settings.warm_spark_dir)
-                    if settings.uses_warm_spark
-                    else None,
-                ),
-                **warehouse_resources(catalog, base),
-                "clock": ClockResource(now=iso_utc(settings.now) if settings.now else None),
-            },
-            executor=dg.in_process_executor,
-        ),
-    )
-
 
 _settings = Settings.from_env()
 catalog = load_catalog(_settings.specs)

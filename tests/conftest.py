@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.placement import buckets_in

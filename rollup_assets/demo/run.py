@@ -64,7 +64,7 @@ def prepare_dirs(warehouse: Path, home: Path) -> str:
 
 def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     from resources.spark import build_session
-    from rollup_assets.definitions import build_definitions
+    from rollup_assets.assembly import build_definitions
     from rollup_assets.model.spec_loader import load_catalog
     from rollup_assets.orchestration.instance import ensure_home, ensure_pools
     from rollup_assets.orchestration.resources import WarehouseResource

@@ -47,7 +47,14 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
         doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
+    if isinstance(doc, Mapping) and str(doc.get("type", "")).endswith(COMPONENT_TYPE):
+        # A Dagster project's `defs.yaml` declaring the rollups as a component: its attributes
+        # are the spec (the warehouse root among them belongs to the component, not the spec).
+        doc = {k: v for k, v in (doc.get("attributes") or {}).items() if k != "warehouse"}
     return parse_catalog(doc or {}, origin=str(p))
+
+
+COMPONENT_TYPE = ".RollupChain"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

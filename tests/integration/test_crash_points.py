@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pytest
 
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch, meter_ids
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.spec_loader import load_catalog

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
+from rollup_assets.assembly import build_definitions
 from rollup_assets.cli import app as cli
-from rollup_assets.definitions import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (

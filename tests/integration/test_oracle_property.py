@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window

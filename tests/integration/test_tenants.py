@@ -16,7 +16,7 @@ import yaml
 from deltalake import DeltaTable
 
 from resources.warehouse import Warehouse, tenant_warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource, JobState, Trigger
 from rollup_assets.model.placement import buckets_in

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from resources.spark import build_session
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource

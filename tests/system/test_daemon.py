@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from resources.warehouse import Warehouse
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window

@@ -5,7 +5,7 @@ from datetime import timedelta
 import dagster as dg
 import pytest
 
-from rollup_assets.definitions import build_definitions
+from rollup_assets.assembly import build_definitions
 from rollup_assets.model.bucket_rules import freshness_windows
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.resources import WarehouseResource

@@ -725,3 +725,15 @@ def test_file_errors_name_the_archive_inside(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_catalog(path)
     assert (info.value.archive, info.value.rule) == ("energy_weekly", "size")
+
+
+def test_a_component_declaration_is_a_spec_file_too() -> None:
+    """`ROLLUPS_SPECS` may name a project's `defs.yaml` that declares a RollupChain."""
+    path = (
+        Path(__file__).resolve().parents[2]
+        / "examples/existing_project/existing_project/defs/meters/defs.yaml"
+    )
+    cat = load_catalog(path)
+    assert list(cat.raw) == ["meter_raw"]
+    assert list(cat.rollups) == ["meter_hourly", "meter_daily"]
+    assert cat.raw["meter_raw"].column("current_a").formula is not None

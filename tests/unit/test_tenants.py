@@ -12,9 +12,9 @@ import yaml
 from click.testing import CliRunner, Result
 
 from resources.warehouse import Warehouse, tenant_warehouse, tenant_warehouses
+from rollup_assets.assembly import build_definitions
 from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
-from rollup_assets.definitions import build_definitions
 from rollup_assets.model.errors import SpecError, TenantError
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog, Tenant
