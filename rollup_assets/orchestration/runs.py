@@ -12,7 +12,14 @@ from rollup_assets.model.jobs import Lane
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.orchestration.dagster_internals import fail_dead_run, pool_slot
 from rollup_assets.orchestration.instance import pool_name
-from rollup_assets.orchestration.tags import TAG_HOST, TAG_JOB, TAG_LANE, TAG_PID, TAG_ROLLUP
+from rollup_assets.orchestration.tags import (
+    TAG_HOST,
+    TAG_JOB,
+    TAG_LANE,
+    TAG_PID,
+    TAG_ROLLUP,
+    tag,
+)
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 
 log = logging.getLogger(__name__)
@@ -48,9 +55,9 @@ class DagsterRunLookup:
 
     def _gone(self, run: dg.DagsterRun) -> bool:
         """Is `run` unfinished although the process running it (on this host) is gone?"""
-        if run.status not in UNFINISHED or run.tags.get(TAG_HOST) != socket.gethostname():
+        if run.status not in UNFINISHED or tag(run.tags, TAG_HOST) != socket.gethostname():
             return False
-        pid = run.tags.get(TAG_PID) or self._worker_pid(run)
+        pid = tag(run.tags, TAG_PID) or self._worker_pid(run)
         return pid is not None and not pid_alive(int(pid))
 
     def _worker_pid(self, run: dg.DagsterRun) -> str | None:
@@ -81,7 +88,7 @@ class DagsterRunLookup:
         return [r.dagster_run for r in records if self._gone(r.dagster_run)]
 
     def reap(self, run: dg.DagsterRun) -> None:
-        pid = run.tags.get(TAG_PID) or self._worker_pid(run)
+        pid = tag(run.tags, TAG_PID) or self._worker_pid(run)
         fail_dead_run(self.instance, run, f"process {pid} running this run is gone")
 
     def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:

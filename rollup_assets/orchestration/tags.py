@@ -12,18 +12,32 @@ from datetime import datetime
 from rollup_assets.model.jobs import Lane, Trigger
 from rollup_assets.model.windows import iso_utc, parse_instant
 
+# What a person filters runs by in the UI: shown on every run.
 TAG_ROLLUP = "rollups/rollup"
 TAG_LANE = "rollups/lane"
 TAG_TRIGGER = "rollups/trigger"
 TAG_JOB = "rollups/job_id"
-TAG_NOW = "rollups/now"
-TAG_HOST = "rollups/host"
-TAG_PID = "rollups/pid"
 TAG_OPERATOR = "rollups/operator"
+# Bookkeeping the system reads back (a pinned clock, where a run's worker runs): hidden in the
+# UI, which does not show tags under Dagster's hidden prefix.
+HIDDEN_PREFIX = ".dagster/rollups."
+TAG_NOW = f"{HIDDEN_PREFIX}now"
+TAG_HOST = f"{HIDDEN_PREFIX}host"
+TAG_PID = f"{HIDDEN_PREFIX}pid"
+# The keys runs launched before the bookkeeping was hidden carry instead.
+_SHOWN_BEFORE = {TAG_NOW: "rollups/now", TAG_HOST: "rollups/host", TAG_PID: "rollups/pid"}
 TAG_TENANT = "rollups/tenant"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 RUN_KEY = "dagster/run_key"
+
+
+def tag(tags: Mapping[str, str], key: str) -> str | None:
+    """The value of `key` in a run's `tags`, under the key older runs used if need be."""
+    value = tags.get(key)
+    if value is None and key in _SHOWN_BEFORE:
+        value = tags.get(_SHOWN_BEFORE[key])
+    return value
 
 
 def partition_range_tags(start_key: str, end_key: str) -> dict[str, str]:
@@ -58,6 +72,6 @@ class RunIntent:
             lane=Lane(tags.get(TAG_LANE, Lane.RECOMPUTE.value)),
             trigger=Trigger(tags.get(TAG_TRIGGER, Trigger.MANUAL.value)),
             job_id=tags.get(TAG_JOB) or None,
-            now=parse_instant(tags[TAG_NOW], TAG_NOW) if tags.get(TAG_NOW) else None,
-            host=tags.get(TAG_HOST) or None,
+            now=parse_instant(now, TAG_NOW) if (now := tag(tags, TAG_NOW)) else None,
+            host=tag(tags, TAG_HOST) or None,
         )
