@@ -32,7 +32,7 @@ from resources.delta_tables import (
     read_commit,
     with_retries,
 )
-from resources.raw_columns import S, applied_spec, columns_changed_between
+from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
@@ -452,17 +452,8 @@ class RawStore:
         in the commit) and retention commits are skipped. Raises ChangeFeedGone when a commit
         or a file it names is no longer there.
         """
-        if columns_changed_between(self.uri(spec), self.options, after, upto):
-            # The stored partials predate new formulas: changes cannot bring them up to date.
-            raise ChangeFeedGone(f"'{spec.name}': its computed columns changed after {after}")
-        merged = merge_windows(list(spans))
-        schema = archive_data_schema(self.applied(spec))
-        out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
-            pa.field(COMMIT_VERSION, pa.int64())
-        )
         uri = self.uri(spec)
-        parts: list[pa.Table] = []
-        read = 0
+        commits: list[tuple[int, list[dict], dict]] = []
         for version in range(after + 1, upto + 1):
             try:
                 actions = read_commit(uri, version, self.options)
@@ -471,6 +462,18 @@ class RawStore:
                     f"'{spec.name}': commit {version} is no longer in the table's log"
                 ) from None
             info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get("rollups.operation") == COLUMNS_OPERATION:
+                # The stored partials predate new formulas: changes cannot bring them up to date.
+                raise ChangeFeedGone(f"'{spec.name}': its computed columns changed at {version}")
+            commits.append((version, actions, info))
+        merged = merge_windows(list(spans))
+        schema = archive_data_schema(self.applied(spec))
+        out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
+            pa.field(COMMIT_VERSION, pa.int64())
+        )
+        parts: list[pa.Table] = []
+        read = 0
+        for version, actions, info in commits:
             if info.get("rollups.operation") == RETENTION_OPERATION:
                 continue
             cdc = [a["cdc"] for a in actions if "cdc" in a]

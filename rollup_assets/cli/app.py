@@ -80,6 +80,19 @@ def _choose_tenant(ctx: click.Context, param: click.Parameter, value: str | None
     _Chosen.tenant = value
 
 
+def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--from`, `--to` and `--entity ...`: which rows (buckets) of an archive a command reads."""
+    fn = click.option(
+        "--entity", "entities", multiple=True, help="Only this entity id (repeatable)."
+    )(fn)
+    fn = click.option("--to", "end", help="Rows (buckets) starting before this instant.")(fn)
+    return click.option(
+        "--from",
+        "start",
+        help="Rows (buckets) starting at or after this instant (ISO-8601; naive = UTC).",
+    )(fn)
+
+
 def tenant_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--tenant NAME` on a command that reads or writes an installation's data or operates it."""
     return click.option(

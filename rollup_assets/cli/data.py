@@ -9,6 +9,7 @@ from rollup_assets.cli.app import (
     engine,
     handle_errors,
     main,
+    selection_options,
     tenant_option,
     time_range,
 )
@@ -136,11 +137,7 @@ def delete_rows_command(
 
 @main.command()
 @click.argument("archive")
-@click.option(
-    "--from", "start", help="Buckets starting at or after this instant (ISO-8601; naive = UTC)."
-)
-@click.option("--to", "end", help="Buckets starting before this instant.")
-@click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@selection_options
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
 @tenant_option

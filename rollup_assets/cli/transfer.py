@@ -9,6 +9,7 @@ from rollup_assets.cli.app import (
     engine,
     handle_errors,
     main,
+    selection_options,
     tenant_option,
     time_range,
 )
@@ -19,11 +20,7 @@ from rollup_assets.model.windows import iso_utc
 @main.command()
 @click.argument("archive")
 @click.argument("file")
-@click.option(
-    "--from", "start", help="Rows (buckets) starting at or after this instant (ISO-8601)."
-)
-@click.option("--to", "end", help="Rows (buckets) starting before this instant.")
-@click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
+@selection_options
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @tenant_option
 @handle_errors

@@ -13,6 +13,7 @@ import pytest
 
 import resources.raw_columns as raw_columns
 from resources.change_feed import read_changes
+from resources.raw_store import ChangeFeedGone
 from resources.warehouse import Warehouse
 from rollup_assets.model.errors import RollupSourceMissingError
 from rollup_assets.model.jobs import ChangeSource
@@ -295,3 +296,19 @@ def test_a_new_formula_recomputes_every_bucket_whose_raw_rows_are_there(
     covered = sum((w.end - w.start for w in windows), timedelta())
     skipped = timedelta(days=3)  # Vienna days 03-10, 03-11 and 03-12 each touch `gone`
     assert covered == watermark - windows[0].start - skipped
+
+
+def test_the_change_feed_does_not_reach_across_a_formula_switch(
+    started: Engine, tmp_path: Path
+) -> None:
+    engine = engine_for(tmp_path, catalog({"x": "p * s"}))
+    spec = engine.catalog.raw["meters"]
+    before = engine.raw.table(spec).version()
+    change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
+    ingest(engine, tmp_path, [("g", T0, 1.0, 1.0)])
+    upto = engine.raw.table(spec).version()
+    span = [Window(T0, T0 + timedelta(days=1))]
+    with pytest.raises(ChangeFeedGone, match="computed columns changed"):
+        engine.raw.changes(spec, before, upto, span, None)
+    rows, _ = engine.raw.changes(spec, before + 1, upto, span, None)  # after it: fine
+    assert "g" in rows["entity_id"].to_pylist()
