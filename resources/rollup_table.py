@@ -25,6 +25,7 @@ from resources.delta_tables import (
     file_actions,
     open_table,
     prune_files,
+    read_commit,
     remove_action,
 )
 from resources.genmap import active_mask, read_pointers, write_pointer_table
@@ -109,6 +110,18 @@ class RollupTable:
         return read_row_groups(
             self.uri(spec), self.options, f["path"], columns, "bucket_start", targets
         )
+
+    def committed_rows(
+        self, spec: RollupSpec, version: int, spans: Sequence[Window], columns: Sequence[str]
+    ) -> pa.Table:
+        """The `columns` of the rows that commit `version` of the row table added, of buckets
+        starting in `spans` (whatever generation they carry)."""
+        added = [a["add"] for a in read_commit(self.uri(spec), version, self.options) if "add" in a]
+        wanted = [*columns, *(["bucket_start"] if "bucket_start" not in columns else [])]
+        schema = pa.schema([data_schema(spec).field(c) for c in wanted])
+        parts = [self._read_file(spec, f, wanted).cast(schema) for f in added]
+        rows = pa.concat_tables(parts) if parts else schema.empty_table()
+        return rows.filter(in_windows(rows["bucket_start"], spans)).select(list(columns))
 
     # -- sweeping ------------------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ def _health_events(
     for name in engine.catalog.rollups:
         h = health(engine.catalog, name, snap, states)
         h_ranges = [str(w) for w in h.pending_recompute_ranges]
+        held_ranges = [str(w) for w in h.held_ranges]
         plain = {
             "status": h.status,
             "watermark": iso_utc(h.watermark) if h.watermark else "none",
@@ -74,6 +75,8 @@ def _health_events(
             "recompute_in_progress": h.recompute_in_progress,
             "dirty_windows_pending": h.dirty_windows_pending,
             "pending_recompute_ranges": h_ranges,
+            "held_writes": h.held_writes,
+            "held_ranges": held_ranges,
             "last_recompute_success_at": iso_utc(h.last_recompute_success_at)
             if h.last_recompute_success_at
             else "none",
@@ -85,6 +88,7 @@ def _health_events(
         meta: dict[str, Any] = {
             **plain,
             "pending_recompute_ranges": dg.MetadataValue.json(h_ranges),
+            "held_ranges": dg.MetadataValue.json(held_ranges),
         }
         digests[name] = digest
         if previous.get(name) != digest:

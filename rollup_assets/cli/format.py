@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -15,6 +16,9 @@ from rollup_assets.model.placement import cells_of
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import iso_utc
+
+if TYPE_CHECKING:
+    from rollup_assets.services.held import HeldWrite
 
 
 def _cell(v: object) -> object:
@@ -127,4 +131,21 @@ def job_row(job: Job, spec: RollupSpec | None = None) -> dict:
         "error": job.error,
         # Last: the cost model's reasoning is a sentence.
         "plan": job.plan,
+    }
+
+
+def held_row(held: "HeldWrite") -> dict:
+    """One held write for display: the source commit, its rows in the held cells, the range."""
+    return {
+        "source_archive": held.source_archive,
+        "source_version": held.source_version,
+        "change_source": held.job.change_source.value if held.job.change_source else None,
+        "rows": held.rows,
+        "from": iso_utc(held.start),
+        "to": iso_utc(held.end),
+        "buckets": len(held.cells),
+        "cells": _cells_text(held.cells),
+        "job_id": held.job.job_id,
+        "trigger": held.job.trigger.value,
+        "detected_at": iso_utc(held.job.created_at),
     }

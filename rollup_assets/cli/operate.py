@@ -15,7 +15,7 @@ from rollup_assets.cli.app import (
     settings,
     tenant_option,
 )
-from rollup_assets.cli.format import job_row, state_row
+from rollup_assets.cli.format import held_row, job_row, state_row
 from rollup_assets.model.windows import iso_utc, parse_instant
 
 
@@ -34,12 +34,19 @@ def freeze(rollup: str, until: str, fmt: str) -> None:
 
 @main.command()
 @click.argument("rollup")
-@click.option("--accept-gaps", is_flag=True, help="Recorded for audit.")
+@click.option(
+    "--accept-gaps",
+    is_flag=True,
+    help="Recorded for audit (in the archive state and its history): the operator accepts "
+    "that the frozen range may have gaps. It changes nothing else: held writes are applied "
+    "either way.",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @tenant_option
 @handle_errors
 def unfreeze(rollup: str, accept_gaps: bool, fmt: str) -> None:
-    """Lift a freeze; pending work in the frozen range drains on the next tick."""
+    """Lift a freeze; the held writes (see `rollups held`) and the other pending work in the
+    frozen range drain on the next tick, and the chain carries them up."""
     echo_data(state_row(ops().unfreeze(rollup, accept_gaps)), fmt)
 
 
@@ -103,6 +110,20 @@ def jobs(rollup: str, limit: int, lane: str, fmt: str) -> None:
 
 
 @main.command()
+@click.argument("rollup")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
+@handle_errors
+def held(rollup: str, fmt: str) -> None:
+    """Writes into ROLLUP's frozen range, held until the unfreeze, oldest first: the source
+    commit (archive and table version), its changed rows in the held cells, the time range and
+    the buckets and cells it holds."""
+    from rollup_assets.services.held import held_writes
+
+    echo_data([held_row(h) for h in held_writes(engine(), rollup)], fmt)
+
+
+@main.command()
 @click.argument("rollup", required=False)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @tenant_option
@@ -115,10 +136,13 @@ def status(rollup: str | None, fmt: str) -> None:
     snap, states = engine().ledger.snapshot(), engine().states.all()
     rows = []
     for n in names:
-        h = asdict(health(catalog(), n, snap, states))
+        fields = health(catalog(), n, snap, states)
+        h = asdict(fields)
+        # The ranges as text (`asdict` turned each window into a dict).
         h["pending_recompute_ranges"] = (
-            ", ".join(str(w) for w in h["pending_recompute_ranges"]) or None
+            ", ".join(str(w) for w in fields.pending_recompute_ranges) or None
         )
+        h["held_ranges"] = ", ".join(str(w) for w in fields.held_ranges) or None
         rows.append(
             {k: iso_utc(v) if hasattr(v, "tzinfo") and v is not None else v for k, v in h.items()}
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells, Scope
-from rollup_assets.model.jobs import Job, Trigger
+from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window, merge_windows
@@ -73,3 +73,12 @@ def place(buckets: list[Window], state: ArchiveState) -> Placement:
     ]
     placed = {*frozen, *ready}  # a set: a year of hourly buckets is 8,760 of them
     return Placement(ready, frozen, [w for w in buckets if w not in placed])
+
+
+def held_cells(spec: RollupSpec, job: Job, state: ArchiveState) -> Cells:
+    """The cells of `job` whose buckets end in the rollup's frozen range: the part of a pending
+    job that a freeze holds back until the unfreeze (none when the rollup is not frozen)."""
+    if state.frozen_until is None or job.state is not JobState.PENDING:
+        return Cells()
+    frozen = place(buckets_in(spec, list(job.windows)), state).frozen
+    return cells_of(spec, job).restrict(frozen) if frozen else Cells()

@@ -1,10 +1,10 @@
 """The per-rollup health fields (the reference's RollupArchiveInfo), from the ledger and state."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window, merge_windows
@@ -25,6 +25,10 @@ class Health:
     last_recompute_failure_reason: str | None
     dirty_windows_pending: int
     pending_recompute_ranges: list[Window]
+    # Writes into the frozen range, held until the unfreeze (`services.held`): how many, and
+    # the spans of the buckets they hold.
+    held_writes: int = 0
+    held_ranges: list[Window] = field(default_factory=list)
 
 
 def health(
@@ -39,6 +43,8 @@ def health(
         (j for j in jobs if j.state is JobState.FAILED and j.finished_at),
         key=lambda j: j.finished_at or datetime.min.replace(tzinfo=UTC),
     )
+    spec = catalog.rollup(name)
+    held = [c for c in (held_cells(spec, j, state) for j in pending) if c]
     return Health(
         archive=name,
         status=state.status.value,
@@ -49,8 +55,8 @@ def health(
         last_recompute_success_at=max(ok) if ok else None,
         last_recompute_failure_at=failed[-1].finished_at if failed else None,
         last_recompute_failure_reason=failed[-1].error if failed else None,
-        dirty_windows_pending=len(
-            buckets_in(catalog.rollup(name), [w for j in pending for w in j.windows])
-        ),
+        dirty_windows_pending=len(buckets_in(spec, [w for j in pending for w in j.windows])),
         pending_recompute_ranges=merge_windows([w for j in pending for w in j.windows]),
+        held_writes=len(held),
+        held_ranges=merge_windows([w for c in held for w in c.windows]),
     )

@@ -20,7 +20,7 @@ from rollup_assets.model.errors import (
 )
 from rollup_assets.model.forward import initial_watermark
 from rollup_assets.model.jobs import Job, JobState, Trigger
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprint
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, as_utc
@@ -223,11 +223,21 @@ class Operations:
         )
 
     def unfreeze(self, name: str, accept_gaps: bool = False) -> ArchiveState:
-        self.catalog.rollup(name)
+        """Lift the freeze. The held writes (`services.held`) are released: the next drain
+        recomputes their cells. `accept_gaps` is recorded for audit (in the state and its
+        history), as the reference does; it changes nothing else."""
+        spec = self.catalog.rollup(name)
+        state = self.engine.states.get(name)
+        held = sum(
+            1 for j in self.engine.ledger.snapshot().pending(name) if held_cells(spec, j, state)
+        )
+        reason = f"unfreeze (accept_gaps={str(accept_gaps).lower()})"
+        if held:
+            reason += f"; released {held} held write(s)"
         return self.engine.states.update(
             name,
             lambda s: replace(s, frozen_until=None, accept_gaps=accept_gaps),
-            reason=f"unfreeze (accept_gaps={str(accept_gaps).lower()})",
+            reason=reason,
             actor=self.actor,
         )
 

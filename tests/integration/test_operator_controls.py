@@ -201,7 +201,8 @@ def test_a_late_write_into_a_frozen_range_waits_for_unfreeze(world: World) -> No
     state = world.ops.unfreeze(DAILY, accept_gaps=True)
     assert state.frozen_until is None and state.accept_gaps is True
     audit = world.engine.states.history(DAILY)[-1]
-    assert audit.reason == "unfreeze (accept_gaps=true)" and audit.changed_by == "test"
+    assert audit.reason == "unfreeze (accept_gaps=true); released 1 held write(s)"
+    assert audit.changed_by == "test"
 
     world.tick(later)
     assert problems(world, levels) == []
