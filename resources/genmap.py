@@ -19,7 +19,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.delta_files import write_parquet_file
-from resources.delta_tables import CommitPlan, LatestCache, commit, file_actions, remove_action
+from resources.delta_tables import (
+    CommitPlan,
+    LatestCache,
+    commit,
+    file_actions,
+    open_table,
+    remove_action,
+)
 from resources.warehouse import filesystem_for
 from rollup_assets.model.cells import Cells
 
@@ -53,6 +60,17 @@ def read_pointers(
     if latest is None:
         return GENMAP_SCHEMA.empty_table(), None
     return latest
+
+
+def pointers_at(
+    uri: str, version: int | None, storage_options: dict[str, str] | None = None
+) -> pa.Table:
+    """Every pointer of the pointer table at `uri` as of `version` (None or negative: before
+    the table existed, so no pointer)."""
+    if version is None or version < 0:
+        return GENMAP_SCHEMA.empty_table()
+    table = open_table(uri, storage_options, version=version)
+    return GENMAP_SCHEMA.empty_table() if table is None else _conform(table)
 
 
 def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -35,6 +36,7 @@ from resources.delta_tables import (
 from resources.genmap import (
     active_mask,
     flipped_pointers,
+    pointers_at,
     read_pointers,
     resolve_active_spark,
     write_pointer_table,
@@ -100,6 +102,20 @@ class RollupStore(RollupTable):
             raise RuntimeError(
                 f"'{spec.name}': pointers kept moving; could not take a consistent snapshot"
             ) from None
+
+    def snapshot_at(self, spec: RollupSpec, version: int, genmap_version: int | None) -> Snapshot:
+        """The row table at `version` with the pointers of `genmap_version`: the snapshot a
+        reader (or a run of the level above) took then. Raises FileNotFoundError when that
+        version is no longer in the log."""
+        try:
+            table = open_table(self.uri(spec), self.options, version=version)
+            pointers = pointers_at(self.genmap_uri(spec), genmap_version, self.options)
+        except DeltaError as exc:
+            raise FileNotFoundError(
+                f"'{spec.name}' at version {version} (pointers {genmap_version}) is no longer "
+                f"readable: {exc}"
+            ) from exc
+        return Snapshot(table, pointers, genmap_version)
 
     def flipped_jobs(self, spec: RollupSpec) -> frozenset[str]:
         """Ids of the jobs whose pointers are in the pointer table now."""

@@ -19,6 +19,7 @@ from rollup_assets.model.windows import iso_utc
 
 if TYPE_CHECKING:
     from rollup_assets.services.held import HeldWrite
+    from rollup_assets.services.lineage import RowLineage
 
 
 def _cell(v: object) -> object:
@@ -149,3 +150,58 @@ def held_row(held: "HeldWrite") -> dict:
         "trigger": held.job.trigger.value,
         "detected_at": iso_utc(held.job.created_at),
     }
+
+
+LINEAGE_COLUMNS = [
+    "level",
+    "archive",
+    "bucket",
+    "generation",
+    "job_id",
+    "trigger",
+    "run_id",
+    "source_versions",
+    "version",
+    "committed_at",
+    "operation",
+    "change_source",
+    "rows",
+    "file",
+    "note",
+]
+
+
+def lineage_rows(root: "RowLineage") -> list[dict]:
+    """A row's lineage, depth first: each rollup row (level 0 is the one asked about), and under
+    a first-level row the raw commits behind it (JSON adds each commit's recorded metadata)."""
+    out: list[dict] = []
+    for depth, row in root.walk():
+        out.append(
+            {
+                "level": depth,
+                "archive": row.rollup,
+                "bucket": str(row.bucket),
+                "entity": row.entity,
+                "generation": row.generation,
+                "job_id": row.job_id,
+                "trigger": row.job.trigger.value if row.job else None,
+                "run_id": row.run_id,
+                "source_versions": ", ".join(f"{k}@{v}" for k, v in row.source_versions.items()),
+                "note": row.note,
+            }
+        )
+        for c in row.commits:
+            out.append(
+                {
+                    "level": depth + 1,
+                    "archive": c.archive,
+                    "version": c.version,
+                    "committed_at": iso_utc(c.committed_at) if c.committed_at else None,
+                    "operation": c.operation,
+                    "change_source": c.metadata.get("rollups.change_source"),
+                    "rows": c.rows,
+                    "file": c.metadata.get("rollups.file"),
+                    "metadata": c.metadata,
+                }
+            )
+    return out

@@ -15,7 +15,13 @@ from rollup_assets.cli.app import (
     settings,
     tenant_option,
 )
-from rollup_assets.cli.format import held_row, job_row, state_row
+from rollup_assets.cli.format import (
+    LINEAGE_COLUMNS,
+    held_row,
+    job_row,
+    lineage_rows,
+    state_row,
+)
 from rollup_assets.model.windows import iso_utc, parse_instant
 
 
@@ -121,6 +127,28 @@ def held(rollup: str, fmt: str) -> None:
     from rollup_assets.services.held import held_writes
 
     echo_data([held_row(h) for h in held_writes(engine(), rollup)], fmt)
+
+
+@main.command()
+@click.argument("rollup")
+@click.option(
+    "--bucket",
+    required=True,
+    help="An instant in the bucket (its start, or any time inside it; ISO-8601, naive = UTC).",
+)
+@click.option("--entity", required=True, help="The entity id of the row.")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
+@handle_errors
+def lineage(rollup: str, bucket: str, entity: str, fmt: str) -> None:
+    """What ROLLUP's active row of --entity in the bucket of --bucket reflects: the job, Dagster
+    run, generation and source versions behind it, the rows of each level below as they were
+    read, down to the raw commits (version, time, operation, change source, rows of the cell,
+    file) up to the version each first-level row read. Level 0 is the row asked about."""
+    from rollup_assets.services.lineage import lineage as trace
+
+    root = trace(engine(), rollup, parse_instant(bucket, "--bucket"), entity)
+    echo_data(lineage_rows(root), fmt, None if fmt == "json" else LINEAGE_COLUMNS)
 
 
 @main.command()

@@ -94,3 +94,7 @@ class BackupSpecMismatchError(BackupError):
 
 class TargetNotEmptyError(BackupError):
     """A backup or restore target (directory or warehouse root) already holds files."""
+
+
+class RowNotFoundError(RollupsError):
+    """No active row of a rollup for the bucket and entity asked about."""
