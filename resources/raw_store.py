@@ -21,7 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batch_conversion import with_stored_operands
-from resources.batches import BatchReader
+from resources.batches import BatchReader, BatchSummary
 from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, targets_of
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
@@ -221,15 +221,7 @@ class RawStore:
         row's time is before `not_before` (retention dropped those days; its rollups keep their
         values and would not be corrected from the raw rows).
         """
-        reader = BatchReader(spec, path, progress)
-        summary = reader.validate()
-        if not_before is not None and as_utc(summary.min_ts) < not_before:
-            raise IngestValidationError(
-                spec.name,
-                None,
-                f"it holds readings from {as_utc(summary.min_ts).isoformat()}, before "
-                f"{not_before.isoformat()}: retention has dropped those days",
-            )
+        reader, summary = _validated(spec, path, not_before, progress)
         keys = key_columns(spec)
         days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
         predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
@@ -299,6 +291,55 @@ class RawStore:
             change_source,
             inserted=int(metrics.get("num_target_rows_inserted", 0)),
             updated=int(metrics.get("num_target_rows_updated", 0)),
+        )
+
+    def preview_ingest(
+        self, spec: SourceSpec, path: str | Path, *, not_before: dt.datetime | None = None
+    ) -> "UpsertPreview":
+        """What `ingest` of `path` would change, writing nothing: the same validation (raises
+        IngestValidationError), then the upsert's rules (`_ingest`) applied on the driver to
+        the stored rows with the file's keys."""
+        table = self.table(spec)
+        spec = self.applied(spec, table)
+        reader, summary = _validated(spec, path, not_before, None)
+        batch = pa.Table.from_batches(list(reader.chunks()), schema=reader.schema)
+        lo, hi = as_utc(summary.min_ts), as_utc(summary.max_ts)
+        last = hi.replace(tzinfo=None) == dt.datetime.max
+        stored = self.read_arrow(
+            spec, None if last else [Window(lo, hi + _MICROSECOND)], table=table
+        )
+        operands = stored_operands(spec)
+        if operands:
+            batch = pa.Table.from_batches(
+                [with_stored_operands(spec, b, stored, operands) for b in batch.to_batches()],
+                schema=reader.schema,
+            ).cast(reader.schema)
+        keys = key_columns(spec)
+        values = [c.name for c in spec.columns]
+        t = stored.select([*keys, *values]).rename_columns([*keys, *[f"t__{c}" for c in values]])
+        t = t.append_column("__t", pa.array([True] * t.num_rows, pa.bool_()))
+        joined = batch.join(t, keys, join_type="left outer")
+        matched = pc.fill_null(joined["__t"], False)
+        changed = pc.invert(matched)
+        merged = {}
+        takes_batch = {c.name for c in spec.columns if c.required or c.is_computed}
+        for c in values:
+            s, old = joined[c], joined[f"t__{c}"]
+            if c in takes_batch:
+                merged[c] = s
+                differs = _distinct(s, old)
+            else:
+                merged[c] = pc.if_else(pc.is_null(s), old, s)
+                differs = pc.and_(pc.is_valid(s), _distinct(s, old))
+            changed = pc.or_(changed, pc.and_(matched, differs))
+        new = joined.select([*keys, DAY_COLUMN])
+        for c in values:
+            new = new.append_column(c, merged[c])
+        new = new.select(stored.schema.names).cast(stored.schema).filter(changed)
+        replaced = new.select(keys).join(stored, keys, join_type="inner")
+        old_rows = replaced.select(stored.schema.names).cast(stored.schema)
+        return UpsertPreview(
+            spec.name, None if table is None else table.version(), summary.rows, old_rows, new
         )
 
     def delete_rows(
@@ -604,6 +645,53 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
         return data
+
+
+def _validated(
+    spec: SourceSpec, path: str | Path, not_before: dt.datetime | None, progress: Progress | None
+) -> tuple[BatchReader, BatchSummary]:
+    """The file validated whole, as an ingest does (IngestValidationError otherwise)."""
+    reader = BatchReader(spec, path, progress)
+    summary = reader.validate()
+    if not_before is not None and as_utc(summary.min_ts) < not_before:
+        raise IngestValidationError(
+            spec.name,
+            None,
+            f"it holds readings from {as_utc(summary.min_ts).isoformat()}, before "
+            f"{not_before.isoformat()}: retention has dropped those days",
+        )
+    return reader, summary
+
+
+@dataclass(frozen=True)
+class UpsertPreview:
+    """What an ingest of a file would change, computed without writing."""
+
+    archive: str
+    version: int | None  # the table version the preview read (None: no table yet)
+    rows: int  # rows in the file
+    old: pa.Table  # the stored rows the upsert would replace (archive schema)
+    new: pa.Table  # the rows it would insert or replace, as they would be stored
+
+    @property
+    def inserted(self) -> int:
+        return self.new.num_rows - self.old.num_rows
+
+    @property
+    def updated(self) -> int:
+        return self.old.num_rows
+
+    @property
+    def unchanged(self) -> int:
+        return self.rows - self.new.num_rows
+
+
+def _distinct(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`a IS DISTINCT FROM b`, NaN equal to NaN."""
+    same = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return pc.invert(same)
 
 
 def _recorded_span(commit: dict) -> Window:

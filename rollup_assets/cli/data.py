@@ -83,6 +83,92 @@ def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -
     echo_data(row, fmt)
 
 
+@main.command()
+@click.argument("archive")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=FORMATS,
+    default="table",
+    help="table: the work per level, then one row per changed value; csv: the changed values; "
+    "json: everything, each cell with its old and new values.",
+)
+@tenant_option
+@handle_errors
+def preview(archive: str, file: str, fmt: str) -> None:
+    """Dry run of `rollups ingest ARCHIVE FILE`: validate FILE as the ingest does, and list the
+    cells of every level the ingest and the recomputes it causes would change (old and new
+    values, frozen cells marked held) and the work each level would do (cells, technique and
+    why, rows to read). Writes nothing."""
+    import json
+
+    from rollup_assets.services.preview import preview_ingest
+
+    p = preview_ingest(engine(), archive, file)
+    summary = {
+        "archive": p.archive,
+        "version": p.version,
+        "rows": p.rows,
+        "inserted": p.inserted,
+        "updated": p.updated,
+        "unchanged": p.unchanged,
+    }
+    work = [
+        {
+            "level": w.level,
+            "rollup": w.rollup,
+            "cells": w.cells,
+            "buckets": w.buckets,
+            "cells_changed": w.cells_changed,
+            "held_cells": w.held_cells,
+            "technique": w.technique,
+            "rows_to_read": w.rows_to_read,
+            "forward_rows": w.forward_rows,
+            "reason": w.reason,
+        }
+        for w in p.work
+    ]
+    cells = [
+        {
+            "level": c.level,
+            "rollup": c.rollup,
+            "bucket": str(c.bucket),
+            "entity": c.entity,
+            "held": c.held,
+            "old": c.old,
+            "new": c.new,
+        }
+        for c in p.cells
+    ]
+    if fmt == "json":
+        click.echo(json.dumps({**summary, "work": work, "cells": cells}, indent=2, default=str))
+        return
+    values = [
+        {
+            "level": c.level,
+            "rollup": c.rollup,
+            "bucket": str(c.bucket),
+            "entity": c.entity,
+            "column": name,
+            "old": None if c.old is None else c.old.get(name),
+            "new": new,
+            "held": c.held,
+        }
+        for c in p.cells
+        for name, new in c.new.items()
+        if c.old is None or c.old.get(name) != new
+    ]
+    if fmt == "csv":
+        echo_data(values, fmt)
+        return
+    echo_data(summary, fmt)
+    click.echo()
+    echo_data(work, fmt)
+    click.echo()
+    echo_data(values, fmt)
+
+
 @main.command("delete-rows")
 @click.argument("archive")
 @click.option("--from", "start", required=True, help="Rows at or after this instant (ISO-8601).")

@@ -51,7 +51,7 @@ RECOMPUTE = "recompute"
 
 def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells) -> Recomputed:
     """The corrected partials of `cells`, compared with the stored ones (see the module)."""
-    unfit, table = _delta_source(engine, spec, cells)
+    unfit, table = delta_source(engine, spec, cells)
     if unfit is not None or table is None:
         result = engine.recompute(spark, spec, cells)
         result.technique, result.reason = RECOMPUTE, unfit or "no source table"
@@ -134,7 +134,7 @@ def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells)
     )
 
 
-def _delta_source(
+def delta_source(
     engine: Engine, spec: RollupSpec, cells: Cells
 ) -> tuple[str | None, DeltaTable | None]:
     """Why `cells` of `spec` are recomputed rather than corrected from changes (None: they are

@@ -23,7 +23,8 @@ from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
 
 
-def _writable(engine: Engine, archive: str) -> tuple[SourceSpec, ArchiveState]:
+def writable_archive(engine: Engine, archive: str) -> tuple[SourceSpec, ArchiveState]:
+    """The spec and state of `archive`, which must be an activated raw or time-range archive."""
     spec = engine.catalog.archive(archive)
     if isinstance(spec, RollupSpec):
         raise InvalidArchiveOperationError(
@@ -42,7 +43,7 @@ def delete_rows(
     retention: bool,
 ) -> tuple[int | None, int]:
     """Delete the archive's rows in `span` (of `entities`): (commit version or None, rows)."""
-    spec, _ = _writable(engine, archive)
+    spec, _ = writable_archive(engine, archive)
     return engine.raw.delete_rows(spec, span, entities, change_source, retention=retention)
 
 
@@ -55,7 +56,7 @@ def ingest_file(
 ) -> IngestResult:
     """Ingest a Parquet or CSV file into an activated raw or time-range archive, as
     `rollups ingest` does; `progress(pass, rows)` hears of each chunk validated and upserted."""
-    spec, state = _writable(engine, archive)
+    spec, state = writable_archive(engine, archive)
     return engine.raw.ingest(
         spec, path, change_source, not_before=state.retained_from, progress=progress
     )
