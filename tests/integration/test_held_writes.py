@@ -3,14 +3,19 @@ observation), not applied while frozen, and applied on unfreeze up the chain (or
 
 import json
 from datetime import timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from resources.delta_tables import read_commit
 from rollup_assets.cli import app as cli
-from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.jobs import ChangeSource, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.tenancy import NO_TENANT
 from rollup_assets.services.health import health
 from rollup_assets.services.held import held_writes
+from rollup_assets.services.ingest import ingest_file
+from rollup_assets.services.preview import preview_ingest
 from sensors.definitions import _health_events
 from tests.conftest import World
 from tests.integration.test_operator_controls import (
@@ -39,7 +44,9 @@ def commit_info(world: World, rollup: str, version: int) -> dict:
 NOON = Window(DAY_09.start + 14 * H, DAY_09.start + 15 * H)  # 2025-06-09 12:00-13:00 Vienna
 
 
-def test_writes_into_a_frozen_range_are_held_listed_and_applied_on_unfreeze(world: World) -> None:
+def test_writes_into_a_frozen_range_are_held_listed_and_applied_on_unfreeze(
+    world: World, tmp_path: Path
+) -> None:
     levels = (HOURLY, DAILY)
     build(world, levels)
     world.ops.freeze(HOURLY, DAY_10.start)  # every hour of 2025-06-09 (local) is frozen
@@ -47,9 +54,13 @@ def test_writes_into_a_frozen_range_are_held_listed_and_applied_on_unfreeze(worl
     hourly_before = stored_rows(world, HOURLY, DAY_10.start)
 
     # Two late writes (each reading replaces a stored one): four of m1, then eight of both meters.
-    v1 = world.ingest(
-        readings(LATE_HOUR.start, LATE_HOUR.end, 3.0, meters=("m1",)), source="Manual"
-    )
+    late = tmp_path / "late.parquet"
+    pq.write_table(readings(LATE_HOUR.start, LATE_HOUR.end, 3.0, meters=("m1",)), late)
+    # The preview says the write will be held, at both levels.
+    p = preview_ingest(world.engine, "energy_raw", late)
+    assert {(c.rollup, c.held) for c in p.cells} == {(HOURLY, True), (DAILY, True)}
+    assert [(w.rollup, w.held_cells) for w in p.work] == [(HOURLY, 1), (DAILY, 1)]
+    v1 = ingest_file(world.engine, "energy_raw", late, ChangeSource.MANUAL).version
     v2 = world.ingest(readings(NOON.start, NOON.end, 5.0), source="Import")
     world.tick(NOW)
 
