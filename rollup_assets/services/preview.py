@@ -58,12 +58,12 @@ class LevelWork:
 
     rollup: str
     level: int
-    cells: int  # cells corrected (a bucket for every entity counts once per entity it holds)
+    cells: int  # the cells the ingest makes dirty (bucket, entity)
     buckets: int
-    cells_changed: int
-    technique: str  # delta | recompute (see `services.incremental`)
-    reason: str
-    rows_to_read: int  # source rows aggregated (recompute) or change rows applied (delta)
+    cells_changed: int  # of those, the cells whose values change
+    technique: str  # delta | delta+recompute | recompute (`services.incremental`), or forward
+    reason: str  # the cost model's
+    rows_to_read: int  # change rows read (delta) plus source rows aggregated (recompute)
     held_cells: int  # of the changed cells, those in a frozen range
     forward_rows: int  # rows of the file at/after the watermark: the forward lane's
 
