@@ -91,7 +91,8 @@ def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -
     "fmt",
     type=FORMATS,
     default="table",
-    help="table: the work per level, then one row per changed value; csv: the changed values; "
+    help="table: the rows inserted/updated/unchanged, the work per level, then one row per "
+    "changed value; csv: the changed values; "
     "json: everything, each cell with its old and new values.",
 )
 @tenant_option
