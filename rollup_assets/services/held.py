@@ -80,9 +80,12 @@ def _rows(engine: Engine, spec: RollupSpec, job: Job, cells: Cells) -> int | Non
     source = engine.catalog.archive(job.source_archive)
     spans = list(cells.windows)
     if isinstance(source, RollupSpec):
-        rows = engine.rollups.committed_rows(
-            source, job.source_version, spans, ["entity_id", "bucket_start"]
-        )
+        try:
+            rows = engine.rollups.committed_rows(
+                source, job.source_version, spans, ["entity_id", "bucket_start"]
+            )
+        except FileNotFoundError:  # the commit or its files are vacuumed
+            return None
         times = rows["bucket_start"]
     else:
         try:
