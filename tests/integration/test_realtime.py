@@ -2,13 +2,19 @@
 refreshed before newer rows arrived, and ones that ended but are not closed yet) are aggregated
 from the source at every level, and equal the pandas oracle of the raw rows."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 
+from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.services.downsample import downsample_arrow
 from rollup_assets.services.realtime import realtime_arrow
-from tests.conftest import World
+from tests.conftest import World, world_of
+from tests.integration.test_time_range_oracle import ARCHIVE, SPECS, quarter_hours, whole_hours
 from tests.oracle import compare, compare_all, oracle
 
 T0 = datetime(2025, 6, 10, 8, 30, tzinfo=UTC)
@@ -86,7 +92,24 @@ def test_frozen_buckets_show_what_is_stored(world: World) -> None:
     world.ingest(readings(T0 + timedelta(minutes=15), T0 + 1.5 * H, value=10.0))
 
     live = realtime_arrow(world.engine, "energy_hourly", start=T0 - timedelta(minutes=30))
-    frozen = live.filter(pa.compute.less(live["bucket_start"], T0 + 0.5 * H))
+    frozen = live.filter(pc.less(live["bucket_start"], T0 + 0.5 * H))
     assert frozen.to_pylist() == stored_open.to_pylist()
-    after = live.filter(pa.compute.greater_equal(live["bucket_start"], T0 + 0.5 * H))
+    after = live.filter(pc.greater_equal(live["bucket_start"], T0 + 0.5 * H))
     assert after["energy_kwh_count"].to_pylist() == [4, 4]  # 09:00 to 09:45, per meter
+
+
+def test_realtime_reads_over_a_time_range_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark
+) -> None:
+    """Nothing closed yet: every level of a chain over `[range_start, range_end)` rows is read
+    from the rows (by `range_start`), through every level below, and equals the oracle."""
+    catalog = parse_catalog(SPECS, origin="time-range test")
+    for world in world_of(tmp_path, monkeypatch, catalog):
+        world.activate_all(T0)
+        day = date(2025, 6, 10)
+        rows = pa.concat_tables([quarter_hours(day), whole_hours(day)])
+        since = pc.greater_equal(rows["range_start"], pa.scalar(T0 - 1.5 * H))
+        world.ingest(rows.filter(since), archive=ARCHIVE)
+        raw = world.raw(ARCHIVE)
+        assert len(raw) and all(world.query(name).num_rows == 0 for name in catalog.rollups)
+        assert compare_all(partial(realtime_arrow, world.engine), raw, catalog) == []
