@@ -19,6 +19,8 @@ GOALS = {
     "year_daily_read_after_corrections_vs_plain": ("<=", 1.0, "x"),
     "one_reading_daemon_latency_s": ("<=", 10.0, "s"),
     "read_path_vs_plain_read": ("<=", 1.3, "x"),
+    "realtime_read_vs_plain_read": ("<=", 1.5, "x"),
+    "downsample_daily_to_months_vs_plain_read": ("<=", 1.5, "x"),
     "scaling_largest_vs_smallest_archive": ("<=", 1.2, "x"),
     "peak_driver_memory_mb": ("<=", 2048.0, "MiB"),
 }
@@ -108,6 +110,19 @@ def judge(results: dict) -> list[dict]:
             reads["year_daily"]["ratio"],
             f"read after every correction wave and a fold; pointer rows {pointers}, after the "
             f"fold {folded}",
+        )
+    modes = sc.get("read_modes")
+    if modes:
+        live, down = modes["realtime_month_hourly"], modes["downsample_year_daily"]
+        values["realtime_read_vs_plain_read"] = (
+            live["ratio"],
+            f"{live['days']} d of {live['rollup']}, {live['live_days']} d beyond the watermark "
+            f"aggregated from raw: {live['mode_s']:.3f}s vs a plain read {live['plain_s']:.3f}s",
+        )
+        values["downsample_daily_to_months_vs_plain_read"] = (
+            down["ratio"],
+            f"{down['plain_rows']:,} {down['rollup']} rows to {down['rows']:,} monthly: "
+            f"{down['mode_s']:.3f}s vs a plain read {down['plain_s']:.3f}s",
         )
     scaling = sc.get("scaling")
     if scaling:
@@ -279,6 +294,17 @@ def table_rows(results: dict) -> list[dict]:
                     v["rows"],
                     peak=v["driver_peak_mb"],
                     note=f"plain delta-rs {v['plain_read_s']:.3f}s, {v['ratio']:.2f}x",
+                )
+            )
+    if m := sc.get("read_modes"):
+        for name, v in m.items():
+            rows.append(
+                _row(
+                    "read",
+                    f"{name.replace('_', ' ')}",
+                    v["mode_s"],
+                    v["rows"],
+                    note=f"plain read {v['plain_s']:.3f}s, {v['ratio']:.2f}x",
                 )
             )
     if s := sc.get("scaling"):

@@ -24,7 +24,7 @@ from bench.daemon import run_daemon
 from bench.generate import Dataset, write_dataset
 from bench.harness import BenchWorld, bench_session
 from bench.metrics import MemorySampler, Probe, SparkEventLog, lifetime_peak_rss_mb, say
-from bench.reads import run_reads
+from bench.reads import run_read_modes, run_reads
 from bench.report import judge, plot, render, table_rows, write_json
 from bench.scaling import run_scaling
 from rollup_assets.model.spec_loader import load_catalog
@@ -72,6 +72,7 @@ def scenarios_on(
             saved()
         if "read" in scenarios:
             sc["read"] = run_reads(bench, world)
+            sc["read_modes"] = run_read_modes(bench, world)
             saved()
         if "daemon" in scenarios:
             sc["daemon"] = run_daemon(bench, world, dataset)

@@ -598,9 +598,9 @@ class RawStore:
         files = self.files_for(table, spec, spans, entities)
         targets = list(cells) if cells is not None else targets_of(spans, entities)
         parts = [self._read_file(spec, f, targets) for f in files]
-        data = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
-        if not files:
-            data = schema.empty_table()
+        data = pa.concat_tables(
+            [p.select(schema.names).cast(schema) for p in parts] or [schema.empty_table()]
+        )
         mask = in_windows(data[spec.time_column], spans)
         if entities is not None:
             wanted = pa.array(sorted(entities), pa.string())

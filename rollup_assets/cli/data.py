@@ -225,6 +225,26 @@ def delete_rows_command(
 @main.command()
 @click.argument("archive")
 @selection_options
+@click.option(
+    "--every",
+    metavar="STEP",
+    help="Downsample a rollup: merge its buckets into steps of day, week (ISO, from Monday), "
+    "month, year (in the rollup's reference zone) or a duration (e.g. 6h, a whole multiple of "
+    "a FixedSize rollup's bucket). --from/--to must then be step boundaries.",
+)
+@click.option(
+    "--group-by",
+    type=click.Choice(["entity", "all"]),
+    default=None,
+    help="With --every: one row per step and entity (default), or one per step over all "
+    "selected entities (no entity_id column).",
+)
+@click.option(
+    "--realtime",
+    is_flag=True,
+    help="Rollups: buckets below the watermark as stored, newer ones (the open bucket "
+    "included) aggregated from the source now.",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
 @tenant_option
@@ -234,14 +254,34 @@ def query(
     start: str | None,
     end: str | None,
     entities: tuple[str, ...],
+    every: str | None,
+    group_by: str | None,
+    realtime: bool,
     fmt: str,
     limit: int | None,
 ) -> None:
-    """Read a rollup (active generation, logical columns) or a raw archive."""
+    """Read a rollup (active generation, logical columns) or a raw archive.
+
+    With --every, a rollup's buckets merged exactly from their partials into coarser steps
+    (steps that do not nest the rollup's buckets are refused). With --realtime, a rollup read
+    that includes the data its forward lane has not closed yet.
+    """
+    from rollup_assets.services.downsample import downsample_arrow
     from rollup_assets.services.query import query_arrow
+    from rollup_assets.services.realtime import realtime_arrow
 
     a, b = time_range(start, end)
-    table = query_arrow(engine(), archive, a, b, list(entities) or None)
+    if group_by is not None and every is None:
+        raise click.UsageError("--group-by needs --every")
+    ents = list(entities) or None
+    if every is not None:
+        table = downsample_arrow(
+            engine(), archive, every, a, b, ents, group_by or "entity", realtime=realtime
+        )
+    elif realtime:
+        table = realtime_arrow(engine(), archive, a, b, ents)
+    else:
+        table = query_arrow(engine(), archive, a, b, ents)
     if limit is not None:
         table = table.slice(0, limit)
     click.echo(render_rows(table, fmt))

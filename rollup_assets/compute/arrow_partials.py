@@ -37,15 +37,18 @@ def _micros(t: datetime) -> int:
 def partials_arrow(
     rows: pa.Table,
     windows: Sequence[Window],
-    cells: pa.Table,
+    cells: pa.Table | None,
     spec: RollupSpec,
     source: ArchiveSpec,
+    nan_like_spark: bool = False,
 ) -> pa.Table | None:
-    """Partials of the named `cells` (bucket_start, entity_id) from source `rows`, whose
-    buckets are `windows`: entity_id, bucket_start, bucket_end, the partials and `SOURCE_ROWS`.
-    None when a min or max input holds a NaN (see the module)."""
+    """Partials of the named `cells` (bucket_start, entity_id; None: every entity) from source
+    `rows`, whose buckets are `windows`: entity_id, bucket_start, bucket_end, the partials and
+    `SOURCE_ROWS`. None when a min or max input holds a NaN (see the module), unless
+    `nan_like_spark`: then a max over a NaN is NaN, as on Spark (Arrow's min already agrees)."""
     inputs: dict[tuple[str, str], str] = {}  # (input column, aggregation) -> output name
     plan = []
+    nan_max: set[str] = set()  # max inputs holding a NaN (with `nan_like_spark`)
     for sc in spec.stored_columns:
         if isinstance(source, RollupSpec):
             column = source.partial_column(sc.column, sc.partial)
@@ -55,7 +58,10 @@ def partials_arrow(
             column, how = sc.column, _RAW[sc.partial]
         floating = pa.types.is_floating(rows.schema.field(column).type)
         if how in ("min", "max") and floating and pc.any(pc.is_nan(rows[column])).as_py():
-            return None
+            if not nan_like_spark:
+                return None
+            if how == "max":
+                nan_max.add(column)
         inputs.setdefault((column, how), f"__in{len(inputs)}")
         plan.append((sc, inputs[(column, how)]))
     ordered = sorted(windows)
@@ -69,12 +75,20 @@ def partials_arrow(
     placed = placed.append_column(
         "__bucket", pa.array(starts[picked], pa.int64()).cast(TS)
     ).append_column("__end", pa.array(ends[picked], pa.int64()).cast(TS))
-    keys = cells.select([ENTITY_COLUMN, "bucket_start"]).rename_columns([ENTITY_COLUMN, "__bucket"])
-    placed = placed.join(keys, [ENTITY_COLUMN, "__bucket"], join_type="inner")
+    if cells is not None:
+        keys = cells.select([ENTITY_COLUMN, "bucket_start"]).rename_columns(
+            [ENTITY_COLUMN, "__bucket"]
+        )
+        placed = placed.join(keys, [ENTITY_COLUMN, "__bucket"], join_type="inner")
     aggregations: list = [
         (column, how, pc.CountOptions(mode="only_valid")) if how == "count" else (column, how)
         for (column, how) in inputs
     ]
+    for column in sorted(nan_max):
+        placed = placed.append_column(
+            f"{column}__nan", pc.fill_null(pc.is_nan(placed[column]), False)
+        )
+        aggregations.append((f"{column}__nan", "any"))
     grouped = placed.group_by([ENTITY_COLUMN, "__bucket", "__end"]).aggregate(
         [*aggregations, ([], "count_all")]
     )
@@ -88,6 +102,9 @@ def partials_arrow(
         values = grouped[f"{column}_{how}"]
         if sc.partial == "count":
             values = pc.fill_null(values, 0)
+        if how == "max" and column in nan_max:
+            nan = pa.scalar(float("nan"), values.type)
+            values = pc.if_else(grouped[f"{column}__nan_any"], nan, values)
         out[sc.name] = values
     out[SOURCE_ROWS] = grouped["count_all"]
     return pa.table(out)

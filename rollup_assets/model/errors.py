@@ -76,6 +76,10 @@ class InvalidTimeRangeError(RollupsError):
     """A time or time range given by a user is unparseable, inverted or misaligned."""
 
 
+class InvalidStepError(RollupsError):
+    """A downsampling step is unparseable or does not nest the rollup's buckets."""
+
+
 class RecomputeAbortedError(RollupsError):
     """A recompute stopped before its pointer flip; readers still see the previous values."""
 

@@ -123,3 +123,51 @@ def test_a_nan_under_a_min_or_max_is_left_to_spark() -> None:
     windows = buckets_in(spec, SPANS)
     cells = cells_table(windows, np.random.default_rng(3))
     assert partials_arrow(rows, windows, cells, spec, CATALOG.archive(spec.source)) is None
+
+
+def test_nan_like_spark_aggregates_every_entity_as_spark_does(spark: SparkSession) -> None:
+    """With `nan_like_spark` (the real-time and downsampling reads), a NaN stays on the driver:
+    a max over it is NaN, a min skips it unless every value is NaN, as on Spark; without named
+    cells every entity of every bucket is aggregated."""
+    spec = CATALOG.rollup("energy_hourly")
+    rows = raw_rows(seed=2)
+    voltage = rows["voltage_v"].to_pylist()
+    # Every voltage of m3's first hour (rows are ordered by time, then entity), one of m1's.
+    for i in (2, 5, 8, 11, 3):
+        voltage[i] = float("nan")
+    current = rows["current_a"].to_pylist()
+    current[9] = float("nan")
+    rows = rows.set_column(4, "voltage_v", pa.array(voltage, pa.float64()))
+    rows = rows.set_column(5, "current_a", pa.array(current, pa.float64()))
+    windows = buckets_in(spec, SPANS)
+    targets = pa.table(
+        {
+            "bucket_start": pa.array([w.start for w in windows], TS),
+            "bucket_end": pa.array([w.end for w in windows], TS),
+        }
+    )
+    source = CATALOG.archive(spec.source)
+    expected = rollup_partials(
+        spark.createDataFrame(rows), spark.createDataFrame(targets), spec, source
+    ).toArrow()
+    got = partials_arrow(rows, windows, None, spec, source, nan_like_spark=True)
+    assert got is not None
+    want, have = by_cell(expected), by_cell(got)
+    assert want.keys() == have.keys() and len(want) == len(windows) * len(ENTITIES)
+    names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
+
+    def equal(a: object, b: object) -> bool:
+        nan = isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b)
+        return nan or same(a, b)
+
+    bad = [
+        (k, n, want[k][n], have[k][n])
+        for k in want
+        for n in names
+        if not equal(want[k][n], have[k][n])
+    ]
+    assert bad == [], bad[:5]
+    first = have[("m3", windows[0].start)]  # every voltage NaN: min and max are NaN
+    assert np.isnan(first["voltage_v_min"]) and np.isnan(first["voltage_v_max"])
+    mixed = have[("m1", windows[0].start)]  # a NaN among numbers: max NaN, min a number
+    assert np.isnan(mixed["voltage_v_max"]) and not np.isnan(mixed["voltage_v_min"])

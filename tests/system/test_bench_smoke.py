@@ -25,6 +25,8 @@ GOALS = {
     "ten_thousand_readings_time_pct_of_full_rebuild",
     "identical_reingest_cells_recomputed",
     "year_daily_read_after_corrections_vs_plain",
+    "realtime_read_vs_plain_read",
+    "downsample_daily_to_months_vs_plain_read",
 }
 
 
@@ -64,7 +66,8 @@ def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
 
     results = json.loads(out.read_text())
     assert {"meta", "scenarios", "table", "goals", "peak_driver_rss_mb"} <= results.keys()
-    assert set(results["scenarios"]) == {"backfill", "correction", "read"}
+    # The read scenario also times real-time and downsampling reads (`read_modes`).
+    assert set(results["scenarios"]) == {"backfill", "correction", "read", "read_modes"}
     assert results["meta"]["meters"] == 10 and results["meta"]["days"] == 7
     assert all(math.isfinite(n) and n >= 0 for n in numbers(results["scenarios"]))
 
@@ -94,6 +97,9 @@ def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
     assert correction["identical_reingest"]["cells_recomputed"] == 0
     assert correction["fold"]["pointer_rows"].keys() == correction["pointer_rows"].keys()
     assert all(row["variant"] for row in results["table"])
+    modes = results["scenarios"]["read_modes"]
+    assert modes["realtime_month_hourly"]["rows"] == modes["realtime_month_hourly"]["plain_rows"]
+    assert 0 < modes["downsample_year_daily"]["rows"] < modes["downsample_year_daily"]["plain_rows"]
     png = out.with_suffix(".png")
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The work directory (warehouse, Dagster home, Parquet) is cleaned up.

@@ -140,6 +140,20 @@ BAD = {
     "recompute-empty": (["recompute", "energy_hourly", "--from", T1, "--to", T1], "not before"),
     # unparseable times
     "query-bad-from": (["query", "energy_hourly", "--from", "yesterday"], "'yesterday'"),
+    # downsampling: steps that do not nest, ranges that are not whole steps
+    "query-step-not-nesting": (
+        ["query", "energy_monthly", "--every", "week"],
+        "cannot downsample 'energy_monthly' (alignment CalendarMonth",
+    ),
+    "query-step-90m": (["query", "energy_hourly", "--every", "90m"], "--every 90m"),
+    "query-step-unknown": (["query", "energy_hourly", "--every", "fortnight"], "not a step"),
+    "query-step-misaligned": (
+        ["query", "energy_daily", "--every", "month", "--from", T1],
+        "not a boundary of the month steps",
+    ),
+    "query-step-raw": (["query", "energy_raw", "--every", "day"], "not a rollup"),
+    "query-group-by-alone": (["query", "energy_hourly", "--group-by", "all"], "needs --every"),
+    "query-realtime-raw": (["query", "energy_raw", "--realtime"], "not a rollup"),
     "recompute-bad-to": (
         ["recompute", "energy_hourly", "--from", T1, "--to", "2025-13-01"],
         "'2025-13-01'",
@@ -243,6 +257,10 @@ def test_lifecycle_guards_and_json_output(rollups: Invoke, tmp_path: Path) -> No
 
     [hourly] = as_json(rollups("activate", "energy_hourly", "--format", "json"))
     assert hourly["status"] == "Activated" and hourly["watermark"]
+    # Nothing closed or stored yet: downsampled and real-time reads are empty, not errors.
+    for extra in (["--every", "day", "--group-by", "all"], ["--realtime"]):
+        result = rollups("query", "energy_hourly", *extra, "--format", "json")
+        assert result.exit_code == 0 and json.loads(result.stdout) == [], result.output
     assert_one_line_failure(rollups("delete", "energy_raw"), "energy_hourly")
     [health] = as_json(rollups("status", "energy_hourly", "--format", "json"))
     assert health["status"] == "Activated" and health["dirty_windows_pending"] == 0

@@ -1,0 +1,162 @@
+"""Downsampling queries against the pandas oracle: calendar steps in the reference zone across
+the Vienna DST switch of March 2025 (a 23-hour day), ISO week 2025-W01 (spanning the year end),
+month and year ends; fixed steps; every entity merged (`group_by="all"`), on Arrow and Spark."""
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.errors import InvalidStepError, InvalidTimeRangeError
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.steps import step_spec
+from rollup_assets.model.windows import Window
+from rollup_assets.services.downsample import downsample_arrow, downsample_spark
+from tests.conftest import World, days, world_of
+from tests.oracle import compare, oracle
+
+NOW = datetime(2025, 11, 15, 12, 0, tzinfo=UTC)
+# Year end 2024 (ISO week 2025-W01 spans it), and March 2025 with its 23-hour day (the 30th).
+SPANS = [(date(2024, 12, 27), 7), (date(2025, 3, 29), 3)]
+METERS = 2
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory, spark) -> Iterator[World]:
+    """Every level backfilled over the sample in one range run (one installation for the module:
+    the tests only read)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for world in world_of(tmp_path_factory.mktemp("downsampling"), mp, load_catalog()):
+            world.ops.activate("energy_raw", now=NOW)
+            batch = [
+                day_batch(d, METERS, seed=5, missing=0.05, null_power=0.1, null_voltage=0.1)
+                for first, n in SPANS
+                for d in days(first, n)
+            ]
+            world.ingest(pa.concat_tables(batch), source="Import")
+            world.activate_all(NOW)
+            world.backfill(
+                [Window(datetime(2024, 12, 27, tzinfo=UTC), datetime(2025, 4, 1, tzinfo=UTC))]
+            )
+            yield world
+
+
+def expected(world: World, rollup: str, every: str, merged: bool = False) -> pd.DataFrame:
+    """The oracle for the steps: raw rows aggregated straight into the step's buckets."""
+    raw = world.raw()
+    if merged:
+        raw = raw.assign(entity_id="*")
+    return oracle(raw, step_spec(world.catalog.rollup(rollup), every))
+
+
+def actual(table: pa.Table, merged: bool = False) -> pa.Table:
+    out = table.rename_columns(
+        ["bucket_start" if n == "step_start" else n for n in table.column_names]
+    )
+    if merged:
+        assert "entity_id" not in table.column_names
+        out = out.append_column("entity_id", pa.array(["*"] * out.num_rows, pa.string()))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("rollup", "every"),
+    [
+        ("energy_hourly", "day"),  # 23 h and 25 h local days
+        ("energy_hourly", "3h"),
+        ("energy_hourly", "week"),
+        ("energy_daily", "week"),  # 2025-W01 spans the year end
+        ("energy_daily", "month"),
+        ("energy_daily", "year"),
+        ("energy_monthly", "year"),
+        ("energy_weekly", "week"),
+    ],
+)
+def test_downsampling_equals_the_oracle(chain: World, rollup: str, every: str) -> None:
+    step = step_spec(chain.catalog.rollup(rollup), every)
+    got = downsample_arrow(chain.engine, rollup, every)
+    assert got.column_names[:3] == ["step_start", "step_end", "entity_id"]
+    assert compare(actual(got), expected(chain, rollup, every), step) == []
+
+
+def test_calendar_steps_follow_the_reference_zone(chain: World) -> None:
+    got = downsample_arrow(chain.engine, "energy_hourly", "day", entities=["meter-0000"])
+    lengths = {
+        r["step_start"]: r["step_end"] - r["step_start"]
+        for r in got.select(["step_start", "step_end"]).to_pylist()
+    }
+    assert lengths[datetime(2025, 3, 29, 23, tzinfo=UTC)] == timedelta(hours=23)
+    assert lengths[datetime(2025, 3, 28, 23, tzinfo=UTC)] == timedelta(hours=24)
+    weeks = downsample_arrow(chain.engine, "energy_daily", "week", entities=["meter-0000"])
+    w01 = datetime(2024, 12, 29, 23, tzinfo=UTC)  # Monday 2024-12-30, Vienna
+    assert w01 in weeks["step_start"].to_pylist()
+
+
+def test_every_entity_merged(chain: World) -> None:
+    for rollup, every in (("energy_daily", "month"), ("energy_hourly", "day")):
+        step = step_spec(chain.catalog.rollup(rollup), every)
+        got = downsample_arrow(chain.engine, rollup, every, group_by="all")
+        want = expected(chain, rollup, every, merged=True)
+        assert len(want) and compare(actual(got, merged=True), want, step) == []
+
+
+def test_a_range_of_whole_steps(chain: World) -> None:
+    # December 2024 and January 2025 in Vienna.
+    start, end = datetime(2024, 11, 30, 23, tzinfo=UTC), datetime(2025, 1, 31, 23, tzinfo=UTC)
+    got = downsample_arrow(chain.engine, "energy_daily", "month", start, end, ["meter-0001"])
+    want = expected(chain, "energy_daily", "month")
+    want = want[(want["entity_id"] == "meter-0001") & (want["bucket_start"] < end)]
+    step = step_spec(chain.catalog.rollup("energy_daily"), "month")
+    assert len(want) == 2 and compare(actual(got), want, step) == []
+    with pytest.raises(InvalidTimeRangeError, match="not a boundary of the month steps"):
+        downsample_arrow(chain.engine, "energy_daily", "month", datetime(2025, 1, 1, tzinfo=UTC))
+    with pytest.raises(InvalidStepError, match=r"energy_monthly.*CalendarMonth.*--every week"):
+        downsample_arrow(chain.engine, "energy_monthly", "week")
+
+
+def test_spark_downsampling_equals_arrow(chain: World, spark) -> None:
+    for rollup, every, group_by in (
+        ("energy_daily", "month", "entity"),
+        ("energy_hourly", "day", "all"),
+        ("energy_hourly", "6h", "entity"),
+    ):
+        arrow = downsample_arrow(chain.engine, rollup, every, group_by=group_by)
+        frame = downsample_spark(chain.engine, spark, rollup, every, group_by=group_by)
+        got = frame.toArrow()
+        assert got.column_names == arrow.column_names
+        assert _rows(got) == _rows(arrow)
+    bounded = downsample_spark(
+        chain.engine,
+        spark,
+        "energy_daily",
+        "year",
+        datetime(2024, 12, 31, 23, tzinfo=UTC),
+        datetime(2025, 12, 31, 23, tzinfo=UTC),
+    ).toArrow()
+    assert set(bounded["step_start"].to_pylist()) == {datetime(2024, 12, 31, 23, tzinfo=UTC)}
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    out = []
+    for r in table.to_pylist():
+        out.append(
+            tuple(
+                round(v, 9)
+                if isinstance(v, float)
+                else v.astimezone(UTC)
+                if isinstance(v, datetime)
+                else v
+                for v in r.values()
+            )
+        )
+    return out
+
+
+def test_a_step_spec_keeps_the_rollup_s_columns() -> None:
+    spec = load_catalog().rollup("energy_daily")
+    step = step_spec(spec, "month")
+    assert dataclasses.replace(step, alignment=spec.alignment, source=spec.source) == spec
