@@ -15,7 +15,7 @@ from rollup_assets.cli.app import (
 )
 from rollup_assets.cli.format import rows_of
 from rollup_assets.cli.progress import QUIET
-from rollup_assets.model.windows import iso_utc
+from rollup_assets.model.windows import iso_utc, parse_instant
 
 SOURCES = click.Choice(["Manual", "Pipeline", "Import"])
 
@@ -140,6 +140,13 @@ def delete_rows_command(
 @selection_options
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    help="Read what a reader saw at this instant (ISO-8601; naive is UTC): the table versions "
+    "current then. Refused before the archive existed or past what retention keeps.",
+)
 @tenant_option
 @handle_errors
 def query(
@@ -149,12 +156,15 @@ def query(
     entities: tuple[str, ...],
     fmt: str,
     limit: int | None,
+    as_of: str | None,
 ) -> None:
-    """Read a rollup (active generation, logical columns) or a raw archive."""
+    """Read a rollup (active generation, logical columns) or a raw archive, now or --as-of an
+    earlier time."""
     from rollup_assets.services.query import query_arrow
 
     a, b = time_range(start, end)
-    table = query_arrow(engine(), archive, a, b, list(entities) or None)
+    at = parse_instant(as_of, "--as-of") if as_of else None
+    table = query_arrow(engine(), archive, a, b, list(entities) or None, as_of=at)
     if limit is not None:
         table = table.slice(0, limit)
     click.echo(render_rows(table, fmt))
