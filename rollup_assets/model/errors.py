@@ -94,3 +94,12 @@ class BackupSpecMismatchError(BackupError):
 
 class TargetNotEmptyError(BackupError):
     """A backup or restore target (directory or warehouse root) already holds files."""
+
+
+class AsOfUnavailableError(RollupsError):
+    """An as-of read asked for a time the table cannot show: before it existed, or older than
+    what its retention still keeps."""
+
+
+class RollbackRefusedError(RollupsError):
+    """A rollback cannot restore exactly what the job replaced; nothing was changed."""

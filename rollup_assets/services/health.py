@@ -7,7 +7,7 @@ from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveState
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Health:
     last_recompute_failure_reason: str | None
     dirty_windows_pending: int
     pending_recompute_ranges: list[Window]
+    # The newest rollback: "<rollback job> undid <job> at <time>" (None: never rolled back).
+    last_rollback: str | None = None
 
 
 def health(
@@ -53,4 +55,13 @@ def health(
             buckets_in(catalog.rollup(name), [w for j in pending for w in j.windows])
         ),
         pending_recompute_ranges=merge_windows([w for j in pending for w in j.windows]),
+        last_rollback=_describe_rollback(snap, name),
     )
+
+
+def _describe_rollback(snap: LedgerSnapshot, name: str) -> str | None:
+    job = snap.last_rollback(name)
+    if job is None:
+        return None
+    at = iso_utc(job.finished_at) if job.finished_at else "?"
+    return f"{job.job_id} undid {job.undoes} at {at}"
