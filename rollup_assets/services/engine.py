@@ -36,7 +36,7 @@ from rollup_assets.model.errors import (
     ArchiveSchemaImmutableError,
     RawRowsRetainedError,
 )
-from rollup_assets.model.jobs import Job
+from rollup_assets.model.jobs import Job, JobState
 from rollup_assets.model.retention import BEGINNING, describe_removed, removed_within
 from rollup_assets.model.specs import (
     ENTITY_COLUMN,
@@ -117,15 +117,16 @@ class Engine:
     # -- retention ---------------------------------------------------------------------------
 
     def flipped_generations(self, spec: RollupSpec) -> frozenset[int]:
-        """The generations of `spec` jobs flipped (or reached their flip), which a reclaim leaves
-        to the sweep: once superseded, their rows stay for the generation retention. Empty
-        without a retention (a reclaim then deletes every generation no pointer names)."""
+        """The generations `spec` jobs flipped, which a reclaim leaves to the sweep: once
+        superseded, their rows stay for the generation retention (a rollback of the job after
+        theirs needs them). Empty without a retention (a reclaim then deletes every generation
+        no pointer names)."""
         if self.generation_retention <= timedelta(0):
             return frozenset()
         return frozenset(
             j.generation
             for j in self.ledger.snapshot().for_rollup(spec.name)
-            if j.generation is not None and j.rows_processed is not None
+            if j.generation is not None and j.state is JobState.COMPLETED and j.windows_processed
         )
 
     def removed_spans(self, source: ArchiveSpec) -> list[Window]:

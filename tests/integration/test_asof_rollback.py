@@ -17,10 +17,11 @@ from rollup_assets.model.errors import AsOfUnavailableError, RollbackRefusedErro
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.runner import execute
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.maintenance import maintain
-from rollup_assets.services.query import query_arrow
+from rollup_assets.services.query import query_arrow, query_spark
 from rollup_assets.services.rollback import rollback
 from tests.conftest import World, days, world_of
 from tests.oracle import compare_all
@@ -94,7 +95,7 @@ def as_of(world: World, at: datetime):
     return lambda name: query_arrow(world.engine, name, as_of=at)
 
 
-def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: World) -> None:
+def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: World, spark) -> None:
     world = kept
     loaded(world)
     raw0, rows0 = world.raw(), world.query("energy_raw")
@@ -113,6 +114,10 @@ def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: Worl
     assert compare_all(as_of(world, before), raw0, world.catalog) == []
     assert compare_all(as_of(world, between), raw1, world.catalog) == []
     assert query_arrow(world.engine, "energy_raw", as_of=before).equals(rows0)
+    then = query_arrow(world.engine, "energy_monthly", as_of=before)
+    via_spark = query_spark(world.engine, spark, "energy_monthly", as_of=before).toArrow()
+    assert via_spark.num_rows == then.num_rows > 0
+    assert via_spark.select(then.column_names).to_pylist() == then.to_pylist()
     with pytest.raises(AsOfUnavailableError, match="'energy_daily' did not exist yet at 2020"):
         query_arrow(world.engine, "energy_daily", as_of=datetime(2020, 1, 1, tzinfo=UTC))
 
@@ -129,13 +134,17 @@ def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: Worl
     assert compare_all(world.query, raw2, world.catalog) == []
 
     # Newest first: undo the second correction, then the first; the levels above follow.
-    undone = rollback(world.engine, HOURLY, second.job_id, run_id="test")
-    assert {j.rollup for j in undone.propagated} == {"energy_daily"}
+    # The first through the launchpad's operator job.
+    config = {"ops": {"rollback": {"config": {"rollup": HOURLY, "job_id": second.job_id}}}}
+    run = execute(world.defs, world.instance, "rollback_rollup", {}, config)
+    assert run is not None and run.success, run and run.error
+    undone = world.engine.ledger.snapshot().last_rollback(HOURLY)
+    assert undone is not None and undone.undoes == second.job_id
+    queued = [j for j in world.engine.ledger.snapshot().pending("energy_daily")]
+    assert queued and all(j.trigger is Trigger.CHAIN for j in queued)
     world.tick(NOW)
     assert compare_all(world.query, raw1, world.catalog) == []
-    with pytest.raises(
-        RollbackRefusedError, match=f"already rolled back by job {undone.job.job_id}"
-    ):
+    with pytest.raises(RollbackRefusedError, match=f"already rolled back by job {undone.job_id}"):
         rollback(world.engine, HOURLY, second.job_id)
 
     out = rollback(world.engine, HOURLY, first.job_id, run_id="test")
