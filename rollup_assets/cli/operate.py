@@ -173,7 +173,8 @@ def status(rollup: str | None, fmt: str) -> None:
     default=168,
     show_default=True,
     help="Vacuum deletes files unreferenced for longer than this (keep it above the longest "
-    "read or run); unrelated to an archive's raw retention.",
+    "read or run; never less than ROLLUPS_GENERATION_RETENTION_HOURS); unrelated to an "
+    "archive's raw retention.",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @tenant_option
