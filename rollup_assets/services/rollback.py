@@ -115,6 +115,10 @@ def rollback(
             pc.equal(at_flip["job_id"], job_id), pc.equal(at_flip["generation"], job.generation)
         )
     )
+    if flipped.num_rows == 0:
+        raise RollbackRefusedError(
+            f"{what}: its flip (pointer table version {flip_version}) holds none of its pointers"
+        )
     before = store.pointers_at(spec, flip_version - 1)
     cells = _cells(flipped)
     if state.frozen_until is not None:

@@ -167,11 +167,15 @@ def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: Worl
     )
     # What readers saw in between is still what they saw then.
     assert compare_all(as_of(world, between), raw1, world.catalog) == []
-    retention_keeps_then_sweeps(world)
+    third = retention_keeps_then_sweeps(world)
 
     pending = world.ops.request_recompute(HOURLY, SPAN.start, SPAN.end)
     with pytest.raises(RollbackRefusedError, match="has not flipped a generation"):
         rollback(world.engine, HOURLY, pending.job_id)
+    # A recompute in flight may flip the same cells: a rollback waits for it.
+    world.engine.ledger.record([pending.next(state=JobState.RUNNING, run_id="elsewhere")])
+    with pytest.raises(RollbackRefusedError, match=f"job {pending.job_id} is recomputing"):
+        rollback(world.engine, HOURLY, third.job_id)
 
 
 def physical_rows(world: World, name: str) -> int:
@@ -180,8 +184,9 @@ def physical_rows(world: World, name: str) -> int:
     )
 
 
-def retention_keeps_then_sweeps(world: World) -> None:
-    """Superseded generations stay for the retention, and are swept after it."""
+def retention_keeps_then_sweeps(world: World) -> Job:
+    """Superseded generations stay for the retention, and are swept after it; the job of a
+    third correction, whose replaced rows were swept."""
     kept_before = physical_rows(world, HOURLY) - world.query(HOURLY).num_rows
     assert kept_before > 0  # what the corrections and rollbacks above superseded
     job = corrected(world, 4.0)
@@ -198,6 +203,12 @@ def retention_keeps_then_sweeps(world: World) -> None:
     with pytest.raises(RollbackRefusedError, match=r"generation retention \(0s"):
         rollback(none, HOURLY, job.job_id)
 
+    # A freeze over the job's buckets holds every writer still, a rollback too.
+    world.ops.freeze(HOURLY, SPAN.end + timedelta(days=1))
+    with pytest.raises(RollbackRefusedError, match="frozen until 2025-08-02T12:00:00Z"):
+        rollback(world.engine, HOURLY, job.job_id)
+    world.ops.unfreeze(HOURLY)
+
     # Once the retention has passed since the flip, the sweep deletes the superseded rows...
     short = Engine(world.catalog, warehouse, generation_retention=timedelta(seconds=1))
     time.sleep(1.1)
@@ -208,3 +219,4 @@ def retention_keeps_then_sweeps(world: World) -> None:
     with pytest.raises(RollbackRefusedError, match="no longer all in the table"):
         rollback(world.engine, HOURLY, job.job_id)
     assert compare_all(world.query, world.raw(), world.catalog) == []
+    return job
