@@ -21,6 +21,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from resources.warehouse import filesystem_for
+from rollup_assets.model.asof import Commit
 from rollup_assets.model.windows import Window, merge_windows
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,22 @@ def open_table(
         return DeltaTable(uri, version=version, storage_options=storage_options or None)
     except TableNotFoundError:
         return None
+
+
+def commit_history(table: DeltaTable) -> list[tuple[Commit, dict]]:
+    """Every commit the table's log still holds, oldest first: its version and time (a vacuum's
+    with the retention it kept files for), and its commit info (custom metadata included)."""
+    out = []
+    for info in table.history():
+        retention = None
+        if info.get("operation") == "VACUUM START":
+            params = info.get("operationParameters") or {}
+            millis = params.get("specifiedRetentionMillis") or params.get("defaultRetentionMillis")
+            if millis is not None:
+                retention = dt.timedelta(milliseconds=int(millis))
+        at = dt.datetime.fromtimestamp(int(info["timestamp"]) / 1000, tz=dt.UTC)
+        out.append((Commit(int(info["version"]), at, retention), info))
+    return sorted(out, key=lambda c: c[0].version)
 
 
 def commit_file(root: str, version: int) -> str:

@@ -62,14 +62,12 @@ def read_pointers(
     return latest
 
 
-def pointers_at(
+def read_pointers_at(
     uri: str, version: int | None, storage_options: dict[str, str] | None = None
 ) -> pa.Table:
-    """Every pointer of the pointer table at `uri` as of `version` (None or negative: before
-    the table existed, so no pointer)."""
-    if version is None or version < 0:
-        return GENMAP_SCHEMA.empty_table()
-    table = open_table(uri, storage_options, version=version)
+    """The pointers of the pointer table at `uri` as of `version` (None or negative: before it
+    existed, so no pointer)."""
+    table = None if version is None or version < 0 else open_table(uri, storage_options, version)
     return GENMAP_SCHEMA.empty_table() if table is None else _conform(table)
 
 
@@ -116,6 +114,37 @@ def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
                 i = keyed["__i"].to_numpy()
                 active[i] = np.maximum(active[i], keyed["g_entity"].to_numpy())
     return pc.equal(rows["generation"], pa.array(active, pa.int64()))
+
+
+def covered_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
+    """For rows with (bucket_start, entity_id): does one of `pointers` cover each row's cell (a
+    global pointer of its bucket, or an entity pointer of its bucket and entity)?"""
+    n = rows.num_rows
+    if n == 0 or pointers.num_rows == 0:
+        return pa.chunked_array([pa.array(np.zeros(n, dtype=bool), pa.bool_())])
+    g, s = split_pointers(pointers)
+    starts = rows["bucket_start"].cast(TS)
+    covered = pc.fill_null(pc.is_in(starts, value_set=g["bucket_start"]), False)
+    mask = covered.to_numpy(zero_copy_only=False).copy()
+    if s.num_rows:
+        keyed = pa.table(
+            {
+                "__i": pa.array(np.arange(n), pa.int64()),
+                "bucket_start": starts,
+                "entity_id": rows["entity_id"],
+            }
+        ).join(
+            s.select(["bucket_start", "entity_id"]),
+            ["bucket_start", "entity_id"],
+            join_type="inner",
+        )
+        mask[keyed["__i"].to_numpy()] = True
+    return pa.chunked_array([pa.array(mask, pa.bool_())])
+
+
+def flipped_since(pointers: pa.Table, since: datetime) -> pa.Table:
+    """The pointers flipped after `since`."""
+    return pointers.filter(pc.greater(pointers["flipped_at"], pa.scalar(since, TS)))
 
 
 def flipped_pointers(
@@ -210,3 +239,75 @@ def resolve_active_spark(spark: SparkSession, rows: DataFrame, pointers: pa.Tabl
         active = F.greatest(active, F.coalesce(F.col("g_entity"), F.lit(0)))
     cols = rows.columns
     return out.where(F.col("generation") == active).select(*cols)
+
+
+def _cell_keys(pointers: pa.Table) -> tuple[set[datetime], set[tuple[datetime, str]]]:
+    """(bucket starts of global pointers, (bucket start, entity) of entity pointers)."""
+    whole, named = set(), set()
+    for b, e in zip(
+        pointers["bucket_start"].to_pylist(), pointers["entity_id"].to_pylist(), strict=True
+    ):
+        if e is None:
+            whole.add(b)
+        else:
+            named.add((b, e))
+    return whole, named
+
+
+def newer_pointers(current: pa.Table, flipped: pa.Table, generation: int) -> pa.Table:
+    """The pointers of `current` newer than `generation` that cover a cell of `flipped` (a flip's
+    pointers): the flips that changed those cells again since."""
+    whole, named = _cell_keys(flipped)
+    buckets = whole | {b for b, _ in named}
+    keep = []
+    for p in current.to_pylist():
+        if p["generation"] <= generation:
+            continue
+        b, e = p["bucket_start"], p["entity_id"]
+        if (e is None and b in buckets) or (e is not None and (b in whole or (b, e) in named)):
+            keep.append(p)
+    return pa.Table.from_pylist(keep, schema=GENMAP_SCHEMA)
+
+
+def missing_pointers(current: pa.Table, flipped: pa.Table) -> pa.Table:
+    """The pointers of `flipped` that `current` no longer holds."""
+    have = {
+        (p["bucket_start"], p["entity_id"], p["generation"])
+        for p in current.select(["bucket_start", "entity_id", "generation"]).to_pylist()
+    }
+    rows = [
+        p
+        for p in flipped.to_pylist()
+        if (p["bucket_start"], p["entity_id"], p["generation"]) not in have
+    ]
+    return pa.Table.from_pylist(rows, schema=GENMAP_SCHEMA)
+
+
+def restored_pointers(
+    current: pa.Table, before: pa.Table, flipped: pa.Table, now: datetime
+) -> pa.Table:
+    """The pointer table after undoing a flip: `current` without the flip's pointers
+    (`flipped`), with the pointers the flip superseded (those of `before`, the table just
+    before the flip, on its cells) back, stamped as flipped `now`.
+
+    A flip of a whole bucket dropped every pointer of that bucket; a flip of named cells dropped
+    the entity pointers of those cells only. Call it only when no newer flip covers one of
+    those cells (`newer_pointers` is empty) and `current` still holds every pointer of the flip
+    (`missing_pointers` is empty): then each cell's active generation is the one of `before`."""
+    whole, named = _cell_keys(flipped)
+    undone = {
+        (p["bucket_start"], p["entity_id"], p["generation"])
+        for p in flipped.select(["bucket_start", "entity_id", "generation"]).to_pylist()
+    }
+    kept = [
+        p
+        for p in current.to_pylist()
+        if (p["bucket_start"], p["entity_id"], p["generation"]) not in undone
+    ]
+    back = [
+        {**p, "flipped_at": now}
+        for p in before.to_pylist()
+        if p["bucket_start"] in whole
+        or (p["entity_id"] is not None and (p["bucket_start"], p["entity_id"]) in named)
+    ]
+    return pa.Table.from_pylist([*kept, *back], schema=GENMAP_SCHEMA)

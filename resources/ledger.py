@@ -69,6 +69,8 @@ LEDGER_SCHEMA = pa.schema(
         ("plan", pa.string()),
         ("change_rows", pa.int64()),
         ("cells_applied", pa.int64()),
+        # Rollback job rows: the job whose flip it undid.
+        ("undoes", pa.string()),
     ]
 )
 
@@ -106,6 +108,7 @@ def job_row(job: Job) -> dict:
         "plan": job.plan,
         "change_rows": job.change_rows,
         "cells_applied": job.cells_applied,
+        "undoes": job.undoes,
     }
 
 
@@ -182,6 +185,7 @@ def _job_from_row(row: dict) -> Job:
         plan=row.get("plan"),
         change_rows=row.get("change_rows"),
         cells_applied=row.get("cells_applied"),
+        undoes=row.get("undoes"),
     )
 
 

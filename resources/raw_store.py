@@ -26,6 +26,7 @@ from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, targ
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
+    commit_history,
     file_actions,
     open_table,
     prune_files,
@@ -37,13 +38,14 @@ from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.asof import version_at
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.column_rules import stored_operands
-from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.errors import AsOfUnavailableError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
-from rollup_assets.model.windows import Window, as_utc, merge_windows
+from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
@@ -102,6 +104,19 @@ class RawStore:
 
     def table(self, spec: SourceSpec, version: int | None = None) -> DeltaTable | None:
         return open_table(self.uri(spec), self.options, version)
+
+    def table_at(self, spec: SourceSpec, at: dt.datetime) -> DeltaTable:
+        """The archive's table as a reader saw it at `at` (Delta time travel by commit time);
+        AsOfUnavailableError when `at` is before the table existed or older than retention
+        keeps."""
+        table = self.table(spec)
+        if table is None:
+            raise AsOfUnavailableError(
+                f"'{spec.name}' has no table yet: nothing to read as of {iso_utc(at)}"
+            )
+        version = version_at(spec.name, [c for c, _ in commit_history(table)], at)
+        table.load_as_version(version)
+        return table
 
     def applied(self, spec: S, table: DeltaTable | None = None) -> S:
         """`spec` with the computed columns its table applies (`raw_columns.applied_spec`)."""

@@ -14,9 +14,10 @@ that every active row is still in the snapshot); otherwise they retry.
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +29,7 @@ from pyspark.sql import functions as F
 from resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer, targets_of
 from resources.delta_tables import (
     CommitPlan,
+    commit_history,
     committed_after,
     file_actions,
     open_table,
@@ -36,8 +38,8 @@ from resources.delta_tables import (
 from resources.genmap import (
     active_mask,
     flipped_pointers,
-    pointers_at,
     read_pointers,
+    read_pointers_at,
     resolve_active_spark,
     write_pointer_table,
 )
@@ -45,9 +47,11 @@ from resources.rollup_table import RollupTable, Written, in_windows
 from resources.schemas import PART_COLUMN, data_schema, spark_schema, table_schema
 from resources.warehouse import data_file_uri, spark_uri
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.model.asof import version_at, version_if_existed
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.specs import Alignment, RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, iso_utc
 
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
@@ -103,19 +107,80 @@ class RollupStore(RollupTable):
                 f"'{spec.name}': pointers kept moving; could not take a consistent snapshot"
             ) from None
 
-    def snapshot_at(self, spec: RollupSpec, version: int, genmap_version: int | None) -> Snapshot:
+    def snapshot_of(self, spec: RollupSpec, version: int, genmap_version: int | None) -> Snapshot:
         """The row table at `version` with the pointers of `genmap_version`: the snapshot a
         reader (or a run of the level above) took then. Raises FileNotFoundError when that
         version is no longer in the log."""
         try:
             table = open_table(self.uri(spec), self.options, version=version)
-            pointers = pointers_at(self.genmap_uri(spec), genmap_version, self.options)
+            pointers = read_pointers_at(self.genmap_uri(spec), genmap_version, self.options)
         except DeltaError as exc:
             raise FileNotFoundError(
                 f"'{spec.name}' at version {version} (pointers {genmap_version}) is no longer "
                 f"readable: {exc}"
             ) from exc
         return Snapshot(table, pointers, genmap_version)
+
+    def snapshot_at(self, spec: RollupSpec, at: datetime) -> Snapshot:
+        """The snapshot a reader took at `at`: the row table and the pointer table each at the
+        newest version committed by then (from their logs' commit times).
+
+        The pair is consistent: a recompute commits its rows before it flips, and sweeps only
+        after, so the rows the pointers of `at` name are in the row table of `at`. Raises
+        AsOfUnavailableError when `at` is before the rollup existed or older than what retention
+        keeps (vacuumed files, an expired log)."""
+        rows = open_table(self.uri(spec), self.options)
+        if rows is None:
+            raise AsOfUnavailableError(
+                f"'{spec.name}' has no rows table yet: nothing to read as of {iso_utc(at)}"
+            )
+        version = version_at(spec.name, [c for c, _ in commit_history(rows)], at)
+        genmap = open_table(self.genmap_uri(spec), self.options)
+        gv = None
+        if genmap is not None:
+            history = [c for c, _ in commit_history(genmap)]
+            gv = version_if_existed(spec.genmap_name, history, at)
+        pointers = read_pointers_at(self.genmap_uri(spec), gv, self.options)
+        return Snapshot(open_table(self.uri(spec), self.options, version), pointers, gv)
+
+    def committed_by(self, spec: RollupSpec, job_id: str, operation: str) -> int | None:
+        """The version of the commit of `job_id` with `operation` (a recompute's rows: the row
+        table; a flip: the pointer table), if the table's log still holds it."""
+        uri = self.uri(spec) if operation == "recompute" else self.genmap_uri(spec)
+        table = open_table(uri, self.options)
+        if table is None:
+            return None
+        for commit_, info in reversed(commit_history(table)):
+            if info.get("rollups.job_id") == job_id and info.get("rollups.operation") == operation:
+                return commit_.version
+        return None
+
+    def pointers_at(self, spec: RollupSpec, version: int | None) -> pa.Table:
+        """The pointer table as of `version` (None or -1: before its first commit)."""
+        return read_pointers_at(self.genmap_uri(spec), version, self.options)
+
+    def table_at(self, spec: RollupSpec, version: int) -> DeltaTable | None:
+        return open_table(self.uri(spec), self.options, version)
+
+    def restore_pointers(
+        self,
+        spec: RollupSpec,
+        change: Callable[[pa.Table], pa.Table],
+        *,
+        job_id: str,
+        undoes: str,
+    ) -> int:
+        """A rollback's atomic commit point: the pointer table becomes `change(current)`."""
+        return write_pointer_table(
+            self.genmap_uri(spec),
+            change,
+            metadata={
+                "rollups.operation": "rollback",
+                "rollups.job_id": job_id,
+                "rollups.undoes": undoes,
+            },
+            storage_options=self.options,
+        )
 
     def flipped_jobs(self, spec: RollupSpec) -> frozenset[str]:
         """Ids of the jobs whose pointers are in the pointer table now."""

@@ -3,15 +3,17 @@
 A rollup table holds rows of every generation. Rows leave it only by a file rewrite: each file
 holding rows to drop is removed and its other rows are written to a new file, all in one commit
 (readers keep their snapshot meanwhile). A sweep drops what a flip superseded (never before the
-flip); a reclaim drops generations no pointer references (left by runs that died before their
-flip); a rewind drops recomputed rows after a watermark it moves back.
+flip, and not while the generation retention has not passed since the flip: as-of reads and
+rollbacks find the superseded rows meanwhile); a reclaim drops generations no pointer references
+(left by runs that died before their flip); a rewind drops recomputed rows after a watermark it
+moves back.
 """
 
 import logging
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +30,13 @@ from resources.delta_tables import (
     read_commit,
     remove_action,
 )
-from resources.genmap import active_mask, read_pointers, write_pointer_table
+from resources.genmap import (
+    active_mask,
+    covered_mask,
+    flipped_since,
+    read_pointers,
+    write_pointer_table,
+)
 from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
 from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.model.specs import RollupSpec
@@ -61,9 +69,13 @@ class Written:
 class RollupTable:
     """Where a rollup's rows and pointers live, and how rows are dropped from it."""
 
-    def __init__(self, warehouse: Warehouse) -> None:
+    def __init__(
+        self, warehouse: Warehouse, generation_retention: timedelta = timedelta(0)
+    ) -> None:
         self.warehouse = warehouse
         self.options = warehouse.storage_options
+        # A superseded row stays while a pointer covering its cell is younger than this.
+        self.generation_retention = generation_retention
 
     def uri(self, spec: RollupSpec) -> str:
         return self.warehouse.rollup_path(spec.name)
@@ -135,7 +147,9 @@ class RollupTable:
         generation: int | None = None,
         up_to: int | None = None,
     ) -> int:
-        """Delete rows in `buckets` (for `entities`) that are not the active generation.
+        """Delete rows in `buckets` (for `entities`) that are not the active generation, once
+        the generation retention has passed since the newest flip of their cell (a row whose
+        cell a pointer younger than it covers stays: as-of reads and rollbacks need it).
 
         With `up_to`, rows of a newer generation stay: a caller that holds no writer's lock (the
         maintenance sweep) passes the newest generation its pointers know, since a newer one is
@@ -149,6 +163,16 @@ class RollupTable:
         costs. Without them every file holding superseded rows in `buckets` is rewritten.
         """
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        recent = None
+        if self.generation_retention > timedelta(0):
+            cutoff = datetime.now(UTC) - self.generation_retention
+            recent = flipped_since(pointers, cutoff)
+            inside = pc.fill_null(in_windows(pointers["bucket_start"], buckets), False)
+            older = pointers.filter(
+                pc.and_(inside, pc.less_equal(pointers["flipped_at"], pa.scalar(cutoff, TS)))
+            )
+            if older.num_rows == 0:
+                return 0  # every pointer of these buckets is younger than the retention
         limit = None
         if flipped is not None:
             limit = max(SWEEP_MIN_ROWS, SWEEP_FACTOR * flipped.rows)
@@ -180,6 +204,8 @@ class RollupTable:
             mask = pc.and_(
                 in_windows(rows["bucket_start"], buckets), pc.invert(active_mask(rows, pointers))
             )
+            if recent is not None:
+                mask = pc.and_(mask, pc.invert(covered_mask(rows, recent)))
             if entities is not None:
                 mask = pc.and_(
                     mask, pc.is_in(rows["entity_id"], value_set=pa.array(sorted(entities)))
@@ -188,12 +214,16 @@ class RollupTable:
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
 
-    def reclaim(self, spec: RollupSpec, up_to: int | None = None) -> int:
+    def reclaim(
+        self, spec: RollupSpec, up_to: int | None = None, keep: frozenset[int] = frozenset()
+    ) -> int:
         """Delete rows of generations no pointer references (left by runs that died before the
-        flip). With `up_to`, only generations up to it: see `sweep`. Without it, call it only
-        while holding the rollup's writer slot (a recompute does, before it writes)."""
+        flip), except those in `keep` (generations that were flipped: superseded ones are the
+        sweep's, after the generation retention). With `up_to`, only generations up to it: see
+        `sweep`. Without it, call it only while holding the rollup's writer slot (a recompute
+        does, before it writes)."""
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        live = {0, *pc.unique(pointers["generation"]).to_pylist()}
+        live = {0, *pc.unique(pointers["generation"]).to_pylist(), *keep}
         live_arr = pa.array(sorted(live), pa.int64())
 
         def select(files: list[dict]) -> list[dict]:

@@ -53,7 +53,9 @@ def warehouse_resources(catalog: Catalog, base: WarehouseResource) -> dict[str, 
     roots = tenant_warehouses(base.get(), catalog)
     return {
         Scope(name).warehouse_key: WarehouseResource(
-            root=wh.root, storage_options=dict(base.storage_options)
+            root=wh.root,
+            storage_options=dict(base.storage_options),
+            generation_retention_hours=base.generation_retention_hours,
         )
         for name, wh in roots.items()
     }
@@ -70,7 +72,9 @@ def build_definitions(
     declared, each tenant gets its own copy of everything, prefixed by its name and bound to
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
     settings = settings or Settings.from_env()
-    base = warehouse or WarehouseResource(root=settings.warehouse)
+    base = warehouse or WarehouseResource(
+        root=settings.warehouse, generation_retention_hours=settings.generation_retention_hours
+    )
     return dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],
         dg.Definitions(

@@ -63,6 +63,9 @@ class RollupChain(dg.Component, dg.Model, dg.Resolvable):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         settings = Settings.from_env()
-        warehouse = WarehouseResource(root=self.warehouse or settings.warehouse)
+        warehouse = WarehouseResource(
+            root=self.warehouse or settings.warehouse,
+            generation_retention_hours=settings.generation_retention_hours,
+        )
         catalog = self.catalog(origin=str(context.path))
         return build_definitions(catalog, warehouse, settings=settings)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 DEFAULT_WAREHOUSE = "./warehouse"
 DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
+# How long rows of a superseded generation stay before a sweep deletes them (as-of reads and
+# rollbacks within it find them), and the least vacuum keeps unreferenced files for.
+DEFAULT_GENERATION_RETENTION_HOURS = 168
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Settings:
     postgres: Mapping[str, str] = field(default_factory=dict)
     # The tenant the CLI acts for when its `--tenant` is not given (specs that declare tenants).
     tenant: str | None = None
+    # Hours a superseded generation is kept before the sweep deletes its rows (0: at once).
+    generation_retention_hours: int = DEFAULT_GENERATION_RETENTION_HOURS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -79,6 +84,9 @@ class Settings:
             ),
             postgres={k: v for k, v in env.items() if k.startswith("DAGSTER_PG_")},
             tenant=(env.get("ROLLUPS_TENANT") or "").strip() or None,
+            generation_retention_hours=_int(
+                env, "ROLLUPS_GENERATION_RETENTION_HOURS", DEFAULT_GENERATION_RETENTION_HOURS
+            ),
         )
 
     @property

@@ -81,6 +81,7 @@ def _health_events(
             if h.last_recompute_success_at
             else "none",
             "last_recompute_failure_reason": h.last_recompute_failure_reason or "none",
+            "last_rollback": h.last_rollback or "none",
         }
         digest = hashlib.sha1(json.dumps(plain, default=str, sort_keys=True).encode()).hexdigest()[
             :16

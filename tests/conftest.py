@@ -3,7 +3,7 @@
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -128,17 +128,27 @@ class World:
         return raw_frame(self.engine.raw.read_arrow(spec), spec)
 
 
-def world_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, catalog: Catalog) -> Iterator[World]:
+def world_of(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    catalog: Catalog,
+    retention_hours: int = 0,
+) -> Iterator[World]:
     """An isolated installation of `catalog` (the `world` fixture's, for other spec files)."""
     wh = tmp_path / "warehouse"
     home = tmp_path / "dagster_home"
     home.mkdir()
     monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(wh))
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+    # Superseded generations are swept at once here (what most tests check); the tests of the
+    # generation retention build their own world with one (`world_of(..., retention_hours=...)`).
+    resource = WarehouseResource(root=str(wh), generation_retention_hours=retention_hours)
+    defs = build_definitions(catalog, resource)
+    retention = timedelta(hours=retention_hours)
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, catalog)
-        yield World(tmp_path, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
+        engine = Engine(catalog, Warehouse(str(wh)), generation_retention=retention)
+        yield World(tmp_path, catalog, engine, defs, instance)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ accept `--format json` (and `csv`/`table` where rows are tabular).
 
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache, wraps
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +134,10 @@ def engine() -> "Engine":
     from rollup_assets.services.engine import Engine
 
     base = Warehouse(settings().warehouse)
-    return Engine(catalog(), tenant_warehouse(base, catalog(), tenant()))
+    retention = timedelta(hours=settings().generation_retention_hours)
+    return Engine(
+        catalog(), tenant_warehouse(base, catalog(), tenant()), generation_retention=retention
+    )
 
 
 def ops() -> "Operations":

@@ -15,7 +15,7 @@ from rollup_assets.cli.app import (
 )
 from rollup_assets.cli.format import rows_of
 from rollup_assets.cli.progress import QUIET
-from rollup_assets.model.windows import iso_utc
+from rollup_assets.model.windows import iso_utc, parse_instant
 
 SOURCES = click.Choice(["Manual", "Pipeline", "Import"])
 
@@ -247,6 +247,13 @@ def delete_rows_command(
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @click.option("--limit", type=int, default=None, help="Print at most this many rows.")
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    help="Read what a reader saw at this instant (ISO-8601; naive is UTC): the table versions "
+    "current then. Refused before the archive existed or past what retention keeps.",
+)
 @tenant_option
 @handle_errors
 def query(
@@ -259,8 +266,10 @@ def query(
     realtime: bool,
     fmt: str,
     limit: int | None,
+    as_of: str | None,
 ) -> None:
-    """Read a rollup (active generation, logical columns) or a raw archive.
+    """Read a rollup (active generation, logical columns) or a raw archive, now or --as-of an
+    earlier time.
 
     With --every, a rollup's buckets merged exactly from their partials into coarser steps
     (steps that do not nest the rollup's buckets are refused). With --realtime, a rollup read
@@ -273,6 +282,11 @@ def query(
     a, b = time_range(start, end)
     if group_by is not None and every is None:
         raise click.UsageError("--group-by needs --every")
+    if as_of is not None and (every is not None or realtime):
+        raise click.UsageError(
+            "--as-of reads stored buckets: it does not combine with --every or --realtime"
+        )
+    at = parse_instant(as_of, "--as-of") if as_of else None
     ents = list(entities) or None
     if every is not None:
         table = downsample_arrow(
@@ -281,7 +295,7 @@ def query(
     elif realtime:
         table = realtime_arrow(engine(), archive, a, b, ents)
     else:
-        table = query_arrow(engine(), archive, a, b, ents)
+        table = query_arrow(engine(), archive, a, b, ents, as_of=at)
     if limit is not None:
         table = table.slice(0, limit)
     click.echo(render_rows(table, fmt))

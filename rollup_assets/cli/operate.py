@@ -69,6 +69,37 @@ def rewind(rollup: str, to: str, fmt: str) -> None:
     echo_data({**state_row(state), "recomputed_rows_dropped": deleted}, fmt)
 
 
+@main.command()
+@click.argument("rollup")
+@click.option("--job", "job_id", required=True, help="Id of the recompute job to undo.")
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
+@handle_errors
+def rollback(rollup: str, job_id: str, fmt: str) -> None:
+    """Undo recompute job --job: its cells get back the generation it replaced, in one pointer
+    commit, recorded as a Rollback job; the levels above are queued for recompute (the sensors
+    run them, as after any change).
+
+    Refused, changing nothing: an unknown job, a job that flipped nothing, a flip older than the
+    generation retention (ROLLUPS_GENERATION_RETENTION_HOURS, default 168) or whose replaced rows
+    were swept, cells a later job changed again (roll that one back first), a recompute of the
+    rollup in flight, or a freeze over the job's buckets.
+    """
+    out = ops().rollback(rollup, job_id)
+    echo_data(
+        {
+            "rollup": rollup,
+            "rollback_job": out.job.job_id,
+            "undid": job_id,
+            "buckets": len(out.cells),
+            "restored_generations": ", ".join(str(g) for g in out.generations) or "0",
+            "genmap_version": out.version,
+            "queued_above": ", ".join(f"{j.rollup}:{j.job_id}" for j in out.propagated) or None,
+        },
+        fmt,
+    )
+
+
 def _lifecycle(action: str, doc: str) -> None:
     @main.command(name=action, help=doc)
     @click.argument("archive")
@@ -194,7 +225,8 @@ def status(rollup: str | None, fmt: str) -> None:
     default=168,
     show_default=True,
     help="Vacuum deletes files unreferenced for longer than this (keep it above the longest "
-    "read or run); unrelated to an archive's raw retention.",
+    "read or run; never less than ROLLUPS_GENERATION_RETENTION_HOURS); unrelated to an "
+    "archive's raw retention.",
 )
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @tenant_option

@@ -86,12 +86,20 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     click.echo(f"  ({note})")
     ensure_home(settings)
     out.mkdir(parents=True, exist_ok=True)
-    defs = build_definitions(catalog, WarehouseResource(root=warehouse.root), settings=settings)
+    resource = WarehouseResource(
+        root=warehouse.root, generation_retention_hours=settings.generation_retention_hours
+    )
+    defs = build_definitions(catalog, resource, settings=settings)
     instance = dg.DagsterInstance.get()
     ensure_pools(instance, catalog)
     # The story, not every event of every run (unless ROLLUPS_RUN_LOG_LEVEL says otherwise).
     log_level = settings.run_log_level or "WARNING"
-    story = Story(catalog, Engine(catalog, warehouse), defs, instance, out, meters, days, log_level)
+    engine = Engine(
+        catalog,
+        warehouse,
+        generation_retention=timedelta(hours=settings.generation_retention_hours),
+    )
+    story = Story(catalog, engine, defs, instance, out, meters, days, log_level)
     story.say("starting a local Spark session (one JVM for every run of this demo)", dim=True)
     build_session(
         master=settings.spark_master,

@@ -102,3 +102,12 @@ class TargetNotEmptyError(BackupError):
 
 class RowNotFoundError(RollupsError):
     """No active row of a rollup for the bucket and entity asked about."""
+
+
+class AsOfUnavailableError(RollupsError):
+    """An as-of read asked for a time the table cannot show: before it existed, or older than
+    what its retention still keeps."""
+
+
+class RollbackRefusedError(RollupsError):
+    """A rollback cannot restore exactly what the job replaced; nothing was changed."""

@@ -30,6 +30,7 @@ class Trigger(StrEnum):
     PERIODIC = "Periodic"
     CHAIN = "ChainPropagation"
     MAINTENANCE = "Maintenance"  # buckets rewritten whole to fold their cell pointers
+    ROLLBACK = "Rollback"  # an earlier job's cells given back the generation it replaced
 
     @property
     def lane(self) -> Lane:
@@ -108,6 +109,8 @@ class Job:
     plan: str | None = None
     change_rows: int | None = None
     cells_applied: int | None = None
+    # A rollback: the id of the job whose flip it undid.
+    undoes: str | None = None
 
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""
@@ -157,6 +160,15 @@ class LedgerSnapshot:
 
     def active(self, rollup: str) -> list[Job]:
         return [j for j in self.for_rollup(rollup) if j.state.active]
+
+    def last_rollback(self, rollup: str) -> Job | None:
+        """The rollup's newest completed rollback, if any."""
+        done = [
+            j
+            for j in self.for_rollup(rollup)
+            if j.trigger is Trigger.ROLLBACK and j.state is JobState.COMPLETED
+        ]
+        return done[-1] if done else None
 
 
 def cursor_moves(

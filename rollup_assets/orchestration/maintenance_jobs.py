@@ -14,8 +14,8 @@ class MaintenanceConfig(dg.Config):
         default=DEFAULT_RETENTION_HOURS,
         description=(
             "Vacuum keeps unreferenced files younger than this; "
-            "keep it above the longest read or run. (An archive's raw retention is its spec's "
-            "`retention`.)"
+            "keep it above the longest read or run (never less than the generation retention "
+            "is used). (An archive's raw retention is its spec's `retention`.)"
         ),
     )
 

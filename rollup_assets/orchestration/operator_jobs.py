@@ -45,6 +45,11 @@ class RewindConfig(dg.Config):
     to: str = Field(description="ISO-8601 bucket boundary to rewind to")
 
 
+class RollbackConfig(dg.Config):
+    rollup: str = Field(description="Rollup whose recompute job is undone, e.g. energy_daily")
+    job_id: str = Field(description="Id of the recompute job to undo (see `rollups history`)")
+
+
 class LifecycleConfig(dg.Config):
     archive: str = Field(description="Archive (raw, time-range or rollup)")
     action: Literal["activate", "disable", "enable", "delete"] = Field(
@@ -100,6 +105,28 @@ def build_operator_jobs(catalog: Catalog, scope: Scope = NO_TENANT) -> list[dg.J
             config.rollup,
             state.watermark,
             deleted,
+        )
+
+    @dg.op(name=scope.name("rollback"), required_resource_keys=resources)
+    def rollback(context: dg.OpExecutionContext, config: RollbackConfig):
+        out = ops(context).rollback(config.rollup, config.job_id)
+        context.log.info(
+            "%s: job %s undid job %s on %d bucket(s) (generation(s) %s active again); "
+            "%d recompute job(s) queued above",
+            config.rollup,
+            out.job.job_id,
+            config.job_id,
+            len(out.cells),
+            list(out.generations),
+            len(out.propagated),
+        )
+        context.add_output_metadata(
+            {
+                "rollback_job": out.job.job_id,
+                "undid": config.job_id,
+                "genmap_version": out.version,
+                "queued_above": [j.job_id for j in out.propagated],
+            }
         )
 
     @dg.op(name=scope.name("change_status"), required_resource_keys=resources)
@@ -171,6 +198,12 @@ def build_operator_jobs(catalog: Catalog, scope: Scope = NO_TENANT) -> list[dg.J
             "rewind_rollup",
             rewind,
             "Move the watermark back so the forward lane re-aggregates (destructive).",
+        ),
+        job(
+            "rollback_rollup",
+            rollback,
+            "Undo a recompute job: its cells get back the generation it replaced, in one pointer "
+            "commit; the levels above are recomputed by chain propagation.",
         ),
         job(
             "change_archive_status",

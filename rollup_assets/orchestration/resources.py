@@ -1,7 +1,7 @@
 """The Dagster resources of the code location: the Spark session, the warehouse (which
 provides the engine), and the clock of the forward lane."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +16,7 @@ from resources.warehouse import Warehouse
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.services.engine import Engine
+from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS
 
 
 def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
@@ -122,6 +123,11 @@ class WarehouseResource(dg.ConfigurableResource):
         default_factory=dict,
         description="delta-rs storage options (credentials, endpoint, region) for an object store.",
     )
+    generation_retention_hours: int = Field(
+        default=DEFAULT_GENERATION_RETENTION_HOURS,
+        description="Hours a superseded generation's rows stay before a sweep deletes them "
+        "(as-of reads and rollbacks work within it); 0 deletes them at once.",
+    )
 
     _engines: dict[int, Engine] = PrivateAttr(default_factory=dict)
 
@@ -132,7 +138,11 @@ class WarehouseResource(dg.ConfigurableResource):
         """The engine over this warehouse for `catalog` (one per resource instance)."""
         engine = self._engines.get(id(catalog))
         if engine is None or engine.catalog is not catalog:
-            engine = self._engines[id(catalog)] = Engine(catalog, self.get())
+            engine = self._engines[id(catalog)] = Engine(
+                catalog,
+                self.get(),
+                generation_retention=timedelta(hours=self.generation_retention_hours),
+            )
         return engine
 
 

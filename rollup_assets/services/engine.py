@@ -8,7 +8,7 @@ Dagster resource provides it to runs and sensors, and the CLI and the tests buil
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -36,7 +36,7 @@ from rollup_assets.model.errors import (
     ArchiveSchemaImmutableError,
     RawRowsRetainedError,
 )
-from rollup_assets.model.jobs import Job
+from rollup_assets.model.jobs import Job, JobState
 from rollup_assets.model.retention import BEGINNING, describe_removed, removed_within
 from rollup_assets.model.specs import (
     ENTITY_COLUMN,
@@ -47,6 +47,7 @@ from rollup_assets.model.specs import (
 )
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")
@@ -74,11 +75,19 @@ class RunOutcome:
 
 
 class Engine:
-    def __init__(self, catalog: Catalog, warehouse: Warehouse) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        warehouse: Warehouse,
+        *,
+        generation_retention: timedelta = timedelta(hours=DEFAULT_GENERATION_RETENTION_HOURS),
+    ) -> None:
         self.catalog = catalog
         self.warehouse = warehouse
         self.raw = RawStore(warehouse)
-        self.rollups = RollupStore(warehouse)
+        # Superseded generations stay this long before a sweep deletes their rows.
+        self.generation_retention = generation_retention
+        self.rollups = RollupStore(warehouse, generation_retention)
         self.states = ArchiveStateStore(warehouse)
         self.ledger = Ledger(warehouse)
 
@@ -106,6 +115,19 @@ class Engine:
             )
 
     # -- retention ---------------------------------------------------------------------------
+
+    def flipped_generations(self, spec: RollupSpec) -> frozenset[int]:
+        """The generations `spec` jobs flipped, which a reclaim leaves to the sweep: once
+        superseded, their rows stay for the generation retention (a rollback of the job after
+        theirs needs them). Empty without a retention (a reclaim then deletes every generation
+        no pointer names)."""
+        if self.generation_retention <= timedelta(0):
+            return frozenset()
+        return frozenset(
+            j.generation
+            for j in self.ledger.snapshot().for_rollup(spec.name)
+            if j.generation is not None and j.state is JobState.COMPLETED and j.windows_processed
+        )
 
     def removed_spans(self, source: ArchiveSpec) -> list[Window]:
         """The time ranges of a raw or time-range archive whose rows retention removed (empty

@@ -7,7 +7,7 @@ from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveState
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class Health:
     # the spans of the buckets they hold.
     held_writes: int = 0
     held_ranges: list[Window] = field(default_factory=list)
+    # The newest rollback: "<rollback job> undid <job> at <time>" (None: never rolled back).
+    last_rollback: str | None = None
 
 
 def health(
@@ -59,4 +61,13 @@ def health(
         pending_recompute_ranges=merge_windows([w for j in pending for w in j.windows]),
         held_writes=len(held),
         held_ranges=merge_windows([w for c in held for w in c.windows]),
+        last_rollback=_describe_rollback(snap, name),
     )
+
+
+def _describe_rollback(snap: LedgerSnapshot, name: str) -> str | None:
+    job = snap.last_rollback(name)
+    if job is None:
+        return None
+    at = iso_utc(job.finished_at) if job.finished_at else "?"
+    return f"{job.job_id} undid {job.undoes} at {at}"

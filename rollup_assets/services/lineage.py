@@ -137,7 +137,7 @@ def _below(ctx: _Context, source: RollupSpec, row: RowLineage) -> RowLineage:
     if version is None or version < 0:
         return _noted(row, f"no version of '{source.name}' recorded")
     try:
-        snap = ctx.engine.rollups.snapshot_at(
+        snap = ctx.engine.rollups.snapshot_of(
             source, version, row.source_versions.get(source.genmap_name)
         )
         below = _trace(ctx, source, [row.bucket], snap)

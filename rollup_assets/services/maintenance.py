@@ -8,8 +8,10 @@ Every commit adds a log entry and usually a small file; forward refreshes and co
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
 (a data-neutral rewrite, which change detection ignores), a full sweep deletes every superseded
 or orphaned generation up to the newest one the pointers know (a newer one belongs to a recompute
-that has not flipped yet), and vacuum deletes unreferenced files older than the retention (which
-must exceed the longest read or run, or pinned snapshots would lose their files).
+that has not flipped yet) once the generation retention has passed since its cell's newest flip,
+and vacuum deletes unreferenced files older than the retention (which must exceed the longest
+read or run, or pinned snapshots would lose their files, and is never less than the generation
+retention, so as-of reads within it find their files).
 
 Corrections flip cell pointers; a bucket corrected cell by cell gathers one pointer per cell, and
 every read resolves generations against them. Maintenance folds them: a closed bucket carrying at
@@ -21,6 +23,7 @@ not folded at the first level: their raw rows are gone, so the stored rows are t
 """
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -93,8 +96,12 @@ def maintain(
     enforce_retention: bool = True,
 ) -> MaintenanceReport:
     """Apply raw retention as of `now` (default: the real clock), then sweep, fold, compact,
-    vacuum (files unreferenced for `retention_hours`) and checkpoint every table."""
+    vacuum (files unreferenced for `retention_hours`, never less than the generation retention)
+    and checkpoint every table."""
     report = MaintenanceReport()
+    retention_hours = max(
+        retention_hours, math.ceil(engine.generation_retention.total_seconds() / 3600)
+    )
     for outcome in apply_retention(engine, now or datetime.now(UTC)):
         report.retention.append(outcome)
         report.raw_days_dropped += len(outcome.days)
@@ -115,7 +122,7 @@ def maintain(
         newest = max([0, *pointers["generation"].to_pylist()])
         buckets = sorted({Window(r["bucket_start"], r["bucket_end"]) for r in pointers.to_pylist()})
         swept = store.sweep(spec, buckets, None, up_to=newest) if buckets else 0
-        reclaimed = store.reclaim(spec, up_to=newest)
+        reclaimed = store.reclaim(spec, up_to=newest, keep=engine.flipped_generations(spec))
         report.rows_swept += swept + reclaimed
         if swept or reclaimed:
             report.details.append(

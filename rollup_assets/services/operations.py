@@ -25,6 +25,7 @@ from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprin
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, as_utc
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.rollback import RollbackOutcome, rollback
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,11 @@ class Operations:
             actor=self.actor,
         )
         return new, deleted
+
+    def rollback(self, name: str, job_id: str) -> RollbackOutcome:
+        """Give the cells recompute job `job_id` changed back the generation it replaced, in one
+        pointer commit (`services.rollback`); the levels above are queued for recompute."""
+        return rollback(self.engine, name, job_id, run_id=self.actor)
 
     def request_recompute(
         self, name: str, start: datetime, end: datetime, entities: frozenset[str] | None = None

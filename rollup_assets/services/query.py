@@ -3,6 +3,10 @@
 `query_arrow` needs no Spark (the CLI uses it); `query_spark` returns a lazy DataFrame for large
 reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
 with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`.
+
+With `as_of`, they return what a reader saw at that time: the row and pointer tables (a raw
+archive's table) at the versions current then, found from the commit times in their logs
+(`RollupStore.snapshot_at`).
 """
 
 from collections.abc import Sequence
@@ -51,9 +55,11 @@ def query_arrow(
     start: datetime | None = None,
     end: datetime | None = None,
     entities: Sequence[str] | None = None,
+    as_of: datetime | None = None,
 ) -> pa.Table:
-    """Rows of `archive` (rollup: logical columns) whose bucket start / time is in [start, end)."""
-    return query_versions(engine, archive, start, end, entities)[0]
+    """Rows of `archive` (rollup: logical columns) whose bucket start / time is in [start, end),
+    as a reader saw them at `as_of` (None: now)."""
+    return query_versions(engine, archive, start, end, entities, as_of)[0]
 
 
 def query_versions(
@@ -62,6 +68,7 @@ def query_versions(
     start: datetime | None = None,
     end: datetime | None = None,
     entities: Sequence[str] | None = None,
+    as_of: datetime | None = None,
 ) -> tuple[pa.Table, dict[str, int]]:
     """`query_arrow`, and the table versions the rows were read at (table name -> version; a
     rollup's row and pointer tables, a raw archive's table; -1 for a table not created yet)."""
@@ -69,7 +76,11 @@ def query_versions(
     engine.require_activated(spec)
     ents = frozenset(entities) if entities else None
     if isinstance(spec, RollupSpec):
-        snap = engine.rollups.snapshot(spec)
+        snap = (
+            engine.rollups.snapshot(spec)
+            if as_of is None
+            else engine.rollups.snapshot_at(spec, as_utc(as_of))
+        )
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
         rows = engine.rollups.read_arrow(
             spec, [span(start, end)], ents, snapshot=snap, columns=needed
@@ -77,6 +88,8 @@ def query_versions(
         versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
         return logical_arrow(rows, spec), versions
     table = engine.raw.table(spec)
+    if as_of is not None:
+        table = engine.raw.table_at(spec, as_utc(as_of))
     data = engine.raw.read_arrow(spec, [span(start, end)], ents, table=table)
     data = data.drop_columns(["day"])
     time_col = data.column_names[1]
@@ -95,9 +108,12 @@ def query_spark(
     start: datetime | None = None,
     end: datetime | None = None,
     entities: Sequence[str] | None = None,
+    as_of: datetime | None = None,
 ) -> DataFrame:
+    """A rollup's logical columns as a lazy DataFrame (as a reader saw them at `as_of`)."""
     spec = engine.catalog.rollup(archive)
     engine.require_activated(spec)
     ents = frozenset(entities) if entities else None
-    rows = engine.rollups.read_spark(spark, spec, [span(start, end)], ents)
+    snap = None if as_of is None else engine.rollups.snapshot_at(spec, as_utc(as_of))
+    rows = engine.rollups.read_spark(spark, spec, [span(start, end)], ents, snapshot=snap)
     return logical_columns(rows, spec).orderBy("bucket_start", "entity_id")

@@ -142,7 +142,7 @@ def run_recompute(
     )
     engine.ledger.record([*events, running])
     try:
-        reclaimed = engine.rollups.reclaim(spec)
+        reclaimed = engine.rollups.reclaim(spec, keep=engine.flipped_generations(spec))
         if reclaimed:
             say(
                 f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "

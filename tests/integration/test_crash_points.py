@@ -104,8 +104,10 @@ def open_world(root: Path) -> World:
     catalog = load_catalog()
     instance = dg.DagsterInstance.from_config(str(home))
     ensure_pools(instance, catalog)
-    defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
-    return World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
+    # Superseded generations are swept at once (what these tests check after each crash).
+    defs = build_definitions(catalog, WarehouseResource(root=str(wh), generation_retention_hours=0))
+    engine = Engine(catalog, Warehouse(str(wh)), generation_retention=timedelta(0))
+    return World(root, catalog, engine, defs, instance)
 
 
 def env_for(world: World, **extra: str) -> dict[str, str]:
@@ -114,6 +116,7 @@ def env_for(world: World, **extra: str) -> dict[str, str]:
         "DAGSTER_HOME": str(world.instance.root_directory),
         "ROLLUPS_WAREHOUSE": world.engine.warehouse.root,
         "ROLLUPS_NOW": iso_utc(NOW),
+        "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         **extra,
     }

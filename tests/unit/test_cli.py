@@ -121,6 +121,10 @@ BAD = {
     "ingest-unknown": (["ingest", "nope", "batch.parquet"], "archive 'nope' is not declared"),
     "export-unknown": (["export", "nope", "out.parquet"], "archive 'nope' is not declared"),
     "import-unknown": (["import", "nope", "out.parquet"], "archive 'nope' is not declared"),
+    "rollback-unknown": (["rollback", "nope", "--job", "j"], "archive 'nope' is not declared"),
+    "rollback-a-raw-archive": (["rollback", "energy_raw", "--job", "j"], "not a rollup"),
+    "rollback-not-activated": (["rollback", "energy_hourly", "--job", "j"], "not activated"),
+    "query-as-of-not-activated": (["query", "energy_hourly", "--as-of", T1], "not activated"),
     "freeze-a-raw-archive": (["freeze", "energy_raw", "--until", T1], "not a rollup"),
     # --from after --to
     "query-inverted": (["query", "energy_hourly", "--from", T2, "--to", T1], "is not before"),
@@ -161,6 +165,7 @@ BAD = {
     "freeze-bad-until": (["freeze", "energy_hourly", "--until", "soon"], "--until 'soon'"),
     "rewind-bad-to": (["rewind", "energy_hourly", "--to", "12:00"], "--to '12:00'"),
     "tick-bad-now": (["tick", "--now", "noon"], "--now 'noon'"),
+    "query-bad-as-of": (["query", "energy_hourly", "--as-of", "soon"], "--as-of 'soon'"),
     "materialize-bad-from": (
         ["materialize", "energy_hourly", "--from", "x", "--to", T2],
         "--from 'x'",
@@ -168,6 +173,7 @@ BAD = {
     # click's own usage errors are one line too
     "missing-option": (["recompute", "energy_hourly", "--from", T1], "Missing option '--to'"),
     "missing-argument": (["jobs"], "Missing argument 'ROLLUP'"),
+    "rollback-missing-job": (["rollback", "energy_hourly"], "Missing option '--job'"),
     "bad-choice": (["jobs", "energy_hourly", "--format", "xml"], "'xml' is not one of"),
     "bad-integer": (["jobs", "energy_hourly", "--limit", "many"], "'many' is not a valid integer"),
     "unknown-command": (["frobnicate"], "No such command 'frobnicate'"),

@@ -18,6 +18,7 @@ def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.Monkey
     assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (32, 100)
     assert s.limits.max_cdf_rows == 2_000_000
     assert s.postgres == {}
+    assert s.generation_retention_hours == 168
 
 
 def test_every_variable_is_read(tmp_path: Path) -> None:
@@ -35,6 +36,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "ROLLUPS_ENTITY_SCOPE_LIMIT": "3",
         "ROLLUPS_MAX_VERSIONS_PER_TICK": "7",
         "ROLLUPS_MAX_CDF_ROWS": "0",
+        "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
         "DAGSTER_PG_HOST": "db",
         "UNRELATED": "x",
     }
@@ -47,6 +49,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.now == datetime(2025, 6, 1, 10, tzinfo=UTC)
     assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (3, 7)
     assert s.limits.max_cdf_rows == 0
+    assert s.generation_retention_hours == 0
     assert s.postgres == {"DAGSTER_PG_HOST": "db"}
 
 
@@ -59,6 +62,8 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         ("ROLLUPS_MAX_VERSIONS_PER_TICK", "0", "at least 1"),
         ("ROLLUPS_ENTITY_SCOPE_LIMIT", "-1", "at least 0"),
         ("ROLLUPS_NOW", "yesterday", "not an ISO-8601"),
+        ("ROLLUPS_GENERATION_RETENTION_HOURS", "-1", "at least 0"),
+        ("ROLLUPS_GENERATION_RETENTION_HOURS", "a week", "not a whole number"),
     ],
 )
 def test_a_bad_value_names_the_variable(name: str, value: str, needle: str) -> None:

@@ -1,0 +1,227 @@
+"""Rollback: give the cells a recompute job changed back the generation it replaced.
+
+A recompute flips its cells to a new generation in one pointer commit; the generations it
+superseded stay in the row table for the generation retention (the sweep leaves them). A
+rollback reads the pointer table as it was just before that flip, restores those pointers on
+exactly the job's cells in one pointer commit (the moment readers switch back), and records
+itself as a completed `Rollback` job naming the job it undid, together with the chain
+propagation jobs its cells cause one level up: the levels above are recomputed like after any
+change.
+
+It refuses, changing nothing, when it cannot restore exactly what readers saw before the flip:
+an unknown job, a job that flipped nothing, a flip older than the generation retention or whose
+superseded rows were swept, cells a later job changed again, a job already rolled back, a
+rollup with a recompute in flight or frozen over those cells.
+"""
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from resources.genmap import (
+    covered_mask,
+    missing_pointers,
+    newer_pointers,
+    restored_pointers,
+)
+from resources.rollup_store import Snapshot
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.durations import format_duration
+from rollup_assets.model.errors import RollbackRefusedError
+from rollup_assets.model.jobs import Job, JobState, Trigger, new_job_id
+from rollup_assets.model.placement import job_scope
+from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.services.engine import Engine
+
+
+@dataclass(frozen=True)
+class RollbackOutcome:
+    """What a rollback did: its ledger job, the job it undid, the cells given back, the
+    generations active on them again, the pointer table version it committed, and the jobs it
+    queued one level up."""
+
+    job: Job
+    undone: Job
+    cells: Cells
+    generations: tuple[int, ...]
+    version: int
+    propagated: list[Job]
+
+
+def rollback(
+    engine: Engine,
+    rollup: str,
+    job_id: str,
+    *,
+    run_id: str = "",
+    now: datetime | None = None,
+) -> RollbackOutcome:
+    """Undo the flip of recompute job `job_id` of `rollup` on exactly its cells (see the module
+    docstring); raises RollbackRefusedError, having changed nothing, when it cannot."""
+    t0 = time.monotonic()
+    started = now or datetime.now(UTC)
+    spec = engine.catalog.rollup(rollup)
+    state = engine.require_activated(spec)
+    snap = engine.ledger.snapshot()
+    job = snap.jobs.get(job_id)
+    what = f"rollback of job {job_id} of '{spec.name}'"
+    if job is None or job.rollup != spec.name:
+        raise RollbackRefusedError(f"{what}: no such job of '{spec.name}' in the ledger")
+    if job.trigger is Trigger.ROLLBACK:
+        raise RollbackRefusedError(
+            f"{what}: it is itself a rollback (of job {job.undoes}); recompute the range instead"
+        )
+    if job.state is not JobState.COMPLETED or job.generation is None or not job.windows_processed:
+        raise RollbackRefusedError(
+            f"{what}: the job has not flipped a generation (state {job.state.value}, "
+            f"{job.windows_processed or 0} bucket(s) flipped); there is nothing to undo"
+        )
+    done_before = [
+        j
+        for j in snap.for_rollup(spec.name)
+        if j.undoes == job_id and j.state is JobState.COMPLETED
+    ]
+    if done_before:
+        raise RollbackRefusedError(f"{what}: already rolled back by job {done_before[0].job_id}")
+    running = snap.active(spec.name)
+    if running:
+        raise RollbackRefusedError(
+            f"{what}: job {running[0].job_id} is recomputing '{spec.name}' now; "
+            "retry when it has finished"
+        )
+    retention = engine.generation_retention
+    flipped_at = job.finished_at or job.created_at
+    if started - flipped_at > retention:
+        raise RollbackRefusedError(
+            f"{what}: it flipped at {iso_utc(flipped_at)}, longer ago than the generation "
+            f"retention ({format_duration(retention)}, ROLLUPS_GENERATION_RETENTION_HOURS): the "
+            "generations it replaced may have been swept"
+        )
+
+    store = engine.rollups
+    flip_version = store.committed_by(spec, job_id, "flip")
+    rows_version = store.committed_by(spec, job_id, "recompute")
+    if flip_version is None or rows_version is None:
+        raise RollbackRefusedError(
+            f"{what}: the pointer or row table's log no longer holds the job's commits"
+        )
+    at_flip = store.pointers_at(spec, flip_version)
+    flipped = at_flip.filter(
+        pc.and_(
+            pc.equal(at_flip["job_id"], job_id), pc.equal(at_flip["generation"], job.generation)
+        )
+    )
+    if flipped.num_rows == 0:
+        raise RollbackRefusedError(
+            f"{what}: its flip (pointer table version {flip_version}) holds none of its pointers"
+        )
+    before = store.pointers_at(spec, flip_version - 1)
+    cells = _cells(flipped)
+    if state.frozen_until is not None:
+        frozen = [w for w in cells.windows if w.end <= state.frozen_until]
+        if frozen:
+            raise RollbackRefusedError(
+                f"{what}: '{spec.name}' is frozen until {iso_utc(state.frozen_until)}, and "
+                f"{len(frozen)} of the job's bucket(s) end by then (first {frozen[0]})"
+            )
+
+    current = store.snapshot(spec)
+    _require_unchanged(what, current.pointers, flipped, job.generation)
+    restored = restored_pointers(current.pointers, before, flipped, started)
+    spans = list(cells.windows)
+    try:
+        then = Snapshot(store.table_at(spec, rows_version), before, None)
+        seen = _cells_rows(store.read_arrow(spec, spans, snapshot=then), flipped)
+    except OSError as exc:
+        raise RollbackRefusedError(
+            f"{what}: the row table as the job found it can no longer be read ({exc}); vacuum "
+            f"keeps files for at least the generation retention ({format_duration(retention)})"
+        ) from None
+    back = _cells_rows(
+        store.read_arrow(spec, spans, snapshot=Snapshot(current.table, restored, None)), flipped
+    )
+    if seen.to_pylist() != back.to_pylist():
+        gens = sorted(set(seen["generation"].to_pylist()))
+        raise RollbackRefusedError(
+            f"{what}: the rows of generation(s) {gens} it replaced are no longer all in the table "
+            f"(swept: the generation retention is {format_duration(retention)})"
+        )
+
+    generation = job.generation
+    rollback_id = new_job_id()
+
+    def change(latest: pa.Table) -> pa.Table:
+        # Another writer may have flipped since the check above: check again on what is current.
+        _require_unchanged(what, latest, flipped, generation)
+        return restored_pointers(latest, before, flipped, started)
+
+    version = store.restore_pointers(spec, change, job_id=rollback_id, undoes=job_id)
+    generations = tuple(sorted(set(seen["generation"].to_pylist())))
+    windows, entities, exact = job_scope(cells)
+    finished = datetime.now(UTC)
+    done = Job(
+        rollup=spec.name,
+        trigger=Trigger.ROLLBACK,
+        windows=windows,
+        entities=entities,
+        cells=exact,
+        state=JobState.COMPLETED,
+        job_id=rollback_id,
+        windows_processed=len(cells),
+        rows_processed=back.num_rows,
+        source_archive=spec.name,
+        source_version=version,
+        run_id=run_id or None,
+        created_at=started,
+        started_at=started,
+        finished_at=finished,
+        duration_ms=int((time.monotonic() - t0) * 1000),
+        technique="rollback",
+        plan=(
+            f"undid job {job_id}: generation {job.generation} replaced by generation(s) "
+            f"{list(generations)} on its cells"
+        ),
+        undoes=job_id,
+    )
+    table_version = current.version
+    propagated = propagation_jobs(engine.catalog, spec, cells, table_version, engine.states.all())
+    engine.ledger.record([done, *propagated])
+    return RollbackOutcome(done, job, cells, generations, version, propagated)
+
+
+def _cells(flipped: pa.Table) -> Cells:
+    """The cells a flip's pointers cover (a global pointer: its bucket for every entity)."""
+    return Cells.collect(
+        (
+            (Window(p["bucket_start"], p["bucket_end"]), None if e is None else frozenset([e]))
+            for p in flipped.to_pylist()
+            for e in [p["entity_id"]]
+        ),
+        limit=None,
+    )
+
+
+def _require_unchanged(what: str, current: pa.Table, flipped: pa.Table, generation: int) -> None:
+    later = newer_pointers(current, flipped, generation)
+    if later.num_rows:
+        jobs = sorted({j for j in later["job_id"].to_pylist() if j})
+        raise RollbackRefusedError(
+            f"{what}: {later.num_rows} of its cells were changed again since, by job(s) "
+            f"{', '.join(jobs)}; roll those back first (newest first)"
+        )
+    gone = missing_pointers(current, flipped)
+    if gone.num_rows:
+        raise RollbackRefusedError(
+            f"{what}: {gone.num_rows} of its pointers are no longer in the pointer table (a "
+            "rewind or a delete removed them); there is nothing to undo there"
+        )
+
+
+def _cells_rows(rows: pa.Table, flipped: pa.Table) -> pa.Table:
+    """The rows of the cells `flipped` covers, in a fixed order."""
+    picked = rows.filter(covered_mask(rows, flipped))
+    return picked.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
