@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -148,8 +149,8 @@ def test_surface_holds_exactly_the_active_rows_while_superseded_rows_stay(
     for name in world.catalog.rollups:
         assert surface(world, name).equals(world.query(name)), name
 
-    # SQL over the same snapshot (DuckDB scans delta-rs's dataset of the surface).
-    duckdb = pytest.importorskip("duckdb")
+    # SQL over the same snapshot: DuckDB scans delta-rs's dataset of the surface (its own
+    # `delta_scan` needs the delta extension, which DuckDB downloads on first use).
     path = world.root / "warehouse" / "rollups" / "energy_daily__active"
     active = DeltaTable(str(path)).to_pyarrow_dataset()  # noqa: F841 - scanned by DuckDB
     total = duckdb.sql("select sum(energy_kwh_sum) from active").fetchall()
