@@ -201,3 +201,17 @@ def test_the_surface_is_partitioned_like_the_row_table(engine, spec) -> None:
     assert table.metadata().partition_columns == ["bucket_part"]
     parts = {a["partition.bucket_part"] for a in file_actions(table)}
     assert parts == {"2025-01", "2025-02"}  # daily buckets: by UTC month of their start
+
+
+def test_a_rewind_publishes_the_forward_rows_it_brings_back(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    fixes = {("meter-a", WINDOWS[0]): 1.5, ("meter-b", WINDOWS[3]): 2.5}
+    correct(engine, spec, fixes)
+    publish(engine, spec)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fixes})
+    engine.rollups.rewind(spec, WINDOWS[2].start)  # drops the pointers from the third day on
+    done = publish(engine, spec)
+    assert not done.rebuilt and done.spans == 1
+    rewound = {**cells, ("meter-a", WINDOWS[0]): 1.5}  # the later fix is gone, generation 0 back
+    assert surface_rows(engine, spec) == expected(spec, rewound)
