@@ -203,6 +203,9 @@ class CommitPlan:
 
     adds: Sequence[AddAction]
     removes: Sequence[RemoveAction] = ()
+    # (app id, version) pairs recorded with the commit; a concurrent commit recording the same
+    # app id makes this one conflict and be planned again. Recorded even without any file change.
+    app_transactions: Sequence[tuple[str, int]] = ()
 
 
 def commit(
@@ -222,10 +225,6 @@ def commit(
     files that still exist. With `app_txn=(app_id, version)` the commit is a compare-and-set:
     a concurrent commit carrying the same app id makes this one fail and retry.
     """
-    props = CommitProperties(
-        custom_metadata=metadata,
-        app_transactions=[Transaction(app_txn[0], app_txn[1])] if app_txn else None,
-    )
     created = [False]
 
     def attempt() -> int:
@@ -233,8 +232,13 @@ def commit(
         created[0] = table is None
         p = plan(table)
         actions: list[AddAction | RemoveAction] = [*p.removes, *p.adds]
-        if table is not None and not actions:
+        if table is not None and not actions and not p.app_transactions:
             return table.version()  # nothing to change: no empty commit
+        txns = [*([app_txn] if app_txn else []), *p.app_transactions]
+        props = CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(a, v) for a, v in txns] or None,
+        )
         if table is None:
             create_table_with_add_actions(
                 uri,

@@ -65,6 +65,12 @@ def part_format(spec: RollupSpec) -> str:
     return "yyyy-MM" if spec.alignment is Alignment.CALENDAR_DAY else "yyyy"
 
 
+def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """The physical partition (`part_format`) of each bucket start, as Arrow computes it."""
+    fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
+    return pc.strftime(starts, format=fmt)
+
+
 class PointersMoved(Exception):
     """The pointer table moved while a snapshot was taken; take it again."""
 
@@ -340,8 +346,7 @@ class RollupStore(RollupTable):
                 [json.dumps(source_versions, sort_keys=True)] * n, pa.string()
             ),
         }
-        fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
-        stamp[PART_COLUMN] = pc.strftime(rows["bucket_start"], format=fmt)
+        stamp[PART_COLUMN] = part_values(spec, rows["bucket_start"])
         for name, values in stamp.items():
             rows = rows.append_column(name, values)
         schema = table_schema(spec)

@@ -83,10 +83,14 @@ class RollupTable:
     def genmap_uri(self, spec: RollupSpec) -> str:
         return self.warehouse.genmap_path(spec.name)
 
+    def surface_uri(self, spec: RollupSpec) -> str:
+        return self.warehouse.surface_path(spec.name)
+
     def drop(self, spec: RollupSpec) -> None:
-        """Delete the rollup's row and pointer tables (a deleted archive)."""
+        """Delete the rollup's row, pointer and surface tables (a deleted archive)."""
         self.warehouse.drop_table(self.uri(spec))
         self.warehouse.drop_table(self.genmap_uri(spec))
+        self.warehouse.drop_table(self.surface_uri(spec))
 
     def commit(
         self,

@@ -4,6 +4,7 @@ Layout under the root:
     raw/<archive>/                 raw and time-range archives (Delta, CDF, by UTC day)
     rollups/<rollup>/              rollup rows at every generation (Delta)
     rollups/<rollup>__genmap/      the active-generation pointers of that rollup (Delta)
+    rollups/<rollup>__active/      its active rows only, for plain Delta readers (Delta)
     _control/<table>/              archive state, ledger and job history (Delta)
 
 With tenants declared in the spec, each tenant has a root of its own with that same layout:
@@ -94,6 +95,10 @@ class Warehouse:
 
     def genmap_path(self, rollup: str) -> str:
         return self.join("rollups", f"{rollup}__genmap")
+
+    def surface_path(self, rollup: str) -> str:
+        """The rollup's active rows for plain Delta readers (`services/surface.py`)."""
+        return self.join("rollups", f"{rollup}__active")
 
     def control_path(self, table: str) -> str:
         return self.join("_control", table)

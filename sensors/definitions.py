@@ -30,6 +30,7 @@ from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.health import health
+from rollup_assets.services.surface import publish
 from rollup_assets.settings import DetectionLimits
 from sensors.detection import DEFAULT_LIMITS, detect
 from sensors.drain import Launch, plan_drain
@@ -101,8 +102,8 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
     """A recompute run killed after its job completed (while sweeping) never reports its end: its
     Dagster run stays STARTED, keeps its pool slot (blocking every later run of the rollup), and
     its superseded rows stay. Sweep them while the dead run still holds the slot (no other writer
-    of the rollup can be past its start), then reap the run. Dead runs of open jobs are left to
-    the drain, which recovers their jobs."""
+    of the rollup can be past its start), publish its surface, then reap the run. Dead runs of
+    open jobs are left to the drain, which recovers their jobs."""
     snapshot = engine.ledger.snapshot()
     for run in lookup.dead_runs(Lane.RECOMPUTE):
         job = snapshot.jobs.get(RunIntent.from_tags(run.tags, "").job_id or "")
@@ -115,6 +116,7 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
             if finished_work and not snapshot.active(done.rollup):
                 spec = engine.catalog.rollup(done.rollup)
                 engine.rollups.sweep(spec, buckets_in(spec, list(done.windows)), done.entities)
+                publish(engine, spec)  # it died before publishing its flip to the surface
         lookup.reap(run)
 
 
@@ -185,6 +187,7 @@ def build_sensors(
         for job in plan.sweeps:
             spec = catalog.rollup(job.rollup)
             engine.rollups.sweep(spec, buckets_in(spec, list(job.windows)), job.entities)
+            publish(engine, spec)  # a recovered flip: its run died before publishing it
         for note in plan.notes:
             context.log.info(note)
         cursor = json.loads(context.cursor) if context.cursor else {}

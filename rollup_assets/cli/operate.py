@@ -1,4 +1,5 @@
-"""Operator commands: freeze, rewind, lifecycle, history, health, maintenance, setup, demo."""
+"""Operator commands: freeze, rewind, lifecycle, history, health, maintenance, surfaces, setup,
+demo."""
 
 from dataclasses import asdict
 
@@ -248,6 +249,44 @@ def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
         click.echo(outcome.describe(), err=fmt != "table")
     if report.retention_failures:
         raise SystemExit(1)
+
+
+@main.command()
+@click.argument("rollups", nargs=-1)
+@click.option("--format", "fmt", type=FORMATS, default="table")
+@tenant_option
+@handle_errors
+def publish(rollups: tuple[str, ...], fmt: str) -> None:
+    """Bring each ROLLUP's surface table (default: every activated rollup's) up to date.
+
+    The surface, `rollups/<rollup>__active` under the warehouse, holds exactly the active rows
+    (the logical columns of `query`) for tools that read Delta tables directly. The lanes,
+    maintenance and checks publish it too; this repairs or builds one on demand.
+    """
+    from rollup_assets.services.surface import publish as publish_one
+    from rollup_assets.services.surface import publish_all
+
+    if rollups:
+        done = [publish_one(engine(), catalog().rollup(name)) for name in rollups]
+    else:
+        done = publish_all(engine())
+    echo_data(
+        [
+            {
+                "rollup": p.rollup,
+                "surface": engine().warehouse.surface_path(p.rollup),
+                "action": "rebuilt"
+                if p.rebuilt
+                else (f"updated {p.spans} span(s)" if p.spans else "up to date"),
+                "rows_written": p.rows_written,
+                "pointer_version": p.reflects.genmap,
+                "rows_version": p.reflects.rows,
+                "surface_version": p.surface_version,
+            }
+            for p in done
+        ],
+        fmt,
+    )
 
 
 @main.command()

@@ -28,7 +28,9 @@ A restore writes into an empty root only, and checks everything before it writes
 that its archives are declared now with the same kind and schema, and that the backup's files
 are all there. It copies every table's data files, then the logs, the archive states last: until
 that table exists every archive reads as not activated, so no sensor or ingest acts on a
-half-restored warehouse.
+half-restored warehouse. Each rollup's surface is copied like any table and then published
+(`services.surface`): a backup taken between a flip and its publish holds a surface one step
+behind, which the publish brings up to date.
 """
 
 from collections.abc import Sequence
@@ -60,6 +62,7 @@ from rollup_assets.model.manifests import (
 )
 from rollup_assets.model.progress import Progress
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import publish_all
 
 TABLES = "tables"  # where a backup keeps the tables, under the same paths as the warehouse
 STATES_TABLE = "_control/archives"  # restored last: it activates the archives
@@ -214,4 +217,5 @@ def restore(engine: Engine, source: str, progress: Progress | None = None) -> Ba
                 f"restored table {engine.warehouse.join(t.path)} is at version {found}, "
                 f"the backup's manifest says {t.version}"
             )
+    publish_all(engine)
     return manifest

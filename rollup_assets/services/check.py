@@ -1,4 +1,7 @@
-"""The asset check's use case: stored buckets equal a fresh aggregation of their source."""
+"""The asset check's use case: stored buckets equal a fresh aggregation of their source.
+
+A check publishes the rollup's surface first (`services.surface`), so one that a dead run left
+behind its pointers is repaired by checking the rollup."""
 
 from dataclasses import dataclass, field
 
@@ -11,6 +14,7 @@ from rollup_assets.model.retention import removed_within
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import publish
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ def compare_with_source(
 ) -> CheckDiff:
     """Compare the aggregated (closed) buckets in `spans`; later buckets are skipped, and so
     are first-level buckets whose raw rows retention removed (counted in `retained`)."""
+    publish(engine, spec)
     state = engine.states.get(spec.name)
     mark = state.watermark
     buckets = [w for w in buckets_in(spec, spans) if mark is not None and w.end <= mark]

@@ -4,15 +4,23 @@ Set `ROLLUPS_FAULT=<point>` (and optionally `ROLLUPS_FAULT_ACTION=raise`) in a p
 die (SIGKILL, the default) or raise `FaultInjected` when it reaches that point. Points:
   after_write      Spark wrote the new generation's files, nothing committed yet
   after_commit     the rows are committed, the pointer is not flipped yet
-  after_flip       the pointer is flipped, the superseded rows are not swept yet
-  during_sweep     the sweep is about to commit
+  after_flip       the pointer is flipped, the job not recorded completed yet
+  during_sweep     the job is recorded completed; its surface is not published, nothing swept
+  after_forward    a forward run is committed and recorded, its surface not published yet
   sensor_planned   the sensor computed its requests but has not recorded them
 """
 
 import os
 import signal
 
-POINTS = ("after_write", "after_commit", "after_flip", "during_sweep", "sensor_planned")
+POINTS = (
+    "after_write",
+    "after_commit",
+    "after_flip",
+    "during_sweep",
+    "after_forward",
+    "sensor_planned",
+)
 
 
 class FaultInjected(RuntimeError):

@@ -5,7 +5,9 @@ first *claims* the buckets it will close (so a source write racing the run is cl
 retroactive and recomputed later, never lost), replaces their generation-0 rows in one atomic
 commit, records the job, and then advances the watermark. The open buckets (the one containing
 `now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
-watermark. Frozen buckets are never written.
+watermark. Frozen buckets are never written. The rollup's surface (`services.surface`) is
+published before the run's own work (repairing one a dead run left lagging) and once the run is
+recorded.
 """
 
 import logging
@@ -26,6 +28,8 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.faults import checkpoint
+from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,7 @@ def run_forward(
         )
     say(f"{spec.name}: forward {what}")
     try:
+        publish(engine, spec)  # repair a surface an earlier run left behind its rows
         frame, versions = engine.partials(spark, spec, Cells.of(buckets))
         written = engine.rollups.write_rows(
             frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
@@ -157,6 +162,8 @@ def run_forward(
             reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
             actor=run_id,
         )
+    checkpoint("after_forward")
+    publish(engine, spec)  # after the ledger: a failure here leaves a lag to repair, no lost work
     return RunOutcome(
         done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
     )

@@ -20,6 +20,9 @@ Maintenance), which the recompute lane runs like any other (its pool slot, a new
 flip) and rewrites whole under a single bucket pointer. Buckets a retention delete reached are
 not folded at the first level: their raw rows are gone, so the stored rows are the only record
 (`Engine.removed_spans`).
+
+Every rollup's surface is published (`services.surface`: built when missing, brought up to date
+when a run died between its commit and its publish) and then kept like the other tables.
 """
 
 import logging
@@ -36,6 +39,7 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.retention import RetentionOutcome, apply_retention
+from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 DEFAULT_RETENTION_HOURS = 168
@@ -50,6 +54,7 @@ class MaintenanceReport:
     files_compacted: int = 0
     files_vacuumed: int = 0
     rows_swept: int = 0
+    surfaces_published: int = 0  # rollup surfaces that were missing or behind their pointers
     buckets_to_fold: int = 0  # buckets queued to be rewritten whole (their pointers folded)
     details: list[str] = field(default_factory=list)
     retention: list[RetentionOutcome] = field(default_factory=list)
@@ -84,7 +89,11 @@ def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
 def table_uris(warehouse: Warehouse, catalog: Catalog) -> list[str]:
     uris = [warehouse.raw_path(n) for n in [*catalog.raw, *catalog.time_range]]
     for spec in catalog.rollups.values():
-        uris += [warehouse.rollup_path(spec.name), warehouse.genmap_path(spec.name)]
+        uris += [
+            warehouse.rollup_path(spec.name),
+            warehouse.genmap_path(spec.name),
+            warehouse.surface_path(spec.name),
+        ]
     return uris + [warehouse.control_path(t) for t in ("archives", "ledger")]
 
 
@@ -128,6 +137,14 @@ def maintain(
             report.details.append(
                 f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)"
             )
+    for spec in catalog.rollups.values():
+        if spec.name not in statuses:
+            continue
+        published = publish(engine, spec)
+        if published.changed:
+            report.surfaces_published += 1
+            how = "rebuilt" if published.rebuilt else f"updated on {published.spans} span(s)"
+            report.details.append(f"{spec.name}: surface {how}")
     folds = fold_jobs(engine, set(active))
     if folds:
         engine.ledger.record(folds)

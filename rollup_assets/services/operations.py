@@ -26,6 +26,7 @@ from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, as_utc
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.rollback import RollbackOutcome, rollback
+from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,7 @@ class Operations:
         # The forward lane aggregates the rewound range again from its source.
         self.engine.require_source_rows(spec, [Window(to, state.watermark)])
         deleted = self.engine.rollups.rewind(spec, to)
+        publish(self.engine, spec)  # plain readers of the surface see the rewound rows too
         new = self.engine.states.update(
             name,
             lambda s: replace(s, watermark=to, claimed_until=None),

@@ -11,6 +11,10 @@
 3. Completed, together with the pending jobs the changed cells cause one level up (one ledger
    commit); then sweep the generations the flip superseded.
 
+Once the job is recorded completed, the rollup's surface (`services.surface`) is published, so
+plain Delta readers see the change; a run publishes first too, repairing a surface an earlier
+run left lagging (it died between its flip and its publish).
+
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
 """
@@ -37,6 +41,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, RunOutcome
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.incremental import correct
+from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,7 @@ def run_recompute(
         say(f"{spec.name}: {note}")
         return RunOutcome(done, [], note=note)
 
+    publish(engine, spec)  # repair a surface an earlier run left behind its pointers
     cells = cells_of(spec, job).restrict(ready)
     generation = engine.rollups.next_generation(spec)
     running = job.next(
@@ -220,6 +226,9 @@ def run_recompute(
         propagated = propagation_jobs(engine.catalog, spec, changed, version, engine.states.all())
         engine.ledger.record([done, *propagated])
         checkpoint("during_sweep")
+        # After the ledger: a publish that fails leaves the job completed and propagated, and
+        # its surface lagging for the next publish to repair.
+        publish(engine, spec)
         swept = engine.rollups.sweep(
             spec,
             list(changed.windows),

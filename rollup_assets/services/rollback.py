@@ -6,7 +6,7 @@ rollback reads the pointer table as it was just before that flip, restores those
 exactly the job's cells in one pointer commit (the moment readers switch back), and records
 itself as a completed `Rollback` job naming the job it undid, together with the chain
 propagation jobs its cells cause one level up: the levels above are recomputed like after any
-change.
+change. Then it publishes the rollup's surface table, as a recompute does after its flip.
 
 It refuses, changing nothing, when it cannot restore exactly what readers saw before the flip:
 an unknown job, a job that flipped nothing, a flip older than the generation retention or whose
@@ -36,6 +36,7 @@ from rollup_assets.model.placement import job_scope
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import publish
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def rollback(
     table_version = current.version
     propagated = propagation_jobs(engine.catalog, spec, cells, table_version, engine.states.all())
     engine.ledger.record([done, *propagated])
+    publish(engine, spec)  # plain readers of the surface table see the restored values too
     return RollbackOutcome(done, job, cells, generations, version, propagated)
 
 

@@ -24,6 +24,7 @@ from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.query import query_arrow, query_spark
 from rollup_assets.services.rollback import rollback
 from tests.conftest import World, days, world_of
+from tests.integration.test_surface import surface
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 8, 6, 12, 0, tzinfo=UTC)
@@ -148,10 +149,14 @@ def test_as_of_reads_and_rollback_restore_exact_values_at_every_level(kept: Worl
         rollback(world.engine, HOURLY, second.job_id)
 
     out = rollback(world.engine, HOURLY, first.job_id, run_id="test")
+    # The rollback published the surface: a plain Delta reader sees the restored values at once.
+    assert surface(world, HOURLY).to_pylist() == world.query(HOURLY).to_pylist()
     world.tick(NOW)
     # Every level equals the oracle of the raw data before any correction (July's and
-    # August's months, the weeks and days around the boundary, the hours in SPAN).
+    # August's months, the weeks and days around the boundary, the hours in SPAN), on the read
+    # path and on the surface tables.
     assert compare_all(world.query, raw0, world.catalog) == []
+    assert compare_all(lambda n: surface(world, n), raw0, world.catalog) == []
 
     job = world.engine.ledger.job(out.job.job_id)
     assert job is not None and job.trigger is Trigger.ROLLBACK and job.undoes == first.job_id

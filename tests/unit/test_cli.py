@@ -98,6 +98,7 @@ BAD = {
     # unknown archive
     "query-unknown": (["query", "nope"], "archive 'nope' is not declared"),
     "jobs-unknown": (["jobs", "nope"], "archive 'nope' is not declared"),
+    "publish-unknown": (["publish", "nope"], "archive 'nope' is not declared"),
     "status-unknown": (["status", "nope"], "archive 'nope' is not declared"),
     "freeze-unknown": (["freeze", "nope", "--until", T1], "archive 'nope' is not declared"),
     "unfreeze-unknown": (["unfreeze", "nope"], "archive 'nope' is not declared"),
@@ -197,6 +198,18 @@ def test_columns_shows_ingested_computed_and_aggregated_columns(rollups: Invoke)
     assert daily["power_kw_avg"]["stored_as"] == "power_kw_avg__sum, power_kw_avg__count"
     assert daily["energy_kwh_count"]["type"] == "long"
     assert_one_line_failure(rollups("columns", "nope"), "archive 'nope' is not declared")
+
+
+def test_publish_builds_the_surface_of_activated_rollups(rollups: Invoke, tmp_path: Path) -> None:
+    assert as_json(rollups("publish", "--format", "json")) == []  # nothing activated yet
+    assert rollups("activate", "energy_raw").exit_code == 0
+    assert rollups("activate", "energy_hourly").exit_code == 0
+    (row,) = as_json(rollups("publish", "--format", "json"))
+    assert row["rollup"] == "energy_hourly" and row["action"] == "rebuilt"
+    assert row["surface"] == str(tmp_path / "warehouse" / "rollups" / "energy_hourly__active")
+    assert (row["rows_written"], row["pointer_version"], row["rows_version"]) == (0, -1, -1)
+    (again,) = as_json(rollups("publish", "energy_hourly", "--format", "json"))
+    assert again["action"] == "up to date"
 
 
 def test_lifecycle_guards_and_json_output(rollups: Invoke, tmp_path: Path) -> None:

@@ -120,6 +120,10 @@ def test_each_tenant_has_its_own_root(tmp_path: Path) -> None:
     assert roots["acme"].root == str(tmp_path / "wh" / "tenants" / "acme")
     assert roots["globex"].root == str(other)
     assert roots["acme"].storage_options == {"aws_region": "eu-central-1"}
+    # A rollup's surface table (for plain Delta readers) lives under its tenant's root too.
+    assert roots["globex"].surface_path("energy_daily") == str(
+        other / "rollups" / "energy_daily__active"
+    )
     assert tenant_warehouse(base, catalog, "globex") == roots["globex"]
     with pytest.raises(TenantError):
         tenant_warehouse(base, catalog, None)

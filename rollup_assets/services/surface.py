@@ -1,0 +1,360 @@
+"""The surface: a Delta table of each rollup's active rows, for readers outside this project.
+
+A rollup's row table (`rollups/<rollup>/`) holds every generation, and its pointer table says
+which one is active; a plain Delta reader (delta-rs, DuckDB, Polars, Trino, Databricks SQL)
+knows nothing of the pointers and would count a corrected cell once per generation kept. The
+surface, `rollups/<rollup>__active/`, holds exactly the active rows, in the logical columns a
+query returns (`entity_id`, `bucket_start`, `bucket_end`, one column per aggregation; an
+average as its value, not its partials) plus `bucket_part`, the UTC day, month or year of
+`bucket_start` it is partitioned by (the row table's physical partitioning).
+
+What it reflects. Each surface commit records, as two Delta application transactions, the
+pointer-table version and the row-table version whose active rows it holds (`-1`: no table
+yet). `publish` brings it up to date: it takes a consistent snapshot of the rollup
+(`RollupStore.snapshot`), works out which buckets may have changed since the recorded versions,
+and replaces the surface rows of exactly those buckets with the snapshot's active rows, in ONE
+commit. Active rows change in two ways only:
+  * a pointer commit (a flip, a rewind, a rollback): the buckets of the pointers that differ
+    between the recorded pointer version and now;
+  * a forward-lane commit of the row table (generation-0 rows replaced in place): the buckets
+    its added files' statistics span.
+Every other row-table commit (a recompute's invisible rows, sweeps, reclaims, compaction) leaves
+the active rows as they were. When the changes cannot be worked out (no surface yet, an old
+version whose log or files are gone, e.g. after a restore, a commit of a kind not listed above,
+or recorded versions newer than the tables, i.e. a re-created rollup) the surface is rebuilt
+whole, still in one commit.
+
+Atomicity. A flip (or forward commit) and the surface commit are two Delta commits. A plain
+reader between them sees the surface's previous state: every row active as of the previous
+flip, consistent in itself. A crash between them leaves the surface lagging, and since it says
+what it reflects, the next `publish` repairs it: the recompute and forward lanes publish before
+their own work and right after their commit, maintenance publishes every rollup, the asset check
+publishes the rollup it checks, a restore publishes every rollup, and `rollups publish` does it
+on demand. A surface missing for an existing rollup (an archive created before surfaces
+existed) is built whole by the first of these.
+
+Cost. The surface is partitioned like the row table (by UTC day below a day, month for days,
+year above), and a publish rewrites only the surface files holding rows of the changed buckets
+(their other rows are carried over): a one-cell correction rewrites the files of one bucket's
+partition, never the whole year.
+
+Concurrency. One writer runs per rollup, but maintenance, checks and a manual publish may
+publish at the same time. A publish commits through `delta_tables.commit`: on a conflict (a
+concurrent publish records the same application ids; a compaction removed a file it rewrites)
+it is planned again from fresh snapshots. Every plan is a pure function of the surface snapshot
+it was given and the rollup snapshot it then takes, so whichever publish lands last, the
+surface holds the rows of the versions it records, and a publish that lands with older versions
+than the newest leaves a lag the next publish repairs.
+"""
+
+import json
+import logging
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from resources.delta_files import partition_dir, read_row_groups, write_parquet_file
+from resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    CommitPlan,
+    commit,
+    file_actions,
+    open_table,
+    prune_files,
+    read_commit,
+    remove_action,
+)
+from resources.genmap import GENMAP_SCHEMA
+from resources.rollup_store import Snapshot, part_values
+from resources.rollup_table import in_windows
+from resources.schemas import PART_COLUMN, data_schema
+from resources.warehouse import filesystem_for
+from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.query import logical_arrow
+
+log = logging.getLogger(__name__)
+
+# Application transactions of a surface commit: the versions of the rollup's tables it reflects.
+GENMAP_APP = "rollups.surface.genmap"
+ROWS_APP = "rollups.surface.rows"
+# Row-table commits that change which rows are active: the forward lane's in-place writes.
+FORWARD_OPERATIONS = frozenset({Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value})
+# Row-table commits that leave the active rows as they were (a rewind's pointer commit is what
+# changes them; its row commit deletes rows no pointer referenced any more).
+NEUTRAL_OPERATIONS = frozenset({"recompute", "sweep", "reclaim", "rewind", *NO_DATA_OPERATIONS})
+POINTER_KEY = ("bucket_start", "bucket_end", "entity_id", "generation")
+
+
+@dataclass(frozen=True)
+class Reflected:
+    """Versions of a rollup's pointer and row tables (-1: no table)."""
+
+    genmap: int
+    rows: int
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> "Reflected":
+        return cls(_v(snap.genmap_version), _v(snap.version))
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish did: the versions the surface now reflects, whether it was rebuilt whole,
+    in how many spans of changed buckets it replaced rows, and the rows it wrote."""
+
+    rollup: str
+    reflects: Reflected
+    rebuilt: bool
+    spans: int
+    rows_written: int
+    surface_version: int
+
+    @property
+    def changed(self) -> bool:
+        return self.rebuilt or self.spans > 0
+
+
+def surface_schema(spec: RollupSpec) -> pa.Schema:
+    """The surface's columns: the logical columns of a query, then the partition column."""
+    logical = logical_arrow(data_schema(spec).empty_table(), spec).schema
+    return logical.append(pa.field(PART_COLUMN, pa.string()))
+
+
+def reflected(surface: DeltaTable | None) -> Reflected | None:
+    """The versions the surface's rows are the active rows of (None: no surface, or one that
+    never recorded them)."""
+    if surface is None:
+        return None
+    g, r = surface.transaction_version(GENMAP_APP), surface.transaction_version(ROWS_APP)
+    return None if g is None or r is None else Reflected(g, r)
+
+
+def publish(engine: Engine, spec: RollupSpec) -> Published:
+    """Bring the rollup's surface up to date with its active rows, in one commit (creating it,
+    or rebuilding it whole, when what changed since it was written cannot be told)."""
+    uri = engine.rollups.surface_uri(spec)
+    schema = surface_schema(spec)
+    metadata: dict[str, str] = {"rollups.operation": "publish"}
+    outcome: list[Published] = []
+
+    def plan(surface: DeltaTable | None) -> CommitPlan:
+        outcome.clear()
+        snap = engine.rollups.snapshot(spec)
+        target = Reflected.of(snap)
+        done = reflected(surface)
+        if surface is not None and done == target:
+            outcome.append(Published(spec.name, target, False, 0, 0, surface.version()))
+            return CommitPlan(adds=[])
+        spans = (
+            None if surface is None or done is None else changed_buckets(engine, spec, done, target)
+        )
+        rows = _active_rows(engine, spec, snap, spans, schema)
+        removes, adds = _replace(engine, spec, surface, spans, rows)
+        metadata["rollups.genmap_version"] = str(target.genmap)
+        metadata["rollups.rows_version"] = str(target.rows)
+        metadata["rollups.rebuilt"] = str(spans is None).lower()
+        outcome.append(
+            Published(
+                spec.name,
+                target,
+                spans is None,
+                0 if spans is None else len(spans),
+                rows.num_rows,
+                -1,
+            )
+        )
+        return CommitPlan(
+            adds=adds,
+            removes=removes,
+            app_transactions=[(GENMAP_APP, target.genmap), (ROWS_APP, target.rows)],
+        )
+
+    version = commit(
+        uri,
+        plan,
+        schema=schema,
+        partition_by=[PART_COLUMN],
+        metadata=metadata,
+        storage_options=engine.warehouse.storage_options,
+    )
+    done = outcome[0]
+    if done.changed:
+        log.info(
+            "%s: surface %s (%d row(s)) at pointer version %d, row version %d",
+            spec.name,
+            "rebuilt" if done.rebuilt else f"updated on {done.spans} changed span(s)",
+            done.rows_written,
+            done.reflects.genmap,
+            done.reflects.rows,
+        )
+    return Published(
+        done.rollup, done.reflects, done.rebuilt, done.spans, done.rows_written, version
+    )
+
+
+def publish_all(engine: Engine) -> list[Published]:
+    """`publish` every rollup of the catalog that has been activated (has an archive state)."""
+    states = engine.states.all()
+    return [publish(engine, s) for s in engine.catalog.rollups.values() if s.name in states]
+
+
+# -- what changed -------------------------------------------------------------------------------
+
+
+def changed_buckets(
+    engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected
+) -> list[Window] | None:
+    """Spans (merged bucket windows) whose active rows may differ between the versions `done`
+    and `now`; None when that cannot be told (then the surface is rebuilt whole)."""
+    if done.genmap > now.genmap or done.rows > now.rows:
+        return None  # the tables were re-created since
+    spans: list[Window] = []
+    if done.genmap != now.genmap:
+        moved = _pointer_changes(engine, spec, done.genmap, now.genmap)
+        if moved is None:
+            return None
+        spans += moved
+    for version in range(done.rows + 1, now.rows + 1):
+        written = _forward_buckets(engine, spec, version)
+        if written is None:
+            return None
+        spans += written
+    return merge_windows(spans)
+
+
+def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
+    key = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
+    if version < 0:
+        return key.empty_table()
+    table = open_table(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options, version)
+    if table is None:
+        raise FileNotFoundError(f"no pointer table of '{spec.name}'")
+    return pa.table(table.to_pyarrow_table()).select(key.names).cast(key)
+
+
+def _pointer_changes(engine: Engine, spec: RollupSpec, old: int, new: int) -> list[Window] | None:
+    """Bucket windows of the pointers that differ between two pointer-table versions."""
+    try:
+        before, after = _pointers_at(engine, spec, old), _pointers_at(engine, spec, new)
+    except (OSError, pa.ArrowException, DeltaError) as exc:
+        log.info("%s: pointer version %d is not readable (%s); rebuilding", spec.name, old, exc)
+        return None
+    a = {tuple(r.values()) for r in before.to_pylist()}
+    b = {tuple(r.values()) for r in after.to_pylist()}
+    return sorted({Window(r[0], r[1]) for r in a ^ b})
+
+
+def _forward_buckets(engine: Engine, spec: RollupSpec, version: int) -> list[Window] | None:
+    """Buckets whose active rows row-table commit `version` changed ([] for none); None when it
+    cannot be told."""
+    try:
+        actions = read_commit(engine.rollups.uri(spec), version, engine.warehouse.storage_options)
+    except (OSError, ValueError) as exc:
+        log.info("%s: row commit %d is not readable (%s); rebuilding", spec.name, version, exc)
+        return None
+    info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    operation = info.get("rollups.operation") or info.get("operation")
+    if operation in NEUTRAL_OPERATIONS:
+        return []
+    if operation not in FORWARD_OPERATIONS:
+        log.info(
+            "%s: row commit %d (%s) is not a known kind; rebuilding", spec.name, version, operation
+        )
+        return None
+    out = []
+    for action in actions:
+        add = action.get("add")
+        if add is None:
+            continue
+        stats = json.loads(add.get("stats") or "{}")
+        lo = stats.get("minValues", {}).get("bucket_start")
+        hi = stats.get("maxValues", {}).get("bucket_end")
+        if lo is None or hi is None:
+            return None
+        out.append(Window(_instant(lo), _instant(hi)))
+    return out
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def _active_rows(
+    engine: Engine,
+    spec: RollupSpec,
+    snap: Snapshot,
+    spans: Sequence[Window] | None,
+    schema: pa.Schema,
+) -> pa.Table:
+    """The snapshot's active rows in `spans` (None: all), in the surface's columns."""
+    if spans is not None and not spans:
+        return schema.empty_table()
+    needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
+    rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed)
+    logical = logical_arrow(rows, spec)
+    return logical.append_column(PART_COLUMN, part_values(spec, logical["bucket_start"])).cast(
+        schema
+    )
+
+
+def _replace(
+    engine: Engine,
+    spec: RollupSpec,
+    surface: DeltaTable | None,
+    spans: Sequence[Window] | None,
+    rows: pa.Table,
+) -> tuple[list, list]:
+    """Remove actions for the surface files holding rows in `spans` (every file: None), and add
+    actions for files holding their other rows plus `rows`, one file per partition."""
+    uri = engine.rollups.surface_uri(spec)
+    options = engine.warehouse.storage_options
+    fs, root = filesystem_for(uri, options)
+    removes = []
+    parts: dict[str, list[pa.Table]] = {}
+    if surface is not None:
+        files = file_actions(surface)
+        if spans is not None:
+            files = prune_files(files, time_column="bucket_start", spans=spans, entities=None)
+        names = rows.schema.names[:-1]
+        for f in files:
+            if spans is None:
+                removes.append(remove_action(f))
+                continue
+            data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
+            drop = pc.fill_null(in_windows(data["bucket_start"], spans), False)
+            if not pc.any(drop).as_py():
+                continue
+            removes.append(remove_action(f))
+            keep = data.filter(pc.invert(drop))
+            if keep.num_rows:
+                part = str(f[f"partition.{PART_COLUMN}"])
+                parts.setdefault(part, []).append(keep)
+    for part in pc.unique(rows[PART_COLUMN]).to_pylist():
+        parts.setdefault(part, []).append(
+            rows.filter(pc.equal(rows[PART_COLUMN], part)).drop_columns([PART_COLUMN])
+        )
+    data_schema_ = rows.schema.remove(rows.schema.get_field_index(PART_COLUMN))
+    adds = []
+    for part, pieces in sorted(parts.items()):
+        table = pa.concat_tables([p.cast(data_schema_) for p in pieces]).sort_by(
+            [("bucket_start", "ascending"), ("entity_id", "ascending")]
+        )
+        directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
+        adds.append(write_parquet_file(fs, root, directory, table, {PART_COLUMN: part}))
+    return removes, adds
+
+
+def _v(version: int | None) -> int:
+    return -1 if version is None else version

@@ -1,0 +1,268 @@
+"""The surface a plain Delta reader is pointed at (`rollups/<rollup>__active`) holds exactly the
+active rows at every level: after corrections whose superseded rows stay in the row tables, after
+a run died between its flip and its publish, after a restore, and when it was never built.
+
+Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path the README
+names, never this project's read path; the values are compared with the pandas oracle."""
+
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from resources.delta_tables import read_commit
+from resources.rollup_table import RollupTable
+from resources.warehouse import Warehouse
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.runner import tick
+from rollup_assets.services.backup import backup, restore
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.surface import GENMAP_APP, publish
+from tests.conftest import World, days
+from tests.integration.test_crash_points import open_world
+from tests.oracle import compare_all
+
+NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
+# A year end (ISO week 1 of 2025 starts on Monday 2024-12-30) and the spring DST change in
+# Vienna (2025-03-30, a 23-hour local day), with the month ends next to them.
+RANGES = [(date(2024, 12, 29), 4), (date(2025, 3, 29), 3)]
+METERS = 3
+METER = "meter-0001"
+# Local (Vienna) 2025-01-01 00:15 (in the open yearly bucket: the forward lane rewrites it in
+# place), 2024-12-30 11:00 and 2025-03-30 03:30 (just after the clocks jump).
+CORRECTED = [
+    datetime(2024, 12, 31, 23, 15, tzinfo=UTC),
+    datetime(2024, 12, 30, 10, 0, tzinfo=UTC),
+    datetime(2025, 3, 30, 1, 30, tzinfo=UTC),
+]
+TS = pa.timestamp("us", tz="UTC")
+RETROACTIVE = ("retroactive_write_sensor",)
+# The year 2025 (local) is the yearly rollup's open bucket, the forward lane's (tested on its own
+# below); the chain's cases run the retroactive sensor only and compare the buckets before it.
+OPEN = {"energy_yearly": datetime(2024, 12, 31, 23, 0, tzinfo=UTC)}
+
+
+def matches_oracle(world: World, raw: pd.DataFrame | None = None) -> list[str]:
+    """Differences between every level's surface and the oracle (of `raw`, default: now)."""
+    raw = world.raw() if raw is None else raw
+    return compare_all(lambda n: surface(world, n), raw, world.catalog, only_before=OPEN)
+
+
+def surface(world: World, rollup: str) -> pa.Table:
+    """The rollup's surface as a plain Delta reader sees its latest snapshot."""
+    t = DeltaTable(str(world.root / "warehouse" / "rollups" / f"{rollup}__active"))
+    rows = pa.table(t.to_pyarrow_table())
+    assert "bucket_part" in rows.column_names
+    return rows.drop_columns(["bucket_part"]).sort_by(
+        [("bucket_start", "ascending"), ("entity_id", "ascending")]
+    )
+
+
+def row_table(world: World, rollup: str) -> pa.Table:
+    """The rollup's main row table, read plainly (every generation it still holds)."""
+    t = DeltaTable(str(world.root / "warehouse" / "rollups" / rollup))
+    return pa.table(t.to_pyarrow_table())
+
+
+def duplicated_cells(rows: pa.Table) -> int:
+    counts = rows.group_by(["entity_id", "bucket_start"]).aggregate([("entity_id", "count")])
+    return counts.filter(pc.greater(counts["entity_id_count"], 1)).num_rows
+
+
+def build_chain(root: Path) -> None:
+    world = open_world(root)
+    try:
+        world.ops.activate("energy_raw", now=NOW)
+        batches = [day_batch(d, METERS, seed=4) for first, n in RANGES for d in days(first, n)]
+        world.ingest(pa.concat_tables(batches), source="Import")
+        world.activate_all(NOW)
+        spans = []
+        for first, n in RANGES:
+            start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+            spans.append(Window(start, start + timedelta(days=n)))
+        world.backfill(spans)
+        assert compare_all(world.query, world.raw(), world.catalog, only_before=OPEN) == []
+    finally:
+        world.instance.dispose()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
+    root = tmp_path_factory.mktemp("surface-template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(root / "home"))
+        mp.setenv("ROLLUPS_WAREHOUSE", str(root / "warehouse"))
+        build_chain(root)
+    return root
+
+
+@pytest.fixture
+def chain(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A copy of the backfilled chain."""
+    for part in ("home", "warehouse"):
+        shutil.copytree(template / part, tmp_path / part)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(tmp_path / "warehouse"))
+    world = open_world(tmp_path)
+    yield world
+    world.instance.dispose()
+
+
+def correction(instants: list[datetime], value: float) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"entity_id": METER, "ts": t, "energy_kwh": value + i} for i, t in enumerate(instants)]
+    )
+
+
+def keep_superseded_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Superseded generations stay in the row tables (as a deferred or retained sweep leaves
+    them): sweeps delete nothing."""
+    monkeypatch.setattr(RollupTable, "sweep", lambda self, *a, **kw: 0)
+
+
+def test_surface_holds_exactly_the_active_rows_while_superseded_rows_stay(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = chain
+    keep_superseded_rows(monkeypatch)
+    world.ingest(correction(CORRECTED, 50.0))
+    world.tick(NOW, sensors=RETROACTIVE)
+    world.ingest(correction(CORRECTED[:2], 70.0))  # the same cells corrected twice
+    world.tick(NOW, sensors=RETROACTIVE)
+
+    for name in world.catalog.rollups:
+        # A reader of the main row table would count the corrected cells more than once...
+        assert duplicated_cells(row_table(world, name)) > 0, name
+        # ...the surface holds one row per cell.
+        assert duplicated_cells(surface(world, name)) == 0, name
+    assert matches_oracle(world) == []
+    # And it is what the project's own read path returns.
+    for name in world.catalog.rollups:
+        assert surface(world, name).equals(world.query(name)), name
+
+    # SQL over the same snapshot: DuckDB scans delta-rs's dataset of the surface (its own
+    # `delta_scan` needs the delta extension, which DuckDB downloads on first use).
+    path = world.root / "warehouse" / "rollups" / "energy_daily__active"
+    active = DeltaTable(str(path)).to_pyarrow_dataset()  # noqa: F841 - scanned by DuckDB
+    total = duckdb.sql("select sum(energy_kwh_sum) from active").fetchall()
+    expected = pc.sum(world.query("energy_daily")["energy_kwh_sum"]).as_py()
+    assert total[0][0] == pytest.approx(expected)
+
+
+def test_a_one_cell_correction_rewrites_one_partition_of_the_surface(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = chain
+    keep_superseded_rows(monkeypatch)
+    spec = world.catalog.rollup("energy_hourly")
+    uri = world.engine.rollups.surface_uri(spec)
+    before = DeltaTable(uri)
+    files_before = len(before.file_uris())
+    marker = before.version()
+    world.ingest(correction(CORRECTED[2:], 9.0))
+    world.tick(NOW, sensors=RETROACTIVE)
+    after = DeltaTable(uri)
+    removed = added = 0
+    for v in range(marker + 1, after.version() + 1):
+        actions = read_commit(uri, v)
+        removed += sum(1 for a in actions if "remove" in a)
+        added += sum(1 for a in actions if "add" in a)
+    assert files_before >= 7  # one file per UTC day of data
+    assert (removed, added) == (1, 1)  # only the corrected hour's UTC day was rewritten
+    assert matches_oracle(world) == []
+
+
+def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that_converges(
+    chain: World, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    world = chain
+    keep_superseded_rows(monkeypatch)
+    old_raw = world.raw()
+    world.ingest(correction(CORRECTED, 30.0))
+    hourly = world.catalog.rollup("energy_hourly")
+    monkeypatch.setenv("ROLLUPS_FAULT", "during_sweep")  # flipped and recorded, not published
+    monkeypatch.setenv("ROLLUPS_FAULT_ACTION", "raise")
+    key = "2025-03-30-03:00"  # Vienna local hour holding the DST-day correction
+    run = world.materialize("energy_hourly", key, key)
+    assert not run.success
+    monkeypatch.delenv("ROLLUPS_FAULT")
+
+    # Flipped but not published: the surface still shows the previous state, whole.
+    snap = world.engine.rollups.snapshot(hourly)
+    lagging = DeltaTable(world.engine.rollups.surface_uri(hourly))
+    assert lagging.transaction_version(GENMAP_APP) < snap.genmap_version
+    assert matches_oracle(world, old_raw) == []
+
+    # A backup taken now holds the lagging surface; the restore publishes it.
+    backup(world.engine, str(tmp_path / "backup"))
+    restored = Engine(world.catalog, Warehouse(str(tmp_path / "restored")))
+    restore(restored, str(tmp_path / "backup"))
+    t = DeltaTable(str(tmp_path / "restored" / "rollups" / "energy_hourly__active"))
+    assert t.transaction_version(GENMAP_APP) == snap.genmap_version
+
+    # The next runs publish before their own work: every level converges.
+    world.tick(NOW, sensors=RETROACTIVE)
+    assert matches_oracle(world) == []
+    restored_rows = pa.table(t.to_pyarrow_table()).drop_columns(["bucket_part"])
+    fresh = world.query("energy_hourly")
+    march = pc.greater_equal(fresh["bucket_start"], pa.scalar(datetime(2025, 3, 1), TS))
+    at_crash = restored_rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    # The restored hourly surface is the flipped state: the DST-day correction is in it.
+    assert at_crash.filter(
+        pc.greater_equal(at_crash["bucket_start"], pa.scalar(datetime(2025, 3, 1), TS))
+    ).equals(fresh.filter(march))
+
+
+def test_a_missing_surface_is_built_by_maintenance_and_a_dropped_rollup_loses_it(
+    chain: World,
+) -> None:
+    world = chain
+    root = world.root / "warehouse" / "rollups"
+    for name in world.catalog.rollups:
+        shutil.rmtree(root / f"{name}__active")  # an archive from before surfaces existed
+    report = maintain(world.engine, now=NOW)
+    assert report.surfaces_published == len(world.catalog.rollups)
+    assert matches_oracle(world) == []
+    again = publish(world.engine, world.catalog.rollup("energy_daily"))
+    assert not again.changed
+
+    world.ops.delete("energy_yearly")
+    assert not (root / "energy_yearly__active").exists()
+    assert (root / "energy_monthly__active").exists()
+
+
+def test_forward_lane_dying_before_its_publish_is_repaired(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.ops.activate("energy_raw", now=NOW)
+    world.activate_all(NOW)
+    batch = day_batch(NOW.date(), METERS, seed=2)
+    ts = batch["ts"]
+    fresh = pc.and_(
+        pc.greater_equal(ts, pa.scalar(NOW, TS)),
+        pc.less(ts, pa.scalar(NOW + timedelta(hours=2), TS)),
+    )
+    world.ingest(batch.filter(fresh))
+    monkeypatch.setenv("ROLLUPS_FAULT", "after_forward")
+    monkeypatch.setenv("ROLLUPS_FAULT_ACTION", "raise")
+    later = NOW + timedelta(hours=3)
+    report = tick(world.defs, world.instance, later)
+    assert any(not r.success for r in report.runs)
+    monkeypatch.delenv("ROLLUPS_FAULT")
+
+    # The forward rows are committed, the surface was not published: it lags, whole.
+    assert world.query("energy_hourly").num_rows > 0
+    assert surface(world, "energy_hourly").num_rows < world.query("energy_hourly").num_rows
+    maintain(world.engine, now=later)
+    for name in world.catalog.rollups:
+        assert surface(world, name).equals(world.query(name)), name
+    assert not publish(world.engine, world.catalog.rollup("energy_hourly")).changed

@@ -1,0 +1,217 @@
+"""The surface table, driven through the rollup store directly (no Spark): what it holds after
+forward writes, flips and repairs, what each publish rewrites, and that concurrent publishes
+converge. Expected rows are computed here from the partials written, not by the read path."""
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from resources.delta_tables import file_actions
+from resources.warehouse import Warehouse
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import AggregateFunction, RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, publish
+
+DAY = timedelta(days=1)
+# Local (Vienna) days as UTC windows, across the end of a month.
+STARTS = [datetime(2025, 1, 29, 23, tzinfo=UTC) + i * DAY for i in range(4)]
+WINDOWS = [Window(s, s + DAY) for s in STARTS]
+ENTITIES = ["meter-a", "meter-b"]
+
+Cell = tuple[str, Window]
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return Engine(load_catalog(), Warehouse(str(tmp_path / "warehouse")))
+
+
+@pytest.fixture
+def spec(engine: Engine) -> RollupSpec:
+    return engine.catalog.rollup("energy_daily")
+
+
+def partials(spec: RollupSpec, cells: dict[Cell, float]) -> pa.Table:
+    """Rows of stored partials: every partial of a cell derived from its value `v`."""
+    rows = []
+    for (entity, w), v in cells.items():
+        row: dict = {"entity_id": entity, "bucket_start": w.start, "bucket_end": w.end}
+        for c in spec.stored_columns:
+            row[c.name] = 4 if c.partial == "count" else v
+        rows.append(row)
+    return pa.Table.from_pylist(rows)
+
+
+def expected(spec: RollupSpec, cells: dict[Cell, float]) -> list[dict]:
+    """The surface rows of `cells` (logical columns), computed from the values written."""
+    out = []
+    for (entity, w), v in sorted(cells.items(), key=lambda kv: (kv[0][1].start, kv[0][0])):
+        row: dict = {"entity_id": entity, "bucket_start": w.start, "bucket_end": w.end}
+        for agg in spec.aggregations:
+            if agg.function is AggregateFunction.AVG:
+                row[agg.output_name] = v / 4
+            elif agg.function is AggregateFunction.COUNT:
+                row[agg.output_name] = 4
+            else:
+                row[agg.output_name] = v
+        out.append(row)
+    return out
+
+
+def surface_rows(engine: Engine, spec: RollupSpec) -> list[dict]:
+    """The surface's latest snapshot, read plainly."""
+    t = pa.table(DeltaTable(engine.rollups.surface_uri(spec)).to_pyarrow_table())
+    t = t.drop_columns(["bucket_part"]).sort_by(
+        [("bucket_start", "ascending"), ("entity_id", "ascending")]
+    )
+    return t.to_pylist()
+
+
+def write_forward(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) -> None:
+    store = engine.rollups
+    written = store.write_rows(
+        partials(spec, cells), spec, generation=0, job_id="fwd", run_id="r", source_versions={}
+    )
+    buckets = sorted({w for _, w in cells})
+    store.replace_forward(spec, written, buckets, {"rollups.operation": "Forward"})
+
+
+def correct(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) -> None:
+    """A recompute without its publish: new generation, committed, flipped on `cells`."""
+    store = engine.rollups
+    generation = store.next_generation(spec)
+    written = store.write_rows(
+        partials(spec, cells),
+        spec,
+        generation=generation,
+        job_id=f"job-{generation}",
+        run_id="r",
+        source_versions={},
+    )
+    store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+    by_window: dict[Window, set[str]] = {}
+    for entity, w in cells:
+        by_window.setdefault(w, set()).add(entity)
+    scoped = Cells(tuple((w, frozenset(es)) for w, es in sorted(by_window.items())))
+    store.flip(spec, scoped, generation, job_id=f"job-{generation}", run_id="r")
+
+
+def base() -> dict[Cell, float]:
+    return {
+        (e, w): float(10 * i + j) for i, w in enumerate(WINDOWS) for j, e in enumerate(ENTITIES)
+    }
+
+
+def test_first_publish_builds_the_surface_and_records_the_versions(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    done = publish(engine, spec)
+    assert done.rebuilt and done.rows_written == len(cells)
+    assert surface_rows(engine, spec) == expected(spec, cells)
+    table = DeltaTable(engine.rollups.surface_uri(spec))
+    snap = engine.rollups.snapshot(spec)
+    assert table.transaction_version(ROWS_APP) == snap.version
+    assert table.transaction_version(GENMAP_APP) == -1  # no pointer table yet
+    assert not publish(engine, spec).changed  # up to date: nothing rewritten
+
+
+def test_a_flip_lags_until_published_then_only_its_buckets_are_replaced(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-b", WINDOWS[2]): 99.5}
+    correct(engine, spec, fix)
+    # Between the flip and the publish a plain reader sees the previous state, whole.
+    assert surface_rows(engine, spec) == expected(spec, cells)
+    done = publish(engine, spec)
+    assert not done.rebuilt and done.spans == 1
+    assert done.rows_written == len(ENTITIES)  # the changed bucket, every entity of it
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
+    # The superseded row is still in the main table: a plain read of it would double count.
+    rows = pa.table(DeltaTable(engine.rollups.uri(spec)).to_pyarrow_table())
+    assert rows.num_rows == len(cells) + 1
+
+
+def test_forward_writes_after_flips_are_published_by_one_repair(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-a", WINDOWS[0]): 7.25}
+    correct(engine, spec, fix)
+    later = Window(WINDOWS[-1].end, WINDOWS[-1].end + DAY)
+    refresh = {
+        ("meter-a", later): 3.0,
+        ("meter-a", WINDOWS[3]): 41.0,
+        ("meter-b", WINDOWS[3]): 42.0,
+    }
+    write_forward(engine, spec, refresh)  # a new bucket, and a forward bucket rewritten whole
+    done = publish(engine, spec)
+    assert not done.rebuilt
+    current = {**cells, **fix, **refresh}
+    assert surface_rows(engine, spec) == expected(spec, current)
+    assert not publish(engine, spec).changed
+
+
+def test_a_surface_of_dropped_and_recreated_tables_is_rebuilt(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    correct(engine, spec, {("meter-a", WINDOWS[1]): 1.0})
+    correct(engine, spec, {("meter-b", WINDOWS[1]): 2.0})
+    publish(engine, spec)
+    # The row and pointer tables start again (as after a re-creation), the surface is left.
+    engine.warehouse.drop_table(engine.rollups.uri(spec))
+    engine.warehouse.drop_table(engine.rollups.genmap_uri(spec))
+    fresh = {(e, WINDOWS[0]): 5.0 for e in ENTITIES}
+    write_forward(engine, spec, fresh)
+    done = publish(engine, spec)
+    assert done.rebuilt
+    assert surface_rows(engine, spec) == expected(spec, fresh)
+    engine.rollups.drop(spec)
+    assert not Path(engine.rollups.surface_uri(spec)).exists()
+
+
+def test_concurrent_publishes_converge_on_the_active_rows(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fixes: dict[Cell, float] = {}
+    for i, w in enumerate(WINDOWS):
+        fix = {(ENTITIES[i % 2], w): 100.0 + i}
+        correct(engine, spec, fix)
+        fixes.update(fix)
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda _: publish(engine, spec), range(4)))
+    assert any(d.changed for d in done)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fixes})
+    table = DeltaTable(engine.rollups.surface_uri(spec))
+    assert table.transaction_version(GENMAP_APP) == engine.rollups.snapshot(spec).genmap_version
+
+
+def test_the_surface_is_partitioned_like_the_row_table(engine, spec) -> None:
+    write_forward(engine, spec, base())
+    publish(engine, spec)
+    table = DeltaTable(engine.rollups.surface_uri(spec))
+    assert table.metadata().partition_columns == ["bucket_part"]
+    parts = {a["partition.bucket_part"] for a in file_actions(table)}
+    assert parts == {"2025-01", "2025-02"}  # daily buckets: by UTC month of their start
+
+
+def test_a_rewind_publishes_the_forward_rows_it_brings_back(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    fixes = {("meter-a", WINDOWS[0]): 1.5, ("meter-b", WINDOWS[3]): 2.5}
+    correct(engine, spec, fixes)
+    publish(engine, spec)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fixes})
+    engine.rollups.rewind(spec, WINDOWS[2].start)  # drops the pointers from the third day on
+    done = publish(engine, spec)
+    assert not done.rebuilt and done.spans == 1
+    rewound = {**cells, ("meter-a", WINDOWS[0]): 1.5}  # the later fix is gone, generation 0 back
+    assert surface_rows(engine, spec) == expected(spec, rewound)
