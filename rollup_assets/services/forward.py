@@ -21,6 +21,7 @@ from rollup_assets.model.errors import ArchiveNotActivatedError
 from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -39,7 +40,10 @@ def run_forward(
     now: datetime,
     run_id: str,
     log_progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> RunOutcome:
+    """Close and refresh the `requested` buckets that may be (see the module); `progress`
+    hears how many of them are done (none when it starts, all when written)."""
     say = log_progress or log.info
     t0 = time.monotonic()
     states = engine.states.all()
@@ -110,6 +114,8 @@ def run_forward(
             else f"refreshing {len(refresh)} open buckets"
         )
     say(f"{spec.name}: forward {what}")
+    if progress is not None:
+        progress(spec.name, 0, len(buckets))
     try:
         frame, versions = engine.partials(spark, spec, Cells.of(buckets))
         written = engine.rollups.write_rows(
@@ -157,6 +163,8 @@ def run_forward(
             reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
             actor=run_id,
         )
+    if progress is not None:
+        progress(spec.name, len(buckets), len(buckets))
     return RunOutcome(
         done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
     )
