@@ -18,6 +18,7 @@ from rollup_assets.cli.app import (
     time_range,
 )
 from rollup_assets.cli.format import job_row
+from rollup_assets.cli.progress import QUIET
 from rollup_assets.model.errors import InvalidTimeRangeError
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.windows import Window, iso_utc, parse_instant
@@ -34,12 +35,24 @@ from rollup_assets.model.windows import Window, iso_utc, parse_instant
 )
 @click.option("--entity", "entities", multiple=True, help="Only this entity id (repeatable).")
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@QUIET
 @tenant_option
 @handle_errors
 def materialize(
-    rollup: str, start: str, end: str, downstream: bool, entities: tuple[str, ...], fmt: str
+    rollup: str,
+    start: str,
+    end: str,
+    downstream: bool,
+    entities: tuple[str, ...],
+    fmt: str,
+    quiet: bool,
 ) -> None:
-    """Materialize the partitions covering [--from, --to) through Dagster (a Manual recompute)."""
+    """Materialize the partitions covering [--from, --to) through Dagster (a Manual recompute).
+
+    On a terminal, a progress line per level counts its partitions done of its total and their
+    rate, level by level as the run (and, with --downstream, the chain above) proceeds.
+    """
+    from rollup_assets.cli.progress import Meter
     from rollup_assets.orchestration.jobs import job_name
     from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
     from rollup_assets.orchestration.runner import execute, tick_until_quiet
@@ -66,25 +79,35 @@ def materialize(
     # it could not take); without it the levels above are left to the sensors, as pending work.
     op_config = {"entities": list(entities), "propagate_in_run": downstream}
     config = {"ops": {names.name(rollup): {"config": op_config}}}
-    run = execute(
-        defs,
-        instance,
-        job_name(spec, names),
-        partition_range_tags(keys.start, keys.end),
-        config,
-        log_level=settings().run_log_level,
-    )
+    meter = Meter("materialize", unit="partitions", quiet=quiet, line_per_phase=True)
+    try:
+        run = execute(
+            defs,
+            instance,
+            job_name(spec, names),
+            partition_range_tags(keys.start, keys.end),
+            config,
+            log_level=settings().run_log_level,
+            progress=meter,
+        )
+    finally:
+        meter.close()
     assert run is not None
     say(f"  run {run.run_id}: {'success' if run.success else 'FAILED: ' + str(run.error)}")
     runs = [run]
     if run.success and downstream:
-        for report in tick_until_quiet(
-            defs,
-            instance,
-            sensors=("retroactive_write_sensor",),
-            log_level=settings().run_log_level,
-            tenant=names.tenant,
-        ):
+        try:
+            reports = tick_until_quiet(
+                defs,
+                instance,
+                sensors=("retroactive_write_sensor",),
+                log_level=settings().run_log_level,
+                tenant=names.tenant,
+                progress=meter,
+            )
+        finally:
+            meter.close()
+        for report in reports:
             for r in report.runs:
                 runs.append(r)
                 say(

@@ -22,21 +22,34 @@ from rollup_assets.model.windows import iso_utc
 @click.argument("file")
 @selection_options
 @click.option("--format", "fmt", type=FORMATS, default="table")
+@QUIET
 @tenant_option
 @handle_errors
 def export(
-    archive: str, file: str, start: str | None, end: str | None, entities: tuple[str, ...], fmt: str
+    archive: str,
+    file: str,
+    start: str | None,
+    end: str | None,
+    entities: tuple[str, ...],
+    fmt: str,
+    quiet: bool,
 ) -> None:
     """Write the rows of ARCHIVE to the Parquet FILE (a path or URI), as `query` returns them.
 
     A rollup gives its logical columns, a raw or time-range archive its rows. The file's
     key-value metadata `rollups.export` holds the manifest: archive, kind, columns, range,
-    entities, row count, the table versions read and the export time.
+    entities, row count, the table versions read and the export time. On a terminal, a
+    progress line counts the rows read, then written, and their rate.
     """
+    from rollup_assets.cli.progress import Meter
     from rollup_assets.services.archive_io import export_archive
 
     a, b = time_range(start, end)
-    m = export_archive(engine(), archive, file, a, b, list(entities) or None)
+    meter = Meter(f"export {archive}", quiet=quiet)
+    try:
+        m = export_archive(engine(), archive, file, a, b, list(entities) or None, meter)
+    finally:
+        meter.close()
     row = {
         "archive": m.archive,
         "kind": m.kind,

@@ -22,6 +22,7 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.partitions import partitions_def_for
+from rollup_assets.orchestration.progress import run_progress
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
 from rollup_assets.orchestration.runs import DagsterRunGate
 from rollup_assets.orchestration.tags import RunIntent
@@ -168,6 +169,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
         requested = [Window(tw.start.astimezone(UTC), tw.end.astimezone(UTC))]
         say = context.log.info
         run_id = context.run.run_id
+        progress = run_progress()
         now = intent.now or clock.current()
         if intent.lane is Lane.FORWARD:
             outcome = run_forward(
@@ -178,6 +180,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
                 now=now,
                 run_id=run_id,
                 log_progress=say,
+                progress=progress,
             )
         else:
             job = start_job(
@@ -192,14 +195,22 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
                 say(f"job {intent.job_id} already finished (coalesced or ended); nothing to do")
                 return
             outcome = run_recompute(
-                engine, spark.session, spec, job, run_id=run_id, log_progress=say
+                engine,
+                spark.session,
+                spec,
+                job,
+                run_id=run_id,
+                log_progress=say,
+                progress=progress,
             )
         if outcome.note:
             say(outcome.note)
         yield from _own_materializations(context, spec, outcome, spark, scope)
         if outcome.buckets and config.propagate_in_run:
             gate = DagsterRunGate(context.instance, run_id, scope)
-            chain = Chain(engine, spark.session, gate, run_id, now, log_progress=say)
+            chain = Chain(
+                engine, spark.session, gate, run_id, now, log_progress=say, progress=progress
+            )
             for above, result in chain.run(spec, outcome):
                 yield from _materializations(above, result, spark, scope)
         say(f"Spark: {spark.describe_use()}")

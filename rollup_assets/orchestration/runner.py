@@ -14,8 +14,10 @@ from typing import Any
 
 import dagster as dg
 
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.instance import use_range_event_settings
+from rollup_assets.orchestration.progress import listening
 from rollup_assets.orchestration.resources import ClockResource
 from rollup_assets.orchestration.tags import RUN_KEY, TAG_HOST, TAG_PID
 from rollup_assets.orchestration.tenancy import Scope
@@ -52,9 +54,11 @@ def execute(
     run_config: dict | None = None,
     run_key: str | None = None,
     log_level: str | None = None,
+    progress: Progress | None = None,
 ) -> RunReport | None:
     """Execute one run of `job_name` in this process; None if its run key already ran.
-    `log_level` sets the run's console logger (the event log keeps every record)."""
+    `log_level` sets the run's console logger (the event log keeps every record); `progress`
+    hears of each level the run writes (partitions done of the level's total)."""
     if run_key and _run_key_taken(instance, run_key):
         return None
     use_range_event_settings()
@@ -67,9 +71,10 @@ def execute(
         }
     if run_key:
         tags[RUN_KEY] = run_key
-    result = job.execute_in_process(
-        instance=instance, tags=tags, run_config=run_config or None, raise_on_error=False
-    )
+    with listening(progress):
+        result = job.execute_in_process(
+            instance=instance, tags=tags, run_config=run_config or None, raise_on_error=False
+        )
     error = None
     if not result.success:
         failures = [e for e in result.all_events if e.is_step_failure or e.is_failure]
@@ -109,6 +114,7 @@ def tick(
     sensors: tuple[str, ...] = SENSORS,
     log_level: str | None = None,
     tenant: str | None = None,
+    progress: Progress | None = None,
 ) -> TickReport:
     """One evaluation of each sensor (of `tenant`'s, when the code location has tenants), with
     its run requests executed in-process. With `now` the sensors' clock is pinned, and so is the
@@ -148,6 +154,7 @@ def tick(
                 dict(request.run_config),
                 request.run_key,
                 log_level,
+                progress,
             )
             if run is not None:
                 report.runs.append(run)
@@ -162,11 +169,12 @@ def tick_until_quiet(
     sensors: tuple[str, ...] = SENSORS,
     log_level: str | None = None,
     tenant: str | None = None,
+    progress: Progress | None = None,
 ) -> list[TickReport]:
     """Tick until a tick launches nothing (or `max_ticks`)."""
     reports = []
     for _ in range(max_ticks):
-        r = tick(defs, instance, now, sensors, log_level, tenant)
+        r = tick(defs, instance, now, sensors, log_level, tenant, progress)
         reports.append(r)
         if not r.runs:
             break

@@ -24,12 +24,15 @@ from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.manifests import ExportManifest
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import schema_fingerprint
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.query import query_versions
 
 MANIFEST_KEY = b"rollups.export"
+# Rows per row group of an exported file: each is written, and reported, on its own.
+EXPORT_ROW_GROUP = 262_144
 
 
 def _filesystem(file: str) -> tuple[pafs.FileSystem, str]:
@@ -46,10 +49,16 @@ def export_archive(
     start: datetime | None = None,
     end: datetime | None = None,
     entities: Sequence[str] | None = None,
+    progress: Progress | None = None,
 ) -> ExportManifest:
-    """Write the archive's rows in [start, end) (of `entities`) to the Parquet `file`."""
+    """Write the archive's rows in [start, end) (of `entities`) to the Parquet `file`;
+    `progress(pass, rows)` hears of the rows read, then of each row group written."""
     spec = engine.catalog.archive(archive)
+    if progress is not None:
+        progress("reading", 0)
     rows, versions = query_versions(engine, archive, start, end, entities)
+    if progress is not None:
+        progress("reading", rows.num_rows)
     manifest = ExportManifest(
         archive=archive,
         kind=spec.kind.value,
@@ -65,7 +74,15 @@ def export_archive(
     meta = {**(rows.schema.metadata or {}), MANIFEST_KEY: manifest.to_json().encode("utf-8")}
     fs, path = _filesystem(file)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(rows.replace_schema_metadata(meta), path, filesystem=fs)
+    rows = rows.replace_schema_metadata(meta)
+    with pq.ParquetWriter(path, rows.schema, filesystem=fs) as writer:
+        if progress is not None:
+            progress("writing", 0, rows.num_rows)
+        for offset in range(0, rows.num_rows, EXPORT_ROW_GROUP):
+            group = rows.slice(offset, EXPORT_ROW_GROUP)
+            writer.write_table(group)
+            if progress is not None:
+                progress("writing", offset + group.num_rows, rows.num_rows)
     return manifest
 
 

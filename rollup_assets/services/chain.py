@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 from rollup_assets.model.errors import RecomputeAbortedError
 from rollup_assets.model.forward import forward_work
 from rollup_assets.model.jobs import Job, JobState
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -68,8 +69,10 @@ class Chain:
         run_id: str,
         now: datetime,
         log_progress: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.engine = engine
+        self.progress = progress  # hears of each level's buckets done
         self.spark = spark
         self.gate = gate
         self.run_id = run_id
@@ -122,7 +125,13 @@ class Chain:
         self.say(f"{spec.name}: chain propagation continues in this run (job {job.job_id})")
         try:
             return run_recompute(
-                self.engine, self.spark, spec, current, run_id=self.run_id, log_progress=self.say
+                self.engine,
+                self.spark,
+                spec,
+                current,
+                run_id=self.run_id,
+                log_progress=self.say,
+                progress=self.progress,
             )
         except RecomputeAbortedError as exc:
             self.say(f"{spec.name}: {exc}")
@@ -144,4 +153,5 @@ class Chain:
             now=self.now,
             run_id=self.run_id,
             log_progress=self.say,
+            progress=self.progress,
         )

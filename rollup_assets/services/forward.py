@@ -23,6 +23,7 @@ from rollup_assets.model.errors import ArchiveNotActivatedError
 from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -43,7 +44,10 @@ def run_forward(
     now: datetime,
     run_id: str,
     log_progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> RunOutcome:
+    """Close and refresh the `requested` buckets that may be (see the module); `progress`
+    hears how many of them are done (none when it starts, all when written)."""
     say = log_progress or log.info
     t0 = time.monotonic()
     states = engine.states.all()
@@ -114,6 +118,8 @@ def run_forward(
             else f"refreshing {len(refresh)} open buckets"
         )
     say(f"{spec.name}: forward {what}")
+    if progress is not None:
+        progress(spec.name, 0, len(buckets))
     try:
         publish(engine, spec)  # repair a surface an earlier run left behind its rows
         frame, versions = engine.partials(spark, spec, Cells.of(buckets))
@@ -164,6 +170,8 @@ def run_forward(
         )
     checkpoint("after_forward")
     publish(engine, spec)  # after the ledger: a failure here leaves a lag to repair, no lost work
+    if progress is not None:
+        progress(spec.name, len(buckets), len(buckets))
     return RunOutcome(
         done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
     )

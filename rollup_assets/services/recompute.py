@@ -34,6 +34,7 @@ from rollup_assets.model.errors import (
 )
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of, place
+from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
@@ -93,7 +94,10 @@ def run_recompute(
     *,
     run_id: str,
     log_progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> RunOutcome:
+    """Execute `job` (see the module); `log_progress` hears what happens, `progress` how many
+    of the job's ready buckets are done (none when it starts, all when it has completed)."""
     say = log_progress or log.info
     t0 = time.monotonic()
     state = engine.states.get(spec.name)
@@ -137,6 +141,8 @@ def run_recompute(
         return RunOutcome(done, [], note=note)
 
     publish(engine, spec)  # repair a surface an earlier run left behind its pointers
+    if progress is not None:
+        progress(spec.name, 0, len(ready))
     cells = cells_of(spec, job).restrict(ready)
     generation = engine.rollups.next_generation(spec)
     running = job.next(
@@ -196,6 +202,8 @@ def run_recompute(
                 **counted,
             )
             engine.ledger.record([done])
+            if progress is not None:
+                progress(spec.name, len(ready), len(ready))
             note = "nothing changed: every recomputed cell equals the stored one"
             say(f"{spec.name}: {note}")
             return RunOutcome(done, [], 0, generation, None, versions, duration, note=note)
@@ -240,6 +248,8 @@ def run_recompute(
             f"{spec.name}: generation {generation} active on {describe_cells(changed)}; "
             f"swept {swept} superseded row(s)"
         )
+        if progress is not None:
+            progress(spec.name, len(ready), len(ready))
         return RunOutcome(
             done,
             list(changed.windows),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import dagster as dg
 import pyarrow as pa
@@ -18,6 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import rollup_assets.cli.progress as progress
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
@@ -46,6 +48,7 @@ from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
 from tests.conftest import World
 from tests.oracle import compare, compare_all, oracle
+from tests.unit.test_progress import Terminal
 
 H = timedelta(hours=1)
 Q = timedelta(minutes=15)
@@ -399,10 +402,19 @@ def test_cli_materialize_leaves_the_levels_above_to_the_sensors_unless_downstrea
         assert [(j.trigger, j.windows) for j in pending] == [(Trigger.CHAIN, (DAY_09,))]
 
         late_write(world, scale=5.0)  # corrected once more: this time the run carries it up
+        # On a terminal, each level the run writes leaves its line: partitions done of total.
+        terminal = Terminal()
+        mp.setattr(progress, "sys", SimpleNamespace(stderr=terminal))
         res = runner.invoke(cli.main, [*args, "--downstream", "--format", "json"])
         assert res.exit_code == 0, res.output
         first = json.loads(res.stdout)[0]
         assert first["ok"] and first["rollup"] == HOURLY
+        shown = [line.split("\r")[-1].rstrip() for line in terminal.getvalue().split("\n")]
+        assert [line.rsplit(" (", 1)[0] for line in shown[:2]] == [
+            f"materialize: {HOURLY} 1 of 1 partitions",
+            f"materialize: {DAILY} 1 of 1 partitions",
+        ], terminal.getvalue()
+        assert all(line.endswith(" partitions/s)") for line in shown[:2]), shown
         # The day was rewritten inside the materialize run itself.
         assert materialized_in(world, first["run_id"]) == {HOURLY, DAILY}
         assert problems(world, (HOURLY, DAILY)) == []
