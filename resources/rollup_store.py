@@ -51,7 +51,7 @@ from rollup_assets.model.asof import version_at, version_if_existed
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.specs import Alignment, RollupSpec
-from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
@@ -69,6 +69,11 @@ def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.Chun
     """The physical partition (`part_format`) of each bucket start, as Arrow computes it."""
     fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
     return pc.strftime(starts, format=fmt)
+
+
+# The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
+# [start, end] ISO pairs).
+REPLACED_KEY = "rollups.replaced"
 
 
 class PointersMoved(Exception):
@@ -392,7 +397,13 @@ class RollupStore(RollupTable):
         buckets: list[Window],
         metadata: dict[str, str],
     ) -> int:
-        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit."""
+        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit.
+
+        The commit records the buckets it replaced (`REPLACED_KEY`): a bucket whose new
+        aggregation is empty gets no file, and readers of the commit (the surface's publish)
+        still learn that its rows changed."""
+        spans = [[iso_utc(w.start), iso_utc(w.end)] for w in merge_windows(buckets)]
+        metadata = {**metadata, REPLACED_KEY: json.dumps(spans)}
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
             return pc.and_(

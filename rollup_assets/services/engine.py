@@ -8,7 +8,7 @@ Dagster resource provides it to runs and sensors, and the CLI and the tests buil
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -117,16 +117,23 @@ class Engine:
     # -- retention ---------------------------------------------------------------------------
 
     def flipped_generations(self, spec: RollupSpec) -> frozenset[int]:
-        """The generations `spec` jobs flipped, which a reclaim leaves to the sweep: once
-        superseded, their rows stay for the generation retention (a rollback of the job after
-        theirs needs them). Empty without a retention (a reclaim then deletes every generation
-        no pointer names)."""
+        """The generations `spec` jobs flipped within the generation retention and that no
+        rollback undid, which a reclaim leaves to the sweep: once superseded, their rows stay
+        for the retention (a rollback of the job after theirs needs them). Empty without a
+        retention (a reclaim then deletes every generation no pointer names)."""
         if self.generation_retention <= timedelta(0):
             return frozenset()
+        jobs = self.ledger.snapshot().for_rollup(spec.name)
+        undone = {j.undoes for j in jobs if j.undoes and j.state is JobState.COMPLETED}
+        since = datetime.now(UTC) - self.generation_retention
         return frozenset(
             j.generation
-            for j in self.ledger.snapshot().for_rollup(spec.name)
-            if j.generation is not None and j.state is JobState.COMPLETED and j.windows_processed
+            for j in jobs
+            if j.generation is not None
+            and j.state is JobState.COMPLETED
+            and j.windows_processed
+            and j.job_id not in undone
+            and (j.finished_at or j.created_at) >= since
         )
 
     def removed_spans(self, source: ArchiveSpec) -> list[Window]:

@@ -17,8 +17,9 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.compute.aggregation import logical_columns
-from rollup_assets.model.specs import AggregateFunction, RollupSpec
-from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.model.errors import AsOfUnavailableError
+from rollup_assets.model.specs import AggregateFunction, ArchiveSpec, RollupSpec
+from rollup_assets.model.windows import Window, as_utc, iso_utc
 from rollup_assets.services.engine import Engine
 
 FAR_PAST = datetime(1, 1, 2)
@@ -74,12 +75,34 @@ def query_versions(
     rollup's row and pointer tables, a raw archive's table; -1 for a table not created yet)."""
     spec = engine.catalog.archive(archive)
     engine.require_activated(spec)
+    if as_of is None:
+        return _read_versions(engine, spec, start, end, entities, None)
+    at = as_utc(as_of)
+    try:
+        return _read_versions(engine, spec, start, end, entities, at)
+    except (OSError, pa.ArrowException) as exc:
+        # The log still lists that version, but its files are gone (e.g. a warehouse restored
+        # from a backup holds only the backed-up version's files).
+        raise AsOfUnavailableError(
+            f"'{spec.name}' as of {iso_utc(at)}: the files of that version are no longer "
+            f"readable ({exc})"
+        ) from exc
+
+
+def _read_versions(
+    engine: Engine,
+    spec: ArchiveSpec,
+    start: datetime | None,
+    end: datetime | None,
+    entities: Sequence[str] | None,
+    as_of: datetime | None,
+) -> tuple[pa.Table, dict[str, int]]:
     ents = frozenset(entities) if entities else None
     if isinstance(spec, RollupSpec):
         snap = (
             engine.rollups.snapshot(spec)
             if as_of is None
-            else engine.rollups.snapshot_at(spec, as_utc(as_of))
+            else engine.rollups.snapshot_at(spec, as_of)
         )
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
         rows = engine.rollups.read_arrow(
@@ -87,9 +110,7 @@ def query_versions(
         )
         versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
         return logical_arrow(rows, spec), versions
-    table = engine.raw.table(spec)
-    if as_of is not None:
-        table = engine.raw.table_at(spec, as_utc(as_of))
+    table = engine.raw.table(spec) if as_of is None else engine.raw.table_at(spec, as_of)
     data = engine.raw.read_arrow(spec, [span(start, end)], ents, table=table)
     data = data.drop_columns(["day"])
     time_col = data.column_names[1]

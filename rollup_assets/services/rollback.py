@@ -16,7 +16,7 @@ rollup with a recompute in flight or frozen over those cells.
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +37,9 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
+
+# How far from the retention's edge a rollback stays (at most a tenth of the retention).
+ROLLBACK_MARGIN = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,11 @@ def rollback(
             "retry when it has finished"
         )
     retention = engine.generation_retention
+    # A sweep removes the replaced rows once the job's pointers are older than the retention,
+    # and a rollback holds no writer slot: it keeps a margin from that edge.
+    usable = retention - min(ROLLBACK_MARGIN, retention / 10)
     flipped_at = job.finished_at or job.created_at
-    if started - flipped_at > retention:
+    if started - flipped_at > usable:
         raise RollbackRefusedError(
             f"{what}: it flipped at {iso_utc(flipped_at)}, longer ago than the generation "
             f"retention ({format_duration(retention)}, ROLLUPS_GENERATION_RETENTION_HOURS): the "
@@ -119,6 +125,13 @@ def rollback(
     if flipped.num_rows == 0:
         raise RollbackRefusedError(
             f"{what}: its flip (pointer table version {flip_version}) holds none of its pointers"
+        )
+    oldest = min(flipped["flipped_at"].to_pylist())
+    if started - oldest > usable:
+        raise RollbackRefusedError(
+            f"{what}: its pointers were flipped at {iso_utc(oldest)}, too close to or past the "
+            f"generation retention ({format_duration(retention)}): the sweep may be removing the "
+            "generations it replaced"
         )
     before = store.pointers_at(spec, flip_version - 1)
     cells = _cells(flipped)
@@ -188,8 +201,9 @@ def rollback(
         ),
         undoes=job_id,
     )
-    table_version = current.version
-    propagated = propagation_jobs(engine.catalog, spec, cells, table_version, engine.states.all())
+    # No row-table commit carries the change (the rows were already there): the jobs above name
+    # no source version, so nothing reads a commit's rows as theirs (held writes list no count).
+    propagated = propagation_jobs(engine.catalog, spec, cells, None, engine.states.all())
     engine.ledger.record([done, *propagated])
     publish(engine, spec)  # plain readers of the surface table see the restored values too
     return RollbackOutcome(done, job, cells, generations, version, propagated)

@@ -71,7 +71,7 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA
-from resources.rollup_store import Snapshot, part_values
+from resources.rollup_store import REPLACED_KEY, Snapshot, part_values
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from resources.warehouse import filesystem_for
@@ -270,7 +270,12 @@ def _forward_buckets(engine: Engine, spec: RollupSpec, version: int) -> list[Win
             "%s: row commit %d (%s) is not a known kind; rebuilding", spec.name, version, operation
         )
         return None
-    out = []
+    # The buckets the commit replaced, written or emptied (a bucket that lost all its source
+    # rows gets no file, only removes).
+    replaced = info.get(REPLACED_KEY)
+    if replaced is None:
+        return None
+    out = [Window(_instant(a), _instant(b)) for a, b in json.loads(replaced)]
     for action in actions:
         add = action.get("add")
         if add is None:

@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from resources.delta_tables import file_actions
+from resources.rollup_table import Written
 from resources.warehouse import Warehouse
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.spec_loader import load_catalog
@@ -157,6 +158,20 @@ def test_forward_writes_after_flips_are_published_by_one_repair(engine, spec) ->
     current = {**cells, **fix, **refresh}
     assert surface_rows(engine, spec) == expected(spec, current)
     assert not publish(engine, spec).changed
+
+
+def test_a_forward_refresh_that_empties_a_bucket_removes_its_rows(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    # The open bucket's source rows were all deleted: its refresh writes no file, only removes.
+    engine.rollups.replace_forward(
+        spec, Written([], 0), [WINDOWS[3]], {"rollups.operation": "OpenBucket"}
+    )
+    done = publish(engine, spec)
+    assert not done.rebuilt and done.spans == 1
+    left = {(e, w): v for (e, w), v in cells.items() if w != WINDOWS[3]}
+    assert surface_rows(engine, spec) == expected(spec, left)
 
 
 def test_a_surface_of_dropped_and_recreated_tables_is_rebuilt(engine, spec) -> None:
