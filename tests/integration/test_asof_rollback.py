@@ -189,15 +189,30 @@ def physical_rows(world: World, name: str) -> int:
     )
 
 
+def generation_rows(world: World, name: str, generations: set[int | None]) -> int:
+    rows = DeltaTable(world.engine.rollups.uri(world.catalog.rollup(name))).to_pyarrow_table()
+    return sum(1 for g in rows["generation"].to_pylist() if g in generations)
+
+
 def retention_keeps_then_sweeps(world: World) -> Job:
     """Superseded generations stay for the retention, and are swept after it; the job of a
     third correction, whose replaced rows were swept."""
     kept_before = physical_rows(world, HOURLY) - world.query(HOURLY).num_rows
     assert kept_before > 0  # what the corrections and rollbacks above superseded
+    jobs = world.engine.ledger.snapshot().for_rollup(HOURLY)
+    undone = {j.undoes for j in jobs if j.trigger is Trigger.ROLLBACK}
+    undone_gens = {j.generation for j in jobs if j.job_id in undone}
+    assert len(undone_gens) == 2  # the two corrections rolled back above
+    undone_rows = generation_rows(world, HOURLY, undone_gens)
+    assert 0 < undone_rows <= kept_before
     job = corrected(world, 4.0)
     active = world.query(HOURLY).num_rows
     superseded = physical_rows(world, HOURLY) - active
-    assert superseded == kept_before + 24  # and now the meter's 24 hours in SPAN it replaced
+    # The rows of rolled-back generations are reclaimed by the next recompute (nothing can
+    # bring them back); every other superseded row stays, and now the meter's 24 hours in SPAN
+    # this correction replaced.
+    assert generation_rows(world, HOURLY, undone_gens) == 0
+    assert superseded == kept_before - undone_rows + 24
 
     maintain(world.engine, now=NOW)
     assert physical_rows(world, HOURLY) - active == superseded
