@@ -52,7 +52,7 @@ import logging
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,15 +71,15 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA
-from resources.rollup_store import REPLACED_KEY, Snapshot, part_values
+from resources.rollup_store import REPLACED_KEY, Snapshot, part_format, part_values
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from resources.warehouse import filesystem_for
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import Window, as_utc, merge_windows
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.query import logical_arrow
+from rollup_assets.services.query import FAR_FUTURE, FAR_PAST, logical_arrow
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,7 @@ def publish(engine: Engine, spec: RollupSpec) -> Published:
         spans = (
             None if surface is None or done is None else changed_buckets(engine, spec, done, target)
         )
-        rows = _active_rows(engine, spec, snap, spans, schema)
-        removes, adds = _replace(engine, spec, surface, spans, rows)
+        removes, adds, written = _replace(engine, spec, surface, spans, snap, schema)
         metadata["rollups.genmap_version"] = str(target.genmap)
         metadata["rollups.rows_version"] = str(target.rows)
         metadata["rollups.rebuilt"] = str(spans is None).lower()
@@ -168,7 +167,7 @@ def publish(engine: Engine, spec: RollupSpec) -> Published:
                 target,
                 spans is None,
                 0 if spans is None else len(spans),
-                rows.num_rows,
+                written,
                 -1,
             )
         )
@@ -314,51 +313,126 @@ def _active_rows(
     )
 
 
+# Partitions of the surface rewritten per batch: a publish reads and writes one batch at a time
+# (and commits them all at once), so a wave that touches every partition never holds the whole
+# rollup in memory.
+PARTS_PER_BATCH = 16
+
+
 def _replace(
     engine: Engine,
     spec: RollupSpec,
     surface: DeltaTable | None,
     spans: Sequence[Window] | None,
-    rows: pa.Table,
-) -> tuple[list, list]:
-    """Remove actions for the surface files holding rows in `spans` (every file: None), and add
-    actions for files holding their other rows plus `rows`, one file per partition."""
+    snap: Snapshot,
+    schema: pa.Schema,
+) -> tuple[list, list, int]:
+    """Remove actions for the surface files holding rows in `spans` (every file: None), add
+    actions for files holding their other rows plus the snapshot's active rows in `spans`
+    (one file per partition), and how many active rows were written."""
     uri = engine.rollups.surface_uri(spec)
     options = engine.warehouse.storage_options
     fs, root = filesystem_for(uri, options)
-    removes = []
-    parts: dict[str, list[pa.Table]] = {}
-    if surface is not None:
-        files = file_actions(surface)
+    files = [] if surface is None else file_actions(surface)
+    removes = [remove_action(f) for f in files] if spans is None else []
+    reading = _row_span(snap) if spans is None else list(spans)
+    names = schema.names[:-1]
+    data_schema_ = schema.remove(schema.get_field_index(PART_COLUMN))
+    adds, written = [], 0
+    for batch in _batches(spec, reading):
+        rows = _active_rows(engine, spec, snap, batch, schema)
+        written += rows.num_rows
+        pieces = [rows]
         if spans is not None:
-            files = prune_files(files, time_column="bucket_start", spans=spans, entities=None)
-        names = rows.schema.names[:-1]
-        for f in files:
-            if spans is None:
+            for f in prune_files(files, time_column="bucket_start", spans=batch, entities=None):
+                data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
+                drop = pc.fill_null(in_windows(data["bucket_start"], batch), False)
+                if not pc.any(drop).as_py():
+                    continue
                 removes.append(remove_action(f))
-                continue
-            data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
-            drop = pc.fill_null(in_windows(data["bucket_start"], spans), False)
-            if not pc.any(drop).as_py():
-                continue
-            removes.append(remove_action(f))
-            keep = data.filter(pc.invert(drop))
-            if keep.num_rows:
-                part = str(f[f"partition.{PART_COLUMN}"])
-                parts.setdefault(part, []).append(keep)
-    for part in pc.unique(rows[PART_COLUMN]).to_pylist():
-        parts.setdefault(part, []).append(
-            rows.filter(pc.equal(rows[PART_COLUMN], part)).drop_columns([PART_COLUMN])
+                keep = data.filter(pc.invert(drop))
+                if keep.num_rows:
+                    part = pa.array([str(f[f"partition.{PART_COLUMN}"])] * keep.num_rows)
+                    pieces.append(keep.append_column(PART_COLUMN, part).cast(schema))
+        table = pa.concat_tables(pieces).sort_by(
+            [(PART_COLUMN, "ascending"), ("bucket_start", "ascending"), ("entity_id", "ascending")]
         )
-    data_schema_ = rows.schema.remove(rows.schema.get_field_index(PART_COLUMN))
-    adds = []
-    for part, pieces in sorted(parts.items()):
-        table = pa.concat_tables([p.cast(data_schema_) for p in pieces]).sort_by(
-            [("bucket_start", "ascending"), ("entity_id", "ascending")]
-        )
-        directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
-        adds.append(write_parquet_file(fs, root, directory, table, {PART_COLUMN: part}))
-    return removes, adds
+        for part, piece in _by_partition(table):
+            directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
+            data = piece.drop_columns([PART_COLUMN]).cast(data_schema_)
+            adds.append(write_parquet_file(fs, root, directory, data, {PART_COLUMN: part}))
+    return removes, adds, written
+
+
+def _row_span(snap: Snapshot) -> list[Window]:
+    """The bucket starts the snapshot's row table holds, from its files' statistics (none for
+    an empty or missing table)."""
+    if snap.table is None:
+        return []
+    files = file_actions(snap.table)
+    if not files:
+        return []
+    starts = [f.get("min.bucket_start") for f in files]
+    ends = [f.get("max.bucket_start") for f in files]
+    lo = [t for t in starts if isinstance(t, datetime)]
+    hi = [t for t in ends if isinstance(t, datetime)]
+    if len(lo) < len(files) or len(hi) < len(files):
+        return [Window(as_utc(FAR_PAST), as_utc(FAR_FUTURE))]
+    return [Window(as_utc(min(lo)), as_utc(max(hi)) + timedelta(microseconds=1))]
+
+
+def _partition_floor(spec: RollupSpec, t: datetime) -> datetime:
+    """The start of the surface partition (`part_format`: UTC day, month or year) holding a
+    bucket that starts at `t`."""
+    t = t.astimezone(UTC)
+    fmt = part_format(spec)
+    if fmt == "yyyy-MM-dd":
+        return t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if fmt == "yyyy-MM":
+        return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return t.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def _next_partition(spec: RollupSpec, start: datetime) -> datetime:
+    fmt = part_format(spec)
+    if fmt == "yyyy-MM-dd":
+        return start + timedelta(days=1)
+    if fmt == "yyyy-MM":
+        return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+    return start.replace(year=start.year + 1)
+
+
+def _batches(spec: RollupSpec, spans: Sequence[Window]) -> list[list[Window]]:
+    """`spans` cut at surface partition boundaries, in batches of up to `PARTS_PER_BATCH`
+    partitions (a span without finite ends is one batch)."""
+    far = as_utc(FAR_PAST), as_utc(FAR_FUTURE)
+    if any(w.start <= far[0] or w.end >= far[1] for w in spans):
+        return [list(spans)]
+    cut: dict[datetime, list[Window]] = {}
+    for w in merge_windows(list(spans)):
+        start = _partition_floor(spec, w.start)
+        while start < w.end:
+            end = _next_partition(spec, start)
+            cut.setdefault(start, []).append(Window(max(w.start, start), min(w.end, end)))
+            start = end
+    parts = sorted(cut)
+    return [
+        [w for p in parts[i : i + PARTS_PER_BATCH] for w in cut[p]]
+        for i in range(0, len(parts), PARTS_PER_BATCH)
+    ]
+
+
+def _by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:
+    """Slices of `table` (sorted by partition) per partition value."""
+    if table.num_rows == 0:
+        return []
+    values = table[PART_COLUMN].to_pylist()
+    out, first = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[first]:
+            out.append((values[first], table.slice(first, i - first)))
+            first = i
+    return out
 
 
 def _v(version: int | None) -> int:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+import rollup_assets.services.surface as surface_module
 from resources.delta_tables import file_actions
 from resources.rollup_table import Written
 from resources.warehouse import Warehouse
@@ -172,6 +173,23 @@ def test_a_forward_refresh_that_empties_a_bucket_removes_its_rows(engine, spec) 
     assert not done.rebuilt and done.spans == 1
     left = {(e, w): v for (e, w), v in cells.items() if w != WINDOWS[3]}
     assert surface_rows(engine, spec) == expected(spec, left)
+
+
+def test_a_publish_in_batches_of_one_partition_writes_the_same_rows(
+    engine, spec, monkeypatch
+) -> None:
+    monkeypatch.setattr(surface_module, "PARTS_PER_BATCH", 1)
+    cells = base()  # two months' partitions (the daily rollup's surface is by UTC month)
+    write_forward(engine, spec, cells)
+    done = publish(engine, spec)
+    assert done.rebuilt and done.rows_written == len(cells)
+    assert surface_rows(engine, spec) == expected(spec, cells)
+    assert len(file_actions(DeltaTable(engine.rollups.surface_uri(spec)))) == 2
+    fix = {("meter-a", WINDOWS[0]): 1.5, ("meter-b", WINDOWS[3]): 2.5}  # one in each month
+    correct(engine, spec, fix)
+    done = publish(engine, spec)
+    assert not done.rebuilt and done.rows_written == 2 * len(ENTITIES)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
 
 
 def test_a_surface_of_dropped_and_recreated_tables_is_rebuilt(engine, spec) -> None:
