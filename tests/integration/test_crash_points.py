@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -144,18 +145,20 @@ def build_template(root: Path) -> None:
         world.instance.dispose()
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
-    root = tmp_path_factory.mktemp("crash-template")
+def template_root(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+) -> Path:
+    """A Dagster home and warehouse that `build` fills once, for a module's tests to copy."""
+    root = tmp_path_factory.mktemp(name)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(root / "home"))
         mp.setenv("ROLLUPS_WAREHOUSE", str(root / "warehouse"))
-        build_template(root)
+        build(root)
     return root
 
 
-@pytest.fixture
-def crash_world(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def world_copy(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A world over a fresh copy of `template`'s home and warehouse."""
     for part in ("home", "warehouse"):
         shutil.copytree(template / part, tmp_path / part)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
@@ -163,6 +166,16 @@ def crash_world(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     world = open_world(tmp_path)
     yield world
     world.instance.dispose()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
+    return template_root(tmp_path_factory, "crash-template", build_template)
+
+
+@pytest.fixture
+def crash_world(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    yield from world_copy(template, tmp_path, monkeypatch)
 
 
 def correction(rng: np.random.Generator | None = None) -> pa.Table:

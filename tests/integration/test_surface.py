@@ -28,7 +28,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish
 from tests.conftest import World, days
-from tests.integration.test_crash_points import open_world
+from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
@@ -97,24 +97,13 @@ def build_chain(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
-    root = tmp_path_factory.mktemp("surface-template")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DAGSTER_HOME", str(root / "home"))
-        mp.setenv("ROLLUPS_WAREHOUSE", str(root / "warehouse"))
-        build_chain(root)
-    return root
+    return template_root(tmp_path_factory, "surface-template", build_chain)
 
 
 @pytest.fixture
 def chain(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     """A copy of the backfilled chain."""
-    for part in ("home", "warehouse"):
-        shutil.copytree(template / part, tmp_path / part)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(tmp_path / "warehouse"))
-    world = open_world(tmp_path)
-    yield world
-    world.instance.dispose()
+    yield from world_copy(template, tmp_path, monkeypatch)
 
 
 def correction(instants: list[datetime], value: float) -> pa.Table:
