@@ -44,14 +44,20 @@ from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import AsOfUnavailableError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.progress import Progress
-from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
+from rollup_assets.model.specs import (
+    DAY_COLUMN,
+    ENTITY_COLUMN,
+    RawArchiveSpec,
+    TimeRangeArchiveSpec,
+    key_columns,
+)
 from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
-_MICROSECOND = dt.timedelta(microseconds=1)
+_DAY = dt.timedelta(days=1)
 # The change data feed's columns: what a row change was, and the commit that made it.
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -269,10 +275,11 @@ class RawStore:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
             batches = reader.chunks()
             if operands:
-                lo, hi = as_utc(summary.min_ts), as_utc(summary.max_ts)
-                last = hi.replace(tzinfo=None) == dt.datetime.max  # no instant follows it
-                stored = self.read_arrow(spec, None if last else [Window(lo, hi + _MICROSECOND)])
-                batches = (with_stored_operands(spec, b, stored, operands) for b in batches)
+                files = file_actions(table) if table.version() >= 0 else []
+                batches = (
+                    with_stored_operands(spec, b, self._stored_rows_of(spec, b, files), operands)
+                    for b in batches
+                )
             source = pa.RecordBatchReader.from_batches(reader.schema, batches)
             merger = table.merge(
                 source,
@@ -318,11 +325,9 @@ class RawStore:
         spec = self.applied(spec, table)
         reader, summary = _validated(spec, path, not_before, None)
         batch = pa.Table.from_batches(list(reader.chunks()), schema=reader.schema)
-        lo, hi = as_utc(summary.min_ts), as_utc(summary.max_ts)
-        last = hi.replace(tzinfo=None) == dt.datetime.max
-        stored = self.read_arrow(
-            spec, None if last else [Window(lo, hi + _MICROSECOND)], table=table
-        )
+        stored = self._stored_rows_of(spec, batch, [] if table is None else file_actions(table))
+        day = archive_schema(spec).field(DAY_COLUMN)
+        stored = stored.append_column(day, pc.cast(stored[spec.time_column], day.type))
         operands = stored_operands(spec)
         if operands:
             batch = pa.Table.from_batches(
@@ -621,6 +626,45 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
         return data.filter(mask), table.version()
+
+    def _stored_rows_of(
+        self,
+        spec: RawArchiveSpec | TimeRangeArchiveSpec,
+        batch: pa.RecordBatch | pa.Table,
+        files: list[dict],
+    ) -> pa.Table:
+        """The stored rows an upsert of `batch` may match (and some others), from the live
+        `files` of the snapshot it upserts into: only the row groups that may hold one of its
+        (UTC day, entity) cells are read, so a batch of scattered late rows reads a row group
+        or so per row, not every row between its first and last instant. Reads files with
+        Arrow only (it runs inside a MERGE's input stream, where delta-rs cannot be called)."""
+        schema = archive_data_schema(spec)
+        if not files or batch.num_rows == 0:
+            return schema.empty_table()
+        times = batch.column(spec.time_column).to_pylist()
+        entities = batch.column(ENTITY_COLUMN).to_pylist()
+        pairs = set()
+        for t, e in zip(times, entities, strict=True):
+            day = as_utc(t).replace(hour=0, minute=0, second=0, microsecond=0)
+            if day.replace(tzinfo=None) > dt.datetime.max - 2 * _DAY:
+                # A row in the last representable days (no window ends after them): read all.
+                parts = [self._read_file(spec, f, None) for f in files]
+                return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+            pairs.add((Window(day, day + _DAY), e))
+        cells = Cells.from_pairs(pairs, limit=len(pairs))
+        spans = merge_windows(list(cells.windows))
+        wanted = prune_files(
+            files,
+            time_column=spec.time_column,
+            spans=spans,
+            entities=cells.entities,
+            day_column=DAY_COLUMN,
+        )
+        parts = [self._read_file(spec, f, list(cells)) for f in wanted]
+        data = pa.concat_tables(
+            [p.select(schema.names).cast(schema) for p in parts] or [schema.empty_table()]
+        )
+        return data.filter(in_windows(data[spec.time_column], spans))
 
     def _read_file(self, spec: SourceSpec, f: dict, targets: Targets | None) -> pa.Table:
         """The row groups of one data file that may hold rows of `targets`."""

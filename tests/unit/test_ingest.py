@@ -813,3 +813,45 @@ def test_changed_within_tells_which_commits_reach_a_window(store: RawStore, tmp_
     before = store.table(ENERGY).version()
     DeltaTable(store.uri(ENERGY)).delete("entity_id = 'm-late'")
     assert store.changed_within(ENERGY, before, day0)
+
+
+def test_stored_operands_of_scattered_rows_read_only_their_row_groups(
+    store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 40 days x 200 meters: each UTC day's file has several row groups (sorted by meter).
+    monkeypatch.setattr("resources.raw_store.ROW_GROUP_ROWS", 64)
+    days = [T0 + timedelta(days=d) for d in range(40)]
+    rows = [energy_row(f"m{m:03d}", day, 1.0, 2.0, 230.0) for day in days for m in range(200)]
+    ingest(store, write_parquet(tmp_path / "base.parquet", as_arrow(rows)))
+    read: list[int] = []
+    original = RawStore._read_file
+
+    def counted(self: RawStore, spec, f, targets):  # type: ignore[no-untyped-def]
+        table = original(self, spec, f, targets)
+        read.append(table.num_rows)
+        return table
+
+    whole = RawStore.read_arrow
+
+    def counted_whole(self: RawStore, *args, **kwargs):  # type: ignore[no-untyped-def]
+        table = whole(self, *args, **kwargs)
+        read.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(RawStore, "_read_file", counted)
+    monkeypatch.setattr(RawStore, "read_arrow", counted_whole)
+    # Two late corrections on the first and last day leave voltage_v out: the computed column
+    # must use the stored voltage, found by reading those two meters' row groups only.
+    late = pa.table(
+        {
+            "entity_id": ["m007", "m150"],
+            "ts": pa.array([days[0], days[-1]], pa.timestamp("us", tz="UTC")),
+            "energy_kwh": [3.0, 4.0],
+            "power_kw": [4.6, 2.3],
+        }
+    )
+    ingest(store, write_parquet(tmp_path / "late.parquet", late))
+    assert 0 < sum(read) <= 2 * 64 * 2, sum(read)  # a row group or two per row, not 40 days
+    stored = {(r["entity_id"], r["ts"]): r for r in stored_rows(store)}
+    assert stored[("m007", days[0])] == energy_row("m007", days[0], 3.0, 4.6, 230.0)
+    assert stored[("m150", days[-1])] == energy_row("m150", days[-1], 4.0, 2.3, 230.0)
