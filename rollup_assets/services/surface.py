@@ -53,7 +53,9 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -70,11 +72,12 @@ from resources.delta_tables import (
     read_commit,
     remove_action,
 )
-from resources.genmap import GENMAP_SCHEMA
+from resources.genmap import GENMAP_SCHEMA, covered_mask
 from resources.rollup_store import REPLACED_KEY, Snapshot, part_format, part_values
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from resources.warehouse import filesystem_for
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, as_utc, merge_windows
@@ -92,6 +95,7 @@ FORWARD_OPERATIONS = frozenset({Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value
 # changes them; its row commit deletes rows no pointer referenced any more).
 NEUTRAL_OPERATIONS = frozenset({"recompute", "sweep", "reclaim", "rewind", *NO_DATA_OPERATIONS})
 POINTER_KEY = ("bucket_start", "bucket_end", "entity_id", "generation")
+_GLOBAL = "\x00every entity"  # a global pointer's entity in a join key (no entity id is this)
 
 
 @dataclass(frozen=True)
@@ -154,19 +158,19 @@ def publish(engine: Engine, spec: RollupSpec) -> Published:
         if surface is not None and done == target:
             outcome.append(Published(spec.name, target, False, 0, 0, surface.version()))
             return CommitPlan(adds=[])
-        spans = (
-            None if surface is None or done is None else changed_buckets(engine, spec, done, target)
+        changed = (
+            None if surface is None or done is None else changed_cells(engine, spec, done, target)
         )
-        removes, adds, written = _replace(engine, spec, surface, spans, snap, schema)
+        removes, adds, written = _replace(engine, spec, surface, changed, snap, schema)
         metadata["rollups.genmap_version"] = str(target.genmap)
         metadata["rollups.rows_version"] = str(target.rows)
-        metadata["rollups.rebuilt"] = str(spans is None).lower()
+        metadata["rollups.rebuilt"] = str(changed is None).lower()
         outcome.append(
             Published(
                 spec.name,
                 target,
-                spans is None,
-                0 if spans is None else len(spans),
+                changed is None,
+                0 if changed is None else len(changed.spans),
                 written,
                 -1,
             )
@@ -209,25 +213,64 @@ def publish_all(engine: Engine) -> list[Published]:
 # -- what changed -------------------------------------------------------------------------------
 
 
-def changed_buckets(
+@dataclass(frozen=True)
+class Changed:
+    """The cells whose active rows may differ between two versions of a rollup: those of the
+    pointers that differ (a global pointer: its bucket for every entity; an entity pointer: its
+    cell), and every cell of the buckets in `written` (forward-lane commits)."""
+
+    pointers: pa.Table  # (bucket_start, bucket_end, entity_id) of the differing pointers
+    written: tuple[Window, ...]
+
+    @cached_property
+    def spans(self) -> list[Window]:
+        """The merged bucket windows holding every changed cell."""
+        starts = self.pointers["bucket_start"].to_pylist()
+        ends = self.pointers["bucket_end"].to_pylist()
+        return merge_windows(
+            [*(Window(a, b) for a, b in zip(starts, ends, strict=True)), *self.written]
+        )
+
+    @cached_property
+    def cells(self) -> Cells:
+        """The changed cells, for reading the row groups that may hold them."""
+        pairs = zip(
+            self.pointers["bucket_start"].to_pylist(),
+            self.pointers["bucket_end"].to_pylist(),
+            self.pointers["entity_id"].to_pylist(),
+            strict=True,
+        )
+        items = [(Window(a, b), None if e is None else frozenset([e])) for a, b, e in pairs]
+        return Cells.collect([*items, *((w, None) for w in self.written)], limit=None)
+
+    def mask(self, rows: pa.Table) -> pa.ChunkedArray:
+        """For rows with (bucket_start, entity_id): is each row's cell changed?"""
+        mask = covered_mask(rows, self.pointers)
+        if self.written:
+            mask = pc.or_(mask, pc.fill_null(in_windows(rows["bucket_start"], self.written), False))
+        return mask
+
+
+def changed_cells(
     engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected
-) -> list[Window] | None:
-    """Spans (merged bucket windows) whose active rows may differ between the versions `done`
-    and `now`; None when that cannot be told (then the surface is rebuilt whole)."""
+) -> Changed | None:
+    """The cells whose active rows may differ between the versions `done` and `now`; None when
+    that cannot be told (then the surface is rebuilt whole)."""
     if done.genmap > now.genmap or done.rows > now.rows:
         return None  # the tables were re-created since
-    spans: list[Window] = []
+    moved = _pointers_at(engine, spec, -1)
     if done.genmap != now.genmap:
-        moved = _pointer_changes(engine, spec, done.genmap, now.genmap)
-        if moved is None:
+        found = _pointer_changes(engine, spec, done.genmap, now.genmap)
+        if found is None:
             return None
-        spans += moved
+        moved = found
+    written: list[Window] = []
     for version in range(done.rows + 1, now.rows + 1):
-        written = _forward_buckets(engine, spec, version)
-        if written is None:
+        spans = _forward_buckets(engine, spec, version)
+        if spans is None:
             return None
-        spans += written
-    return merge_windows(spans)
+        written += spans
+    return Changed(moved, tuple(merge_windows(written)))
 
 
 def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
@@ -240,16 +283,40 @@ def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
     return pa.table(table.to_pyarrow_table()).select(key.names).cast(key)
 
 
-def _pointer_changes(engine: Engine, spec: RollupSpec, old: int, new: int) -> list[Window] | None:
-    """Bucket windows of the pointers that differ between two pointer-table versions."""
+def _pointer_changes(engine: Engine, spec: RollupSpec, old: int, new: int) -> pa.Table | None:
+    """The pointers (bucket_start, bucket_end, entity_id, generation) in one of two
+    pointer-table versions and not the other."""
     try:
         before, after = _pointers_at(engine, spec, old), _pointers_at(engine, spec, new)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.info("%s: pointer version %d is not readable (%s); rebuilding", spec.name, old, exc)
         return None
-    a = {tuple(r.values()) for r in before.to_pylist()}
-    b = {tuple(r.values()) for r in after.to_pylist()}
-    return sorted({Window(r[0], r[1]) for r in a ^ b})
+    return pa.concat_tables([_minus(before, after), _minus(after, before)])
+
+
+def _minus(a: pa.Table, b: pa.Table) -> pa.Table:
+    """Rows of `a` (pointer keys, no duplicates) that are not in `b`."""
+    if a.num_rows == 0 or b.num_rows == 0:
+        return a
+
+    # Joins do not match null keys: a global pointer's entity is keyed as GLOBAL here.
+    def keyed(t: pa.Table) -> pa.Table:
+        return t.set_column(
+            t.schema.get_field_index("entity_id"),
+            "entity_id",
+            pc.fill_null(t["entity_id"], _GLOBAL),
+        )
+
+    marked = keyed(b).append_column("__in_b", pa.array(np.ones(b.num_rows, dtype=bool)))
+    joined = keyed(a).join(marked, list(POINTER_KEY), join_type="left outer")
+    kept = joined.filter(pc.is_null(joined["__in_b"])).drop_columns(["__in_b"])
+    entity = kept["entity_id"]
+    restored = pc.if_else(pc.equal(entity, _GLOBAL), pa.scalar(None, pa.string()), entity)
+    return (
+        kept.set_column(kept.schema.get_field_index("entity_id"), "entity_id", restored)
+        .select(list(POINTER_KEY))
+        .cast(a.schema)
+    )
 
 
 def _forward_buckets(engine: Engine, spec: RollupSpec, version: int) -> list[Window] | None:
@@ -300,13 +367,21 @@ def _active_rows(
     spec: RollupSpec,
     snap: Snapshot,
     spans: Sequence[Window] | None,
+    changed: Changed | None,
     schema: pa.Schema,
 ) -> pa.Table:
-    """The snapshot's active rows in `spans` (None: all), in the surface's columns."""
+    """The snapshot's active rows in `spans` (None: all), of the `changed` cells only (None:
+    every cell), in the surface's columns. Only the row groups that may hold a changed cell
+    are read."""
     if spans is not None and not spans:
         return schema.empty_table()
     needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-    rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed)
+    cells = None
+    if changed is not None and spans is not None:
+        cells = Cells(tuple((w, e) for w, e in changed.cells if any(w.overlaps(s) for s in spans)))
+    rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
+    if changed is not None:
+        rows = rows.filter(changed.mask(rows))
     logical = logical_arrow(rows, spec)
     return logical.append_column(PART_COLUMN, part_values(spec, logical["bucket_start"])).cast(
         schema
@@ -323,30 +398,32 @@ def _replace(
     engine: Engine,
     spec: RollupSpec,
     surface: DeltaTable | None,
-    spans: Sequence[Window] | None,
+    changed: Changed | None,
     snap: Snapshot,
     schema: pa.Schema,
 ) -> tuple[list, list, int]:
-    """Remove actions for the surface files holding rows in `spans` (every file: None), add
-    actions for files holding their other rows plus the snapshot's active rows in `spans`
-    (one file per partition), and how many active rows were written."""
+    """Remove actions for the surface files holding rows of `changed` cells (every file:
+    None), add actions for files holding their other rows plus the snapshot's active rows of
+    those cells (one file per partition), and how many active rows were written."""
     uri = engine.rollups.surface_uri(spec)
     options = engine.warehouse.storage_options
     fs, root = filesystem_for(uri, options)
     files = [] if surface is None else file_actions(surface)
-    removes = [remove_action(f) for f in files] if spans is None else []
-    reading = _row_span(snap) if spans is None else list(spans)
+    removes = [remove_action(f) for f in files] if changed is None else []
+    reading = _row_span(snap) if changed is None else changed.spans
     names = schema.names[:-1]
     data_schema_ = schema.remove(schema.get_field_index(PART_COLUMN))
     adds, written = [], 0
     for batch in _batches(spec, reading):
-        rows = _active_rows(engine, spec, snap, batch, schema)
+        rows = _active_rows(engine, spec, snap, batch, changed, schema)
         written += rows.num_rows
         pieces = [rows]
-        if spans is not None:
+        if changed is not None:
             for f in prune_files(files, time_column="bucket_start", spans=batch, entities=None):
                 data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
-                drop = pc.fill_null(in_windows(data["bucket_start"], batch), False)
+                drop = pc.fill_null(
+                    pc.and_(in_windows(data["bucket_start"], batch), changed.mask(data)), False
+                )
                 if not pc.any(drop).as_py():
                     continue
                 removes.append(remove_action(f))

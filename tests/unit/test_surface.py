@@ -85,8 +85,11 @@ def write_forward(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) ->
     store.replace_forward(spec, written, buckets, {"rollups.operation": "Forward"})
 
 
-def correct(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) -> None:
-    """A recompute without its publish: new generation, committed, flipped on `cells`."""
+def correct(
+    engine: Engine, spec: RollupSpec, cells: dict[Cell, float], whole: bool = False
+) -> None:
+    """A recompute without its publish: new generation, committed, flipped on `cells` (with
+    `whole`: on their buckets for every entity, one global pointer each)."""
     store = engine.rollups
     generation = store.next_generation(spec)
     written = store.write_rows(
@@ -101,7 +104,9 @@ def correct(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) -> None:
     by_window: dict[Window, set[str]] = {}
     for entity, w in cells:
         by_window.setdefault(w, set()).add(entity)
-    scoped = Cells(tuple((w, frozenset(es)) for w, es in sorted(by_window.items())))
+    scoped = Cells(
+        tuple((w, None if whole else frozenset(es)) for w, es in sorted(by_window.items()))
+    )
     store.flip(spec, scoped, generation, job_id=f"job-{generation}", run_id="r")
 
 
@@ -124,7 +129,7 @@ def test_first_publish_builds_the_surface_and_records_the_versions(engine, spec)
     assert not publish(engine, spec).changed  # up to date: nothing rewritten
 
 
-def test_a_flip_lags_until_published_then_only_its_buckets_are_replaced(engine, spec) -> None:
+def test_a_flip_lags_until_published_then_only_its_cells_are_replaced(engine, spec) -> None:
     cells = base()
     write_forward(engine, spec, cells)
     publish(engine, spec)
@@ -134,7 +139,7 @@ def test_a_flip_lags_until_published_then_only_its_buckets_are_replaced(engine, 
     assert surface_rows(engine, spec) == expected(spec, cells)
     done = publish(engine, spec)
     assert not done.rebuilt and done.spans == 1
-    assert done.rows_written == len(ENTITIES)  # the changed bucket, every entity of it
+    assert done.rows_written == 1  # the changed cell's active row (the others carried over)
     assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
     # The superseded row is still in the main table: a plain read of it would double count.
     rows = pa.table(DeltaTable(engine.rollups.uri(spec)).to_pyarrow_table())
@@ -175,6 +180,26 @@ def test_a_forward_refresh_that_empties_a_bucket_removes_its_rows(engine, spec) 
     assert surface_rows(engine, spec) == expected(spec, left)
 
 
+def test_cell_and_bucket_pointers_replace_exactly_their_cells(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    # A cell pointer, then a bucket pointer superseding it, then a cell pointer on top again:
+    # each publish replaces the rows of exactly the cells whose active generation changed.
+    one = {("meter-a", WINDOWS[1]): 7.0}
+    correct(engine, spec, one)
+    assert publish(engine, spec).rows_written == 1
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **one})
+    bucket = {(e, WINDOWS[1]): 20.0 + i for i, e in enumerate(ENTITIES)}
+    correct(engine, spec, bucket, whole=True)
+    assert publish(engine, spec).rows_written == len(ENTITIES)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **bucket})
+    again = {("meter-b", WINDOWS[1]): 30.0, ("meter-a", WINDOWS[2]): 31.0}
+    correct(engine, spec, again)
+    assert publish(engine, spec).rows_written == 2
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **bucket, **again})
+
+
 def test_a_publish_in_batches_of_one_partition_writes_the_same_rows(
     engine, spec, monkeypatch
 ) -> None:
@@ -188,7 +213,7 @@ def test_a_publish_in_batches_of_one_partition_writes_the_same_rows(
     fix = {("meter-a", WINDOWS[0]): 1.5, ("meter-b", WINDOWS[3]): 2.5}  # one in each month
     correct(engine, spec, fix)
     done = publish(engine, spec)
-    assert not done.rebuilt and done.rows_written == 2 * len(ENTITIES)
+    assert not done.rebuilt and done.rows_written == 2  # the two changed cells
     assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
 
 
