@@ -40,7 +40,8 @@ def write_late(bench: Bench, dataset: Dataset, count: int, seed: int) -> tuple[p
 def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed: int) -> dict:
     """Ingest `count` late readings, tick until quiet; what each level recomputed and read."""
     table, path = write_late(bench, dataset, count, seed)
-    result = world.ingest(path, ChangeSource.MANUAL)
+    with measure(bench.probe, f"ingest of {count:,} late reading(s)") as ingest_step:
+        result = world.ingest(path, ChangeSource.MANUAL)
     committed = world.commit_time(result.version)
     with measure(bench.probe, f"correction of {count:,} reading(s): sensors + runs") as step:
         world.tick(NOW)
@@ -72,6 +73,7 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
         "readings": count,
         "raw_version": result.version,
         "commit_to_last_level_s": None if latency is None else round(latency, 3),
+        "ingest": ingest_step.as_dict(),
         "tick_loop": step.as_dict(),
         "rows_read": step.rows_read["total"],
         "recompute_rows_read": recompute_rows,
@@ -80,6 +82,7 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
         "forward_lane": forward,
         "levels_recomputed": sorted({j.rollup for j in jobs}),
         "jobs": work,
+        "driver_rows_read_by": bench.probe.driver.by_purpose(step.started, step.ended),
         "_changes": table.select(["entity_id", "ts"]),
     }
 

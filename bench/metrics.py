@@ -8,6 +8,7 @@ Rows read are counted where they are read, not estimated:
 Both are timestamped, so a run's rows are those read between its start and end.
 """
 
+import ctypes
 import json
 import resource
 import statistics
@@ -18,15 +19,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import psutil
 import pyarrow as pa
 
+import rollup_assets.services.surface as surface_module
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
 
 MB = 1024 * 1024
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
 _T0 = time.monotonic()
 
 
@@ -43,11 +50,12 @@ class MemorySampler:
     """Samples this process's RSS (the driver) and its children's (the Spark JVM) every
     `interval` seconds in a daemon thread; `window()` yields the peaks of one step."""
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, interval: float = 0.2) -> None:
         self.interval = interval
         self.process = psutil.Process()
         self._lock = threading.Lock()
         self._driver_peak = 0
+        self._driver_peak_at = ""  # the main thread's code when the driver's peak was sampled
         self._jvm_peak = 0
         self._jvm_ever = 0
         self._children: list[psutil.Process] = []
@@ -79,17 +87,27 @@ class MemorySampler:
         return driver, jvm
 
     def _loop(self) -> None:
+        main = threading.main_thread().ident
         while not self._stop.wait(self.interval):
             driver, jvm = self._sample()
             with self._lock:
+                if driver > self._driver_peak:
+                    frame = sys._current_frames().get(main) if main is not None else None
+                    self._driver_peak_at = _where(frame)
                 self._driver_peak = max(self._driver_peak, driver)
                 self._jvm_peak = max(self._jvm_peak, jvm)
                 self._jvm_ever = max(self._jvm_ever, jvm)
 
     def reset(self) -> None:
+        """Start a new step: memory freed by earlier steps is handed back to the system first
+        (Arrow's pool and the C allocator keep freed pages), so a step's peak is its own."""
+        pa.default_memory_pool().release_unused()
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
         driver, jvm = self._sample()
         with self._lock:
             self._driver_peak, self._jvm_peak = driver, jvm
+            self._driver_peak_at = ""
 
     def peaks(self) -> tuple[float, float]:
         """(driver, children) peak RSS in MiB since the last reset."""
@@ -97,10 +115,26 @@ class MemorySampler:
         with self._lock:
             return max(self._driver_peak, driver) / MB, max(self._jvm_peak, jvm) / MB
 
+    def peak_at(self) -> str:
+        """Where the main thread was when the driver's peak since the last reset was sampled."""
+        with self._lock:
+            return self._driver_peak_at
+
     def jvm_lifetime_peak(self) -> float:
         """The children's (Spark JVM's) peak RSS in MiB since the sampler started."""
         with self._lock:
             return self._jvm_ever / MB
+
+
+def _where(frame: FrameType | None, depth: int = 6) -> str:
+    """The innermost project functions of a stack, innermost first: `module.function:line`."""
+    out: list[str] = []
+    while frame is not None and len(out) < depth:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(("rollup_assets.", "resources.", "sensors.")):
+            out.append(f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(out)
 
 
 def lifetime_peak_rss_mb() -> float:
@@ -196,18 +230,24 @@ class SparkEventLog:
 
 
 class DriverReads:
-    """Counts the rows the driver reads outside Spark (installed once): every rollup-table and
-    raw-table file (row groups read, before filtering) and every change file a correction reads
-    from the change feed."""
+    """Counts the rows the driver reads outside Spark (installed once): every rollup-table,
+    raw-table and surface-table file (row groups read, before filtering) and every change file
+    a correction reads from the change feed."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []
+        # (time, rows, what read them: the innermost service or store function on the stack)
+        self.purposes: list[tuple[float, int, str]] = []
         self._originals: dict[str, Callable] = {}
+
+    def _record(self, kind: str, rows: int) -> None:
+        now = time.time()
+        self.reads.append((now, rows))
+        self.purposes.append((now, rows, f"{kind}: {_reader()}"))
 
     def install(self) -> None:
         if self._originals:
             return
-        reads = self.reads
         rollup_file = RollupStore._read_file
         raw_file = RawStore._read_file
         change_file = RawStore._read_change_file
@@ -220,22 +260,43 @@ class DriverReads:
             *args: object,
         ) -> pa.Table:
             table = rollup_file(store, spec, f, columns, *args)
-            reads.append((time.time(), table.num_rows))
+            self._record(spec.name, table.num_rows)
             return table
 
         def counted_raw_file(store: RawStore, spec: RawArchiveSpec, f: dict, *args: object):
             table = raw_file(store, spec, f, *args)  # type: ignore[arg-type]
-            reads.append((time.time(), table.num_rows))
+            self._record("raw", table.num_rows)
             return table
 
         def counted_change_file(
             store: RawStore, spec: RawArchiveSpec, path: str, change_type: str | None
         ) -> pa.Table:
             table = change_file(store, spec, path, change_type)
-            reads.append((time.time(), table.num_rows))
+            self._record("change feed", table.num_rows)
             return table
 
-        self._originals = {"rollup": rollup_file, "raw": raw_file, "change": change_file}
+        read_arrow = RollupStore.read_arrow
+        surface_file = surface_module.read_row_groups
+
+        def counted_surface_file(table_uri: str, *args: object, **kwargs: object) -> pa.Table:
+            table = surface_file(table_uri, *args, **kwargs)
+            name = table_uri.rstrip("/").rsplit("/", 1)[-1]
+            self._record(f"{name.removesuffix('__active')} surface", table.num_rows)
+            return table
+
+        def asked_read_arrow(store: RollupStore, *args: object, **kwargs: object) -> pa.Table:
+            _ASKED[0] = _reader()
+            return read_arrow(store, *args, **kwargs)
+
+        self._originals = {
+            "rollup": rollup_file,
+            "raw": raw_file,
+            "change": change_file,
+            "read_arrow": read_arrow,
+            "surface": surface_file,
+        }
+        surface_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
+        RollupStore.read_arrow = asked_read_arrow  # type: ignore[method-assign]
         RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
         RawStore._read_file = counted_raw_file  # type: ignore[method-assign]
         RawStore._read_change_file = counted_change_file  # type: ignore[method-assign,assignment]
@@ -245,10 +306,41 @@ class DriverReads:
             RollupStore._read_file = self._originals["rollup"]  # type: ignore[method-assign]
             RawStore._read_file = self._originals["raw"]  # type: ignore[method-assign]
             RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
+            RollupStore.read_arrow = self._originals["read_arrow"]  # type: ignore[method-assign]
+            surface_module.read_row_groups = self._originals["surface"]
             self._originals = {}
 
     def rows_between(self, start: float, end: float) -> int:
         return sum(n for t, n in self.reads if start <= t <= end)
+
+    def by_purpose(self, start: float, end: float) -> dict[str, int]:
+        """Rows read between `start` and `end` by table and the function that read them."""
+        out: dict[str, int] = {}
+        for t, n, purpose in self.purposes:
+            if start <= t <= end:
+                out[purpose] = out.get(purpose, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+_ASKED: list[str] = ["other"]  # what the main thread last asked the read path for
+
+
+def _reader() -> str:
+    """The innermost function outside the stores (a service, a compute step) that asked for
+    the read: `module.function` (for files read side by side in worker threads: the function
+    that called `RollupStore.read_arrow` last)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _ASKED[0]
+    frame = sys._getframe(1)
+    first = None
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("rollup_assets."):
+            return f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
+        if first is None and module.startswith("resources."):
+            first = f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return first or "other"
 
 
 @dataclass
@@ -275,6 +367,7 @@ class Step:
     ended: float = 0.0
     seconds: float = 0.0
     driver_peak_mb: float = 0.0
+    driver_peak_at: str = ""
     jvm_peak_mb: float = 0.0
     rows_read: dict[str, int] = field(default_factory=dict)
 
@@ -282,6 +375,7 @@ class Step:
         return {
             "seconds": round(self.seconds, 3),
             "driver_peak_mb": round(self.driver_peak_mb, 1),
+            "driver_peak_at": self.driver_peak_at,
             "jvm_peak_mb": round(self.jvm_peak_mb, 1),
             "rows_read": self.rows_read,
         }
@@ -299,6 +393,7 @@ def measure(probe: Probe, name: str, rows: bool = True) -> Iterator[Step]:
     step.seconds = time.monotonic() - t0
     step.ended = time.time()
     step.driver_peak_mb, step.jvm_peak_mb = probe.memory.peaks()
+    step.driver_peak_at = probe.memory.peak_at()
     if rows:
         step.rows_read = probe.rows_read(step.started, step.ended)
     read = f", rows read {step.rows_read['total']:,}" if rows else ""

@@ -35,6 +35,7 @@ def ours_peak_mb(results: dict) -> float | None:
         peaks += [ours[k]["driver_peak_mb"] for k in ("ingest", "first_level", "chain", "forward")]
     if c := sc.get("correction"):
         peaks += [case["tick_loop"]["driver_peak_mb"] for case in c["cases"]]
+        peaks += [case["ingest"]["driver_peak_mb"] for case in c["cases"] if "ingest" in case]
     if r := sc.get("read"):
         peaks += [v["driver_peak_mb"] for v in r.values()]
     return max(peaks) if peaks else None
