@@ -6,13 +6,20 @@ SQLite storage then stores them one by one: per event, a new connection and a co
 transaction in the run's database and another in the index database. This storage writes the
 batch in one transaction in each, which is what Dagster's PostgreSQL storage does too.
 
+A correction run rewrites scattered partitions, so its step yields one materialization per
+partition rather than one result for a range, and Dagster stores those one by one. With
+`DAGSTER_EVENT_BATCH_SIZE` set, this storage holds a run's consecutive materializations of one
+asset and stores them as one batch as soon as the run's next event of another kind or asset
+arrives (every step ends with its success or failure event) or the batch is full.
+
 Durability is unchanged in kind: a batch is handed over when the step has finished its work and
-yields the events, and a process that dies while writing it loses the batch's events, as it
-would have lost the events not yet written one by one. The rollup tables and their ledger, not
-the event log, are the record of what was written.
+yields the events, and a process that dies while writing it (or while holding it) loses the
+batch's events, as it would have lost the events not yet written one by one. The rollup tables
+and their ledger, not the event log, are the record of what was written.
 """
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +44,14 @@ def default_base_dir() -> str:
 
 
 BATCHED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_OBSERVATION}
+
+
+def batch_size() -> int:
+    """Dagster's event batch size (`DAGSTER_EVENT_BATCH_SIZE`; 0: no batching)."""
+    try:
+        return max(0, int(os.environ.get("DAGSTER_EVENT_BATCH_SIZE", "0")))
+    except ValueError:
+        return 0
 
 
 def batchable(events: Sequence[EventLogEntry]) -> bool:
@@ -75,7 +90,54 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         base_dir = config_value.get("base_dir") or default_base_dir()
         return cls(base_dir=base_dir, inst_data=inst_data)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[str, list[EventLogEntry]] = {}  # per run: asset events not yet stored
+        self._pending_lock = threading.RLock()
+
+    def store_event(self, event: EventLogEntry) -> None:
+        """With `DAGSTER_EVENT_BATCH_SIZE` set, a run's consecutive materializations (or
+        observations) of one asset that a step yields one by one (a correction rewriting
+        scattered partitions) are held and stored as one batch: when the run's next event of
+        another kind or asset arrives (the step's success, a log line), or the batch is full.
+        Without it, every event is stored at once, as Dagster does."""
+        size = batch_size()
+        run_id = event.run_id
+        with self._pending_lock:
+            pending = self._pending.pop(run_id, [])
+            if size > 0 and batchable([*pending[-1:], event]):
+                pending.append(event)
+                if len(pending) < size:
+                    self._pending[run_id] = pending
+                    return
+                ready, event_now = pending, None
+            else:
+                ready, event_now = pending, event
+            self._store(ready)
+            if event_now is not None:
+                super().store_event(event_now)
+
+    def flush(self) -> None:
+        """Store every held event (each run's in one batch)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+            for events in pending.values():
+                self._store(events)
+
+    def dispose(self) -> None:
+        self.flush()
+        super().dispose()
+
+    def _store(self, events: list[EventLogEntry]) -> None:
+        if len(events) == 1:
+            super().store_event(events[0])
+        elif events:
+            self.store_event_batch(events)
+
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
+        if events:
+            with self._pending_lock:  # the run's held events go first, in order
+                self._store(self._pending.pop(events[0].run_id, []))
         if len(events) < 2 or not batchable(events):
             super().store_event_batch(events)
             return

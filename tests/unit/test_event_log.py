@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from dagster._core.events import StepMaterializationData
+from dagster._core.storage.event_log import SqliteEventLogStorage
 
 from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
 from rollup_assets.orchestration.instance import dagster_yaml
@@ -24,6 +25,22 @@ def meters(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
     yield dg.MaterializeResult(metadata={"rows": len(context.partition_keys)})
 
 
+SCATTERED = KEYS[3:50:5]  # partitions a correction rewrote, inside the run's range
+
+
+@dg.asset(
+    partitions_def=PARTITIONS,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    output_required=False,
+)
+def corrected(context: dg.AssetExecutionContext) -> Iterator[dg.AssetMaterialization]:
+    for key in SCATTERED:
+        yield dg.AssetMaterialization(
+            asset_key="corrected", partition=key, metadata={"partition": key}
+        )
+    context.log.info(f"corrected {len(SCATTERED)} partitions")
+
+
 @pytest.fixture
 def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
     (tmp_path / "dagster.yaml").write_text(dagster_yaml({}, tmp_path))
@@ -35,9 +52,11 @@ def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.Dag
     instance.dispose()
 
 
-def materialize_range(instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+def materialize_range(
+    instance: dg.DagsterInstance, asset: dg.AssetsDefinition = meters
+) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [meters],
+        [asset],
         instance=instance,
         tags={
             "dagster/asset_partition_range_start": KEYS[0],
@@ -49,17 +68,16 @@ def materialize_range(instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult
 def stored_one_by_one(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> list[dg.DagsterEventType]:
-    """Records the type of every event the storage writes on its own (not in a batch)."""
-    storage = instance.event_log_storage
+    """Records the type of every event Dagster's storage writes on its own (not in a batch)."""
     single: list[dg.DagsterEventType] = []
-    original = storage.store_event
+    original = SqliteEventLogStorage.store_event
 
-    def store_event(event):  # type: ignore[no-untyped-def]
+    def store_event(storage, event):  # type: ignore[no-untyped-def]
         if event.dagster_event is not None:
             single.append(event.dagster_event.event_type)
-        original(event)
+        original(storage, event)
 
-    monkeypatch.setattr(storage, "store_event", store_event)
+    monkeypatch.setattr(SqliteEventLogStorage, "store_event", store_event)
     return single
 
 
@@ -88,6 +106,51 @@ def test_range_materializations_are_stored_in_batches(
         result.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
     ).records
     assert len(run_log) == len(KEYS)
+
+
+@pytest.mark.parametrize("batch_size", ["4", "1000"])
+def test_scattered_materializations_yielded_one_by_one_are_stored_in_batches(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, batch_size: str
+) -> None:
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", batch_size)
+    single = stored_one_by_one(instance, monkeypatch)
+    batches: list[int] = []
+    original = BatchedSqliteEventLogStorage.store_event_batch
+
+    def store_event_batch(storage, events):  # type: ignore[no-untyped-def]
+        batches.append(len(events))
+        original(storage, events)
+
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "store_event_batch", store_event_batch)
+    result = materialize_range(instance, corrected)
+    assert result.success
+    assert dg.DagsterEventType.ASSET_MATERIALIZATION not in single
+    size = int(batch_size)
+    assert batches == [size] * (len(SCATTERED) // size) + [len(SCATTERED) % size] * bool(
+        len(SCATTERED) % size
+    )
+    key = dg.AssetKey("corrected")
+    assert instance.get_materialized_partitions(key) == set(SCATTERED)
+    records = instance.fetch_materializations(key, limit=1000).records
+    meta = {r.partition_key: r.asset_materialization.metadata for r in records}  # type: ignore[union-attr]
+    assert {k: m["partition"].value for k, m in meta.items()} == {k: k for k in SCATTERED}
+    latest = instance.get_latest_materialization_event(key)
+    assert latest is not None and latest.dagster_event is not None
+    assert latest.dagster_event.partition == SCATTERED[-1]
+    # The run's log keeps the order in which the step yielded them, the log line after them.
+    run_log = instance.get_records_for_run(result.run_id).records
+    kinds = [
+        (r.event_log_entry.dagster_event.event_type, r.event_log_entry.dagster_event.partition)
+        if r.event_log_entry.dagster_event is not None
+        else ("log", r.event_log_entry.user_message)
+        for r in run_log
+    ]
+    materialized = [p for k, p in kinds if k == dg.DagsterEventType.ASSET_MATERIALIZATION]
+    assert materialized == list(SCATTERED)
+    last = max(
+        i for i, (k, _) in enumerate(kinds) if k == dg.DagsterEventType.ASSET_MATERIALIZATION
+    )
+    assert any(k == "log" and "corrected" in str(m) for k, m in kinds[last + 1 :])
 
 
 def test_without_a_batch_size_events_are_stored_one_by_one(
