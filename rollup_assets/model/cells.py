@@ -6,8 +6,9 @@ union per bucket, never the cross product of every touched bucket with every tou
 late reading of meter A on Monday and one of meter B on Friday are two cells, not four.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from rollup_assets.model.windows import Window
 from rollup_assets.settings import DetectionLimits
@@ -19,8 +20,11 @@ Scope = frozenset[str] | None
 # another order, or corrected by a delta): a cell whose partials differ only so is unchanged.
 ROUNDING = 1e-12
 
-# A bucket carrying at least this many cell pointers is folded by maintenance: recomputed for
-# every entity and rewritten whole under one bucket pointer (see `changed_cells`).
+# A storage partition (a UTC day of hourly buckets, a month of days, a year above) whose buckets
+# carry at least this many cell pointers in all is folded by maintenance: each of its buckets
+# with a cell pointer is recomputed for every entity and rewritten whole under one bucket
+# pointer (see `changed_cells`, `buckets_to_fold`). So the cell pointers a read resolves stay
+# below this many per partition, however many corrections came before.
 FOLD_MIN_POINTERS = 8
 
 # A bucket naming more entities than this is recomputed for every entity (one pointer per bucket
@@ -175,3 +179,21 @@ def changed_cells(
         elif changed_entities.get(w):
             out.append((w, changed_entities[w]))
     return Cells(tuple(out))
+
+
+def buckets_to_fold(
+    cell_pointers: dict[Window, int], partition_of: Callable[[datetime], Window]
+) -> frozenset[Window]:
+    """The buckets whose cell pointers folding replaces with one bucket pointer each: every
+    bucket carrying a cell pointer (`cell_pointers`: bucket -> cell pointers) in a storage
+    partition (`partition_of` a bucket start) whose buckets carry at least
+    `FOLD_MIN_POINTERS` in all."""
+    per_partition: dict[Window, int] = {}
+    for w, n in cell_pointers.items():
+        part = partition_of(w.start)
+        per_partition[part] = per_partition.get(part, 0) + n
+    return frozenset(
+        w
+        for w, n in cell_pointers.items()
+        if n > 0 and per_partition[partition_of(w.start)] >= FOLD_MIN_POINTERS
+    )

@@ -24,10 +24,11 @@ from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.compare import CHANGED, all_new, cell_changes, cell_changes_arrow
+from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import (
-    FOLD_MIN_POINTERS,
     CellCounts,
     Cells,
+    buckets_to_fold,
     changed_cells,
     rewrites_whole,
 )
@@ -223,17 +224,28 @@ class Engine:
         return out.cast(typed), versions
 
     def _folded(self, spec: RollupSpec, cells: Cells) -> frozenset[Window]:
-        """The every-entity buckets of `cells` carrying at least `FOLD_MIN_POINTERS` cell
-        pointers: rewritten whole, they leave one bucket pointer."""
-        whole = {w.start: w for w, scope in cells if scope is None}
+        """The every-entity buckets of `cells` that folding rewrites whole, even unchanged
+        (`model.cells.buckets_to_fold`): they then leave one bucket pointer each."""
+        whole = {w for w, scope in cells if scope is None}
         if not whole:
             return frozenset()
+        return self.buckets_to_fold(spec) & whole
+
+    def buckets_to_fold(
+        self, spec: RollupSpec, closed_before: datetime | None = None
+    ) -> frozenset[Window]:
+        """Buckets (ending by `closed_before`, when given) whose cell pointers folding replaces
+        (`model.cells.buckets_to_fold`)."""
         pointers = self.rollups.snapshot(spec).pointers
-        counts: dict[datetime, int] = {}
-        for r in pointers.select(["bucket_start", "entity_id"]).to_pylist():
-            if r["entity_id"] is not None and r["bucket_start"] in whole:
-                counts[r["bucket_start"]] = counts.get(r["bucket_start"], 0) + 1
-        return frozenset(whole[s] for s, n in counts.items() if n >= FOLD_MIN_POINTERS)
+        counts: dict[Window, int] = {}
+        for r in pointers.select(["bucket_start", "bucket_end", "entity_id"]).to_pylist():
+            if r["entity_id"] is None:
+                continue
+            if closed_before is not None and r["bucket_end"] > closed_before:
+                continue
+            w = Window(r["bucket_start"], r["bucket_end"])
+            counts[w] = counts.get(w, 0) + 1
+        return buckets_to_fold(counts, lambda t: storage_partition(spec, t))
 
     def recompute(
         self,

@@ -14,10 +14,13 @@ read or run, or pinned snapshots would lose their files, and is never less than 
 retention, so as-of reads within it find their files).
 
 Corrections flip cell pointers; a bucket corrected cell by cell gathers one pointer per cell, and
-every read resolves generations against them. Maintenance folds them: a closed bucket carrying at
-least `FOLD_MIN_POINTERS` cell pointers gets a pending recompute job for every entity (trigger
-Maintenance), which the recompute lane runs like any other (its pool slot, a new generation, one
-flip) and rewrites whole under a single bucket pointer. Buckets a retention delete reached are
+every read resolves generations against them. Maintenance folds them: when the closed buckets of
+one storage partition (a UTC day of hourly buckets, a month of days, a year above) carry at least
+`FOLD_MIN_POINTERS` cell pointers in all, each of those buckets gets recomputed for every entity
+in a pending job (trigger Maintenance), which the recompute lane runs like any other (its pool
+slot, a new generation, one flip) and rewrites whole under a single bucket pointer. Scattered
+corrections (one cell per bucket) are folded too, so fewer than `FOLD_MIN_POINTERS` cell pointers
+per partition remain. Buckets a retention delete reached are
 not folded at the first level: their raw rows are gone, so the stored rows are the only record
 (`Engine.removed_spans`).
 
@@ -33,7 +36,6 @@ from datetime import UTC, datetime
 from resources.delta_tables import open_table
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
-from rollup_assets.model.cells import FOLD_MIN_POINTERS
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
@@ -70,13 +72,7 @@ def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
         queued = any(j.trigger is Trigger.MAINTENANCE for j in snapshot.pending(spec.name))
         if spec.name in busy or queued or state is None or state.watermark is None:
             continue
-        pointers = engine.rollups.snapshot(spec).pointers
-        counts: dict[Window, int] = {}
-        for r in pointers.to_pylist():
-            if r["entity_id"] is not None and r["bucket_end"] <= state.watermark:
-                w = Window(r["bucket_start"], r["bucket_end"])
-                counts[w] = counts.get(w, 0) + 1
-        buckets = [w for w, n in counts.items() if n >= FOLD_MIN_POINTERS]
+        buckets = sorted(engine.buckets_to_fold(spec, closed_before=state.watermark))
         source = engine.catalog.archive(spec.source)
         if buckets and not isinstance(source, RollupSpec):
             kept = engine.removed_spans(source)

@@ -47,6 +47,7 @@ surface holds the rows of the versions it records, and a publish that lands with
 than the newest leaves a lag the next publish repairs.
 """
 
+import bisect
 import json
 import logging
 import urllib.parse
@@ -77,6 +78,7 @@ from resources.rollup_store import REPLACED_KEY, Snapshot, part_format, part_val
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from resources.warehouse import filesystem_for
+from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
@@ -243,6 +245,27 @@ class Changed:
         items = [(Window(a, b), None if e is None else frozenset([e])) for a, b, e in pairs]
         return Cells.collect([*items, *((w, None) for w in self.written)], limit=None)
 
+    @cached_property
+    def _starts(self) -> tuple[list[datetime], timedelta]:
+        """The changed cells' bucket starts, in order, and how far before a span's start a
+        bucket may begin and still overlap it (the longest bucket)."""
+        windows = self.cells.windows
+        longest = max((w.end - w.start for w in windows), default=timedelta(0))
+        return [w.start for w in windows], longest
+
+    def cells_within(self, spans: Sequence[Window]) -> Cells:
+        """The changed cells whose buckets overlap `spans`."""
+        starts, longest = self._starts
+        items = self.cells.by_window
+        picked: dict[int, None] = {}
+        for span in spans:
+            lo = bisect.bisect_left(starts, span.start - longest)
+            hi = bisect.bisect_left(starts, span.end)
+            for i in range(lo, hi):
+                if items[i][0].overlaps(span):
+                    picked[i] = None
+        return Cells(tuple(items[i] for i in sorted(picked)))
+
     def mask(self, rows: pa.Table) -> pa.ChunkedArray:
         """For rows with (bucket_start, entity_id): is each row's cell changed?"""
         mask = covered_mask(rows, self.pointers)
@@ -376,9 +399,7 @@ def _active_rows(
     if spans is not None and not spans:
         return schema.empty_table()
     needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-    cells = None
-    if changed is not None and spans is not None:
-        cells = Cells(tuple((w, e) for w, e in changed.cells if any(w.overlaps(s) for s in spans)))
+    cells = None if changed is None or spans is None else changed.cells_within(spans)
     rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
     if changed is not None:
         rows = rows.filter(changed.mask(rows))
@@ -458,27 +479,6 @@ def _row_span(snap: Snapshot) -> list[Window]:
     return [Window(as_utc(min(lo)), as_utc(max(hi)) + timedelta(microseconds=1))]
 
 
-def _partition_floor(spec: RollupSpec, t: datetime) -> datetime:
-    """The start of the surface partition (`part_format`: UTC day, month or year) holding a
-    bucket that starts at `t`."""
-    t = t.astimezone(UTC)
-    fmt = part_format(spec)
-    if fmt == "yyyy-MM-dd":
-        return t.replace(hour=0, minute=0, second=0, microsecond=0)
-    if fmt == "yyyy-MM":
-        return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return t.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def _next_partition(spec: RollupSpec, start: datetime) -> datetime:
-    fmt = part_format(spec)
-    if fmt == "yyyy-MM-dd":
-        return start + timedelta(days=1)
-    if fmt == "yyyy-MM":
-        return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
-    return start.replace(year=start.year + 1)
-
-
 def _batches(spec: RollupSpec, spans: Sequence[Window]) -> list[list[Window]]:
     """`spans` cut at surface partition boundaries, in batches of up to `PARTS_PER_BATCH`
     partitions (a span without finite ends is one batch)."""
@@ -487,9 +487,9 @@ def _batches(spec: RollupSpec, spans: Sequence[Window]) -> list[list[Window]]:
         return [list(spans)]
     cut: dict[datetime, list[Window]] = {}
     for w in merge_windows(list(spans)):
-        start = _partition_floor(spec, w.start)
+        start = storage_partition(spec, w.start).start
         while start < w.end:
-            end = _next_partition(spec, start)
+            end = storage_partition(spec, start).end
             cut.setdefault(start, []).append(Window(max(w.start, start), min(w.end, end)))
             start = end
     parts = sorted(cut)

@@ -171,8 +171,7 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
 
     # Folding: an hour corrected for named meters carries one cell pointer per meter; maintenance
     # queues it, the recompute lane rewrites it whole under one bucket pointer.
-    monkeypatch.setattr("rollup_assets.services.engine.FOLD_MIN_POINTERS", METERS)
-    monkeypatch.setattr("rollup_assets.services.maintenance.FOLD_MIN_POINTERS", METERS)
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
     hour, kept_hour = (datetime(2025, 11, 12, h, 0, tzinfo=UTC) for h in (7, 8))
     for h in (hour, kept_hour):
         world.ingest(hour_of_every_meter(stored, h, 1.5), source="Manual")

@@ -434,10 +434,9 @@ def run_machine(tmp_path: Path, examples: int, steps: int, seed: int) -> None:
 
 
 def fold_early(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With three meters a bucket holds three cell pointers at most: maintenance folds buckets
-    with two, so random sequences fold too."""
-    for module in ("rollup_assets.services.engine", "rollup_assets.services.maintenance"):
-        monkeypatch.setattr(f"{module}.FOLD_MIN_POINTERS", 2)
+    """With three meters a bucket holds three cell pointers at most: maintenance folds the
+    partitions whose buckets carry two, so random sequences fold too."""
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", 2)
 
 
 @pytest.mark.timeout(1800)

@@ -7,7 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resources.ledger import decode_cells, encode_cells
-from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
+from rollup_assets.model.bucketing import storage_partition
+from rollup_assets.model.cells import (
+    FOLD_MIN_POINTERS,
+    CellCounts,
+    Cells,
+    buckets_to_fold,
+    changed_cells,
+    rewrites_whole,
+)
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
@@ -141,3 +149,54 @@ def test_union_covers_exactly_the_cells_of_both(left: list, right: list) -> None
         else:
             named = [s for s in sides if s is not None]
             assert len(named) < len(sides) or len(frozenset().union(*named)) > 4
+
+
+def test_folding_counts_cell_pointers_per_storage_partition() -> None:
+    catalog = load_catalog()
+    hourly = catalog.rollup("energy_hourly")
+    daily = catalog.rollup("energy_daily")
+
+    def hour(day: int, h: int) -> Window:
+        start = datetime(2025, 3, day, h, tzinfo=UTC)
+        return Window(start, start + timedelta(hours=1))
+
+    # Scattered corrections: one cell pointer per hour. Seven on March 3rd stay (below the
+    # threshold), eight on March 4th (in eight different hours) are folded, every one of them.
+    thin = {hour(3, h): 1 for h in range(FOLD_MIN_POINTERS - 1)}
+    folded = {hour(4, h): 1 for h in range(FOLD_MIN_POINTERS)}
+    dense = {hour(5, 0): FOLD_MIN_POINTERS, hour(5, 1): 0}  # one bucket alone reaches it
+    counts = {**thin, **folded, **dense}
+    got = buckets_to_fold(counts, lambda t: storage_partition(hourly, t))
+    assert got == frozenset([*folded, hour(5, 0)])
+    # What remains per partition is below the threshold, whatever came before.
+    left: dict[Window, int] = {}
+    for w, n in counts.items():
+        if w not in got:
+            part = storage_partition(hourly, w.start)
+            left[part] = left.get(part, 0) + n
+    assert all(n < FOLD_MIN_POINTERS for n in left.values())
+
+    # Days are stored by UTC month: days of one month count together (a Vienna day starts at
+    # 23:00 UTC the evening before, so March 1st local lies in February's partition).
+    def day(d: int) -> Window:
+        start = datetime(2025, 3, d, tzinfo=UTC) - timedelta(hours=1)
+        return Window(start, start + timedelta(days=1))
+
+    days = {day(d): 1 for d in range(1, FOLD_MIN_POINTERS + 2)}  # one in February, 8 in March
+    got = buckets_to_fold(days, lambda t: storage_partition(daily, t))
+    assert got == frozenset(days) - {day(1)}
+
+
+def test_storage_partitions_match_the_tables_physical_partitioning() -> None:
+    catalog = load_catalog()
+    t = datetime(2025, 12, 31, 23, 30, tzinfo=UTC)
+    assert storage_partition(catalog.rollup("energy_hourly"), t) == Window(
+        datetime(2025, 12, 31, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert storage_partition(catalog.rollup("energy_daily"), t) == Window(
+        datetime(2025, 12, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    for name in ("energy_weekly", "energy_monthly", "energy_yearly"):
+        assert storage_partition(catalog.rollup(name), t) == Window(
+            datetime(2025, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)
+        )
