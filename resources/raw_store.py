@@ -58,6 +58,13 @@ SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
 MERGE_ATTEMPTS = 8
 _DAY = dt.timedelta(days=1)
+_LAST_DAYS = (dt.datetime.max - 2 * _DAY).date()  # later days: no window ends after them
+
+
+def _utc_midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
+
+
 # The change data feed's columns: what a row change was, and the commit that made it.
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -641,16 +648,33 @@ class RawStore:
         schema = archive_data_schema(spec)
         if not files or batch.num_rows == 0:
             return schema.empty_table()
-        times = batch.column(spec.time_column).to_pylist()
-        entities = batch.column(ENTITY_COLUMN).to_pylist()
-        pairs = set()
-        for t, e in zip(times, entities, strict=True):
-            day = as_utc(t).replace(hour=0, minute=0, second=0, microsecond=0)
-            if day.replace(tzinfo=None) > dt.datetime.max - 2 * _DAY:
-                # A row in the last representable days (no window ends after them): read all.
-                parts = [self._read_file(spec, f, None) for f in files]
-                return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
-            pairs.add((Window(day, day + _DAY), e))
+        keys = (
+            pa.table(
+                {
+                    "day": pc.cast(batch.column(spec.time_column), pa.date32()),
+                    "entity": batch.column(ENTITY_COLUMN),
+                }
+            )
+            .group_by(["day", "entity"])
+            .aggregate([])
+        )
+        if pc.max(keys["day"]).as_py() > _LAST_DAYS:
+            # A row in the last representable days (no window ends after them): read all.
+            parts = [self._read_file(spec, f, None) for f in files]
+            return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+        days = {d: _utc_midnight(d) for d in pc.unique(keys["day"]).to_pylist()}
+        if not prune_files(
+            files,
+            time_column=spec.time_column,
+            spans=merge_windows([Window(t, t + _DAY) for t in days.values()]),
+            entities=None,
+            day_column=DAY_COLUMN,
+        ):
+            return schema.empty_table()  # new days (a first load): nothing stored to match
+        pairs = {
+            (Window(days[d], days[d] + _DAY), e)
+            for d, e in zip(keys["day"].to_pylist(), keys["entity"].to_pylist(), strict=True)
+        }
         cells = Cells.from_pairs(pairs, limit=len(pairs))
         spans = merge_windows(list(cells.windows))
         wanted = prune_files(
