@@ -50,10 +50,12 @@ than the newest leaves a lag the next publish repairs.
 import bisect
 import json
 import logging
+import os
 import urllib.parse
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 
 import numpy as np
@@ -74,7 +76,7 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import REPLACED_KEY, Snapshot, part_format, part_values
+from resources.rollup_store import REPLACED_KEY, Snapshot, part_values
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from resources.warehouse import filesystem_for
@@ -409,6 +411,8 @@ def _active_rows(
     )
 
 
+# Batches rewritten side by side (each holds one batch's rows in memory).
+PUBLISH_WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Partitions of the surface rewritten per batch: a publish reads and writes one batch at a time
 # (and commits them all at once), so a wave that touches every partition never holds the whole
 # rollup in memory.
@@ -434,11 +438,11 @@ def _replace(
     reading = _row_span(snap) if changed is None else changed.spans
     names = schema.names[:-1]
     data_schema_ = schema.remove(schema.get_field_index(PART_COLUMN))
-    adds, written = [], 0
-    for batch in _batches(spec, reading):
+
+    def one(batch: list[Window]) -> tuple[list, list, int]:
+        """The batch's surface files rewritten: (removes, adds, active rows written)."""
         rows = _active_rows(engine, spec, snap, batch, changed, schema)
-        written += rows.num_rows
-        pieces = [rows]
+        pieces, gone, made = [rows], [], []
         if changed is not None:
             for f in prune_files(files, time_column="bucket_start", spans=batch, entities=None):
                 data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
@@ -447,7 +451,7 @@ def _replace(
                 )
                 if not pc.any(drop).as_py():
                     continue
-                removes.append(remove_action(f))
+                gone.append(remove_action(f))
                 keep = data.filter(pc.invert(drop))
                 if keep.num_rows:
                     part = pa.array([str(f[f"partition.{PART_COLUMN}"])] * keep.num_rows)
@@ -458,7 +462,18 @@ def _replace(
         for part, piece in _by_partition(table):
             directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
             data = piece.drop_columns([PART_COLUMN]).cast(data_schema_)
-            adds.append(write_parquet_file(fs, root, directory, data, {PART_COLUMN: part}))
+            made.append(write_parquet_file(fs, root, directory, data, {PART_COLUMN: part}))
+        return gone, made, rows.num_rows
+
+    # Batches hold disjoint partitions (a surface file lies in one): they are rewritten side by
+    # side, since reading, sorting and writing Parquet release the GIL.
+    adds, written = [], 0
+    batches = _batches(spec, reading)
+    with ThreadPoolExecutor(max_workers=min(PUBLISH_WORKERS, len(batches) or 1)) as pool:
+        for gone, made, n in pool.map(one, batches):
+            removes += gone
+            adds += made
+            written += n
     return removes, adds, written
 
 
