@@ -284,7 +284,9 @@ class RawStore:
             if operands:
                 files = file_actions(table) if table.version() >= 0 else []
                 batches = (
-                    with_stored_operands(spec, b, self._stored_rows_of(spec, b, files), operands)
+                    with_stored_operands(
+                        spec, b, self._stored_rows_of(spec, b, files, sorted(operands)), operands
+                    )
                     for b in batches
                 )
             source = pa.RecordBatchReader.from_batches(reader.schema, batches)
@@ -639,15 +641,32 @@ class RawStore:
         spec: RawArchiveSpec | TimeRangeArchiveSpec,
         batch: pa.RecordBatch | pa.Table,
         files: list[dict],
+        values: Sequence[str] | None = None,
     ) -> pa.Table:
-        """The stored rows an upsert of `batch` may match (and some others), from the live
-        `files` of the snapshot it upserts into: only the row groups that may hold one of its
-        (UTC day, entity) cells are read, so a batch of scattered late rows reads a row group
-        or so per row, not every row between its first and last instant. Reads files with
+        """The stored rows with the keys of `batch` rows (their key columns and `values`; None:
+        every column), from the live `files` of the snapshot it upserts into. Only the row
+        groups that may hold one of its (UTC day, entity) cells are read, and each file's rows
+        are narrowed to the batch's keys as it is read, so a batch of scattered late rows holds
+        about its own size, not every row between its first and last instant. Reads files with
         Arrow only (it runs inside a MERGE's input stream, where delta-rs cannot be called)."""
         schema = archive_data_schema(spec)
+        key_names = key_columns(spec)
+        if values is not None:
+            schema = pa.schema([schema.field(n) for n in [*key_names, *values]])
         if not files or batch.num_rows == 0:
             return schema.empty_table()
+        wanted_keys = pa.table({k: batch.column(k) for k in key_names}).cast(
+            pa.schema([schema.field(k) for k in key_names])
+        )
+
+        def read(f: dict, targets: Targets | None) -> pa.Table:
+            data = self._read_file(spec, f, targets, schema.names)
+            return (
+                data.select(schema.names)
+                .cast(schema)
+                .join(wanted_keys, key_names, join_type="left semi")
+            )
+
         keys = (
             pa.table(
                 {
@@ -660,8 +679,7 @@ class RawStore:
         )
         if pc.max(keys["day"]).as_py() > _LAST_DAYS:
             # A row in the last representable days (no window ends after them): read all.
-            parts = [self._read_file(spec, f, None) for f in files]
-            return pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+            return pa.concat_tables([read(f, None) for f in files])
         days = {d: _utc_midnight(d) for d in pc.unique(keys["day"]).to_pylist()}
         if not prune_files(
             files,
@@ -684,19 +702,23 @@ class RawStore:
             entities=cells.entities,
             day_column=DAY_COLUMN,
         )
-        parts = [self._read_file(spec, f, list(cells)) for f in wanted]
-        data = pa.concat_tables(
-            [p.select(schema.names).cast(schema) for p in parts] or [schema.empty_table()]
-        )
-        return data.filter(in_windows(data[spec.time_column], spans))
+        targets = list(cells)
+        return pa.concat_tables([read(f, targets) for f in wanted] or [schema.empty_table()])
 
-    def _read_file(self, spec: SourceSpec, f: dict, targets: Targets | None) -> pa.Table:
-        """The row groups of one data file that may hold rows of `targets`."""
+    def _read_file(
+        self,
+        spec: SourceSpec,
+        f: dict,
+        targets: Targets | None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """The row groups of one data file that may hold rows of `targets` (every stored
+        column, or `columns`)."""
         return read_row_groups(
             self.uri(spec),
             self.options,
             f["path"],
-            archive_data_schema(spec).names,
+            list(columns) if columns is not None else archive_data_schema(spec).names,
             spec.time_column,
             targets,
         )

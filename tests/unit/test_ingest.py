@@ -826,8 +826,8 @@ def test_stored_operands_of_scattered_rows_read_only_their_row_groups(
     read: list[int] = []
     original = RawStore._read_file
 
-    def counted(self: RawStore, spec, f, targets):  # type: ignore[no-untyped-def]
-        table = original(self, spec, f, targets)
+    def counted(self: RawStore, spec, f, *args):  # type: ignore[no-untyped-def]
+        table = original(self, spec, f, *args)
         read.append(table.num_rows)
         return table
 
