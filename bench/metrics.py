@@ -322,15 +322,13 @@ class DriverReads:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-_ASKED: list[str] = ["other"]  # what the main thread last asked the read path for
+_ASKED: list[str] = ["other"]  # what the last `RollupStore.read_arrow` call was for
 
 
 def _reader() -> str:
     """The innermost function outside the stores (a service, a compute step) that asked for
-    the read: `module.function` (for files read side by side in worker threads: the function
-    that called `RollupStore.read_arrow` last)."""
-    if threading.current_thread() is not threading.main_thread():
-        return _ASKED[0]
+    the read: `module.function`. A thread of the stores' own reader pool has none on its
+    stack: its files were asked for by the last `RollupStore.read_arrow` call."""
     frame = sys._getframe(1)
     first = None
     while frame is not None:
@@ -340,6 +338,8 @@ def _reader() -> str:
         if first is None and module.startswith("resources."):
             first = f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
         frame = frame.f_back
+    if threading.current_thread() is not threading.main_thread():
+        return _ASKED[0]
     return first or "other"
 
 
