@@ -35,6 +35,9 @@ NO_DATA_OPERATIONS = frozenset(
 R = TypeVar("R")
 
 
+_LAST_INSTANT = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
 def with_retries(
     action: Callable[[], R],
     *,
@@ -332,7 +335,8 @@ def prune_files(
             day = f.get(f"partition.{day_column}") if day_column else None
             if day is not None:
                 d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
-                d1 = d0 + dt.timedelta(days=1)
+                # The day's end (the last representable day has none: up to the last instant).
+                d1 = d0 + dt.timedelta(days=1) if day < dt.date.max else _LAST_INSTANT
                 if not any(w.start < d1 and d0 < w.end for w in merged):
                     continue
             lo, hi = f.get(f"min.{time_column}"), f.get(f"max.{time_column}")

@@ -118,14 +118,18 @@ def first_bucket_start(spec: RollupSpec) -> datetime:
 
 def storage_partition(spec: RollupSpec, t: datetime) -> Window:
     """The physical partition of the rollup's tables holding a bucket that starts at `t`: its
-    UTC day for buckets shorter than a day, its UTC month for days, its UTC year above."""
+    UTC day for buckets shorter than a day, its UTC month for days, its UTC year above (the
+    last one ends at the last representable instant)."""
     t = as_utc(t)
-    if spec.alignment is Alignment.FIXED_SIZE:
-        start = t.replace(hour=0, minute=0, second=0, microsecond=0)
-        return Window(start, start + timedelta(days=1))
-    if spec.alignment is Alignment.CALENDAR_DAY:
-        start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
-        return Window(start, end)
-    start = t.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
-    return Window(start, start.replace(year=start.year + 1))
+    try:
+        if spec.alignment is Alignment.FIXED_SIZE:
+            start = t.replace(hour=0, minute=0, second=0, microsecond=0)
+            return Window(start, start + timedelta(days=1))
+        if spec.alignment is Alignment.CALENDAR_DAY:
+            start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+            end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+            return Window(start, end)
+        start = t.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+        return Window(start, start.replace(year=start.year + 1))
+    except (OverflowError, ValueError):
+        return Window(start, datetime.max.replace(tzinfo=UTC))

@@ -99,30 +99,36 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         """With `DAGSTER_EVENT_BATCH_SIZE` set, a run's consecutive materializations (or
         observations) of one asset that a step yields one by one (a correction rewriting
         scattered partitions) are held and stored as one batch: when the run's next event of
-        another kind or asset arrives (the step's success, a log line), or the batch is full.
-        Without it, every event is stored at once, as Dagster does."""
+        another kind or asset arrives (every step ends with its success or failure), or the
+        batch is full. Events outside a step (a sensor's observations, reported without a run)
+        are stored at once, as is every event without a batch size."""
         size = batch_size()
         run_id = event.run_id
+        holdable = size > 0 and bool(run_id) and event.step_key is not None
         with self._pending_lock:
-            pending = self._pending.pop(run_id, [])
-            if size > 0 and batchable([*pending[-1:], event]):
-                pending.append(event)
-                if len(pending) < size:
-                    self._pending[run_id] = pending
+            held = self._pending.get(run_id, [])
+            if holdable and batchable([*held[-1:], event]):
+                if len(held) + 1 < size:
+                    self._pending[run_id] = [*held, event]
                     return
-                ready, event_now = pending, None
-            else:
-                ready, event_now = pending, event
-            self._store(ready)
-            if event_now is not None:
-                super().store_event(event_now)
+                self._store_held(run_id, [*held, event])
+                return
+            self._store_held(run_id, held)
+            super().store_event(event)
+
+    def _store_held(self, run_id: str, events: list[EventLogEntry]) -> None:
+        """Store `events` (the run's held events, maybe one more) and stop holding them; on a
+        failure they stay held (the next event of the run tries again) and the error is
+        raised."""
+        if events:
+            self._store(events)
+        self._pending.pop(run_id, None)
 
     def flush(self) -> None:
         """Store every held event (each run's in one batch)."""
         with self._pending_lock:
-            pending, self._pending = self._pending, {}
-            for events in pending.values():
-                self._store(events)
+            for run_id, events in list(self._pending.items()):
+                self._store_held(run_id, events)
 
     def dispose(self) -> None:
         self.flush()
@@ -132,12 +138,16 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         if len(events) == 1:
             super().store_event(events[0])
         elif events:
-            self.store_event_batch(events)
+            self._store_batch(events)
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         if events:
             with self._pending_lock:  # the run's held events go first, in order
-                self._store(self._pending.pop(events[0].run_id, []))
+                run_id = events[0].run_id
+                self._store_held(run_id, self._pending.get(run_id, []))
+        self._store_batch(events)
+
+    def _store_batch(self, events: Sequence[EventLogEntry]) -> None:
         if len(events) < 2 or not batchable(events):
             super().store_event_batch(events)
             return

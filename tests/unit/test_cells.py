@@ -200,3 +200,11 @@ def test_storage_partitions_match_the_tables_physical_partitioning() -> None:
         assert storage_partition(catalog.rollup(name), t) == Window(
             datetime(2025, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)
         )
+
+
+def test_the_last_representable_partitions_end_at_the_last_instant() -> None:
+    catalog = load_catalog()
+    last = datetime.max.replace(tzinfo=UTC)
+    for name in ("energy_hourly", "energy_daily", "energy_yearly"):
+        part = storage_partition(catalog.rollup(name), datetime(9999, 12, 31, 23, tzinfo=UTC))
+        assert part.end == last and part.start.year == 9999

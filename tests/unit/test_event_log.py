@@ -115,13 +115,13 @@ def test_scattered_materializations_yielded_one_by_one_are_stored_in_batches(
     monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", batch_size)
     single = stored_one_by_one(instance, monkeypatch)
     batches: list[int] = []
-    original = BatchedSqliteEventLogStorage.store_event_batch
+    original = BatchedSqliteEventLogStorage._store_batch
 
-    def store_event_batch(storage, events):  # type: ignore[no-untyped-def]
+    def store_batch(storage, events):  # type: ignore[no-untyped-def]
         batches.append(len(events))
         original(storage, events)
 
-    monkeypatch.setattr(BatchedSqliteEventLogStorage, "store_event_batch", store_event_batch)
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "_store_batch", store_batch)
     result = materialize_range(instance, corrected)
     assert result.success
     assert dg.DagsterEventType.ASSET_MATERIALIZATION not in single
@@ -188,3 +188,38 @@ def test_a_mixed_batch_is_stored_one_by_one(instance: dg.DagsterInstance) -> Non
     instance.event_log_storage.store_event_batch(events)
     for name in ("meters", "other"):
         assert instance.get_materialized_partitions(dg.AssetKey(name)) == {KEYS[0]}
+
+
+def test_events_outside_a_step_are_stored_at_once(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sensor's observations are reported without a run or a step: nothing would flush them."""
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
+    key = dg.AssetKey("meters")
+    instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, metadata={"n": 1}))
+    records = instance.fetch_observations(key, limit=10).records
+    assert [r.asset_observation.metadata["n"].value for r in records] == [1]  # type: ignore[union-attr]
+
+
+def test_held_events_survive_a_failed_write(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
+    storage = instance.event_log_storage
+    assert isinstance(storage, BatchedSqliteEventLogStorage)
+    original = BatchedSqliteEventLogStorage._store_batch
+    failures = [RuntimeError("database is locked")]
+
+    def flaky(self, events):  # type: ignore[no-untyped-def]
+        if failures:
+            raise failures.pop()
+        original(self, events)
+
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "_store_batch", flaky)
+    # The write that fails is the log line's after the step's materializations (Dagster's log
+    # handler reports it and goes on); the held materializations were not dropped with it: the
+    # run's next event stored them.
+    materialize_range(instance, corrected)
+    assert not failures
+    key = dg.AssetKey("corrected")
+    assert instance.get_materialized_partitions(key) == set(SCATTERED)

@@ -313,6 +313,10 @@ def test_far_past_and_future_timestamps_land(store: RawStore, tmp_path: Path) ->
         energy_row("m3", datetime(2199, 6, 1, 15, tzinfo=UTC), 3.0),
     ]
     assert (result.min_ts, result.max_ts) == (first, last)
+    # With a row stored on the last representable day, later upserts still find their rows.
+    again = "entity_id,ts,energy_kwh,power_kw\nm3,2199-06-01T15:00:00Z,4,2.3\n"
+    ingest(store, write_csv(tmp_path / "c.csv", again))
+    assert stored_rows(store)[2] == energy_row("m3", datetime(2199, 6, 1, 15, tzinfo=UTC), 4.0, 2.3)
 
 
 # ---------------------------------------------------------------------------------------------
