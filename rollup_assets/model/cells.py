@@ -160,15 +160,24 @@ def changed_cells(
     counts: dict[Window, CellCounts],
     changed_entities: dict[Window, frozenset[str]],
     folded: frozenset[Window] = frozenset(),
+    settled_only: bool = False,
 ) -> Cells:
     """The part of `cells` a recompute writes and flips: buckets rewritten whole (every
     entity), and otherwise exactly the changed entities of each bucket. Unchanged cells are left
     as they are (their stored partial equals the fresh one), except in the every-entity buckets
     of `folded`, which are rewritten whole even unchanged: one bucket pointer then replaces the
-    cell pointers corrections left there."""
+    cell pointers corrections left there.
+
+    With `settled_only` (a fold: a change of layout, never of values), only folded buckets
+    whose every cell is unchanged are written: a bucket whose stored partials differ from its
+    source's (a rollback gave cells back an earlier generation) is left as it is."""
     out: list[tuple[Window, Scope]] = []
     for w, scope in cells:
         c = counts.get(w)
+        if settled_only:
+            if scope is None and w in folded and c is not None and c.cells and not c.changed:
+                out.append((w, None))
+            continue
         if scope is None and w in folded and c is not None and c.cells:
             out.append((w, None))
             continue

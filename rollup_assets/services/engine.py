@@ -253,9 +253,12 @@ class Engine:
         spec: RollupSpec,
         cells: Cells,
         raw_table: DeltaTable | None = None,
+        *,
+        settled_only: bool = False,
     ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
-        cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
+        cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
+        folded buckets whose cells are all unchanged) and what the comparison found. A job of a
         few named cells runs on the driver: their source row groups read with delta-rs and
         aggregated with Arrow (`compute.arrow_partials`; on Spark when a min or max input is
         NaN), compared with the stored ones; a larger job stays on Spark, where the rows are
@@ -273,7 +276,7 @@ class Engine:
             stored = self.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
-            found = _found(cells, compared, partial=None)
+            found = _found(cells, compared, partial=None, settled_only=settled_only)
             rows = rows.cast(
                 pa.schema(
                     [
@@ -313,7 +316,11 @@ class Engine:
                 )
 
             found = _found(
-                cells, per_bucket, partial=changed_rows, folded=self._folded(spec, cells)
+                cells,
+                per_bucket,
+                partial=changed_rows,
+                folded=self._folded(spec, cells),
+                settled_only=settled_only,
             )
         finally:
             compared_df.unpersist()
@@ -355,6 +362,7 @@ def _found(
     compared: list[dict],
     partial: Callable[[list[datetime]], list[dict]] | None,
     folded: frozenset[Window] = frozenset(),
+    settled_only: bool = False,
 ) -> CellOutcome:
     """The outcome from compared cells: rows of (bucket_start, entity_id, CHANGED, SOURCE_ROWS)
     when `partial` is None; otherwise per-bucket counts (bucket_start, cells, changed, rows),
@@ -390,7 +398,11 @@ def _found(
                     r[ENTITY_COLUMN]
                 )
     written = changed_cells(
-        cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}, folded
+        cells,
+        counts,
+        {w: frozenset(ids) for w, ids in changed_entities.items()},
+        folded,
+        settled_only,
     )
     total = sum(c.cells for c in counts.values())
     changed = sum(c.changed for c in counts.values())

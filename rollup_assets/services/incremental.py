@@ -49,8 +49,21 @@ CellKey = tuple[str, datetime]  # (entity, bucket start)
 RECOMPUTE = "recompute"
 
 
-def correct(engine: Engine, spark: SparkSession, spec: RollupSpec, cells: Cells) -> Recomputed:
-    """The corrected partials of `cells`, compared with the stored ones (see the module)."""
+def correct(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    cells: Cells,
+    *,
+    fold: bool = False,
+) -> Recomputed:
+    """The corrected partials of `cells`, compared with the stored ones (see the module). A
+    `fold` (maintenance rewriting buckets whole to fold their cell pointers) changes the layout
+    only: it is always a recompute, and writes only the buckets whose cells are all unchanged."""
+    if fold:
+        result = engine.recompute(spark, spec, cells, settled_only=True)
+        result.technique, result.reason = RECOMPUTE, "fold: buckets rewritten whole if settled"
+        return result
     unfit, table = delta_source(engine, spec, cells)
     if unfit is not None or table is None:
         result = engine.recompute(spark, spec, cells)

@@ -129,6 +129,17 @@ def test_a_folded_bucket_is_rewritten_whole_even_unchanged() -> None:
     assert changed == Cells(((hour(1), None), (hour(2), frozenset({"c"}))))
 
 
+def test_a_fold_writes_only_settled_buckets() -> None:
+    """A fold changes the layout, never values: a folded bucket whose fresh partials differ
+    from the stored ones (cells a rollback gave back an earlier generation) is left as it is,
+    and nothing but folded buckets is written."""
+    cells = Cells(((hour(1), None), (hour(2), None), (hour(3), None)))
+    counts = {hour(1): CellCounts(4, 0), hour(2): CellCounts(4, 1), hour(3): CellCounts(4, 4)}
+    folded = frozenset({hour(1), hour(2)})
+    changed = changed_cells(cells, counts, {hour(2): frozenset({"c"})}, folded, settled_only=True)
+    assert changed == Cells(((hour(1), None),))
+
+
 names = st.sampled_from("abcdef")
 pairs = st.lists(st.tuples(st.integers(0, 40).map(hour), st.one_of(st.none(), names)))
 
