@@ -18,7 +18,9 @@ every read resolves generations against them. Maintenance folds them: when the c
 one storage partition (a UTC day of hourly buckets, a month of days, a year above) carry at least
 `FOLD_MIN_POINTERS` cell pointers in all, each of those buckets gets recomputed for every entity
 in a pending job (trigger Maintenance), which the recompute lane runs like any other (its pool
-slot, a new generation, one flip) and rewrites whole under a single bucket pointer. Scattered
+slot, a new generation, one flip) and rewrites whole under a single bucket pointer, provided
+every cell's stored partials still equal its source's (a fold changes the layout, never values:
+cells a rollback gave back an earlier generation stay as they are). Scattered
 corrections (one cell per bucket) are folded too, so fewer than `FOLD_MIN_POINTERS` cell pointers
 per partition remain. Buckets a retention delete reached are
 not folded at the first level: their raw rows are gone, so the stored rows are the only record
