@@ -117,6 +117,17 @@ class Engine:
 
     # -- retention ---------------------------------------------------------------------------
 
+    def next_generation(self, spec: RollupSpec) -> int:
+        """The generation a new recompute of `spec` claims: past every generation its table
+        holds or its pointers name, and every generation a job of it ever claimed (a
+        rolled-back generation reclaimed, or one a no-op job never wrote, is never handed out
+        again: generations only grow)."""
+        claimed = [j.generation for j in self.ledger.snapshot().for_rollup(spec.name)]
+        return max(
+            self.rollups.next_generation(spec),
+            1 + max((g for g in claimed if g is not None), default=0),
+        )
+
     def flipped_generations(self, spec: RollupSpec) -> frozenset[int]:
         """The generations `spec` jobs flipped within the generation retention and that no
         rollback undid, which a reclaim leaves to the sweep: once superseded, their rows stay

@@ -144,14 +144,7 @@ def run_recompute(
     if progress is not None:
         progress(spec.name, 0, len(ready))
     cells = cells_of(spec, job).restrict(ready)
-    # Past every generation the table holds or its pointers name, and every generation a job
-    # ever claimed (a rolled-back generation reclaimed, or one a no-op job never wrote, is
-    # never handed out again: generations only grow).
-    claimed = [j.generation for j in engine.ledger.snapshot().for_rollup(spec.name)]
-    generation = max(
-        engine.rollups.next_generation(spec),
-        1 + max((g for g in claimed if g is not None), default=0),
-    )
+    generation = engine.next_generation(spec)
     running = job.next(
         state=JobState.RUNNING,
         run_id=run_id,
