@@ -25,6 +25,7 @@ import psutil
 import pyarrow as pa
 
 import rollup_assets.services.surface as surface_module
+from resources.fill import Fill
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
@@ -230,9 +231,10 @@ class SparkEventLog:
 
 
 class DriverReads:
-    """Counts the rows the driver reads outside Spark (installed once): every rollup-table,
-    raw-table and surface-table file (row groups read, before filtering) and every change file
-    a correction reads from the change feed."""
+    """Counts the rows read outside Spark's scans (installed once): every rollup-table,
+    raw-table and surface-table file the driver reads (row groups read, before filtering), every
+    change file a correction reads from the change feed, and the source rows a first fill's
+    tasks decode (`resources.fill`, reported back by its tasks)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []
@@ -275,6 +277,13 @@ class DriverReads:
             self._record("change feed", table.num_rows)
             return table
 
+        write_fill = RollupStore.write_fill
+
+        def counted_write_fill(store: RollupStore, spark: object, fill: Fill, **kw: object):
+            written = write_fill(store, spark, fill, **kw)  # type: ignore[arg-type]
+            self._record(f"{fill.source.name} (first fill tasks)", written.rows_read)
+            return written
+
         read_arrow = RollupStore.read_arrow
         surface_file = surface_module.read_row_groups
 
@@ -294,7 +303,9 @@ class DriverReads:
             "change": change_file,
             "read_arrow": read_arrow,
             "surface": surface_file,
+            "write_fill": write_fill,
         }
+        RollupStore.write_fill = counted_write_fill  # type: ignore[method-assign]
         surface_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
         RollupStore.read_arrow = asked_read_arrow  # type: ignore[method-assign]
         RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
@@ -308,6 +319,7 @@ class DriverReads:
             RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
             RollupStore.read_arrow = self._originals["read_arrow"]  # type: ignore[method-assign]
             surface_module.read_row_groups = self._originals["surface"]
+            RollupStore.write_fill = self._originals["write_fill"]  # type: ignore[method-assign]
             self._originals = {}
 
     def rows_between(self, start: float, end: float) -> int:

@@ -35,6 +35,7 @@ from resources.delta_tables import (
     open_table,
     with_retries,
 )
+from resources.fill import Fill, run_fill
 from resources.genmap import (
     active_mask,
     flipped_pointers,
@@ -44,31 +45,25 @@ from resources.genmap import (
     write_pointer_table,
 )
 from resources.rollup_table import RollupTable, Written, in_windows
-from resources.schemas import PART_COLUMN, data_schema, spark_schema, table_schema
+from resources.schemas import (
+    PART_COLUMN,
+    data_schema,
+    part_format,
+    part_values,
+    spark_schema,
+    table_schema,
+)
 from resources.warehouse import data_file_uri, spark_uri
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.model.asof import version_at, version_if_existed
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import AsOfUnavailableError
-from rollup_assets.model.specs import Alignment, RollupSpec
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
 _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
-
-
-def part_format(spec: RollupSpec) -> str:
-    """Physical partitioning: UTC day for sub-daily buckets, month for days, year above."""
-    if spec.alignment is Alignment.FIXED_SIZE:
-        return "yyyy-MM-dd"
-    return "yyyy-MM" if spec.alignment is Alignment.CALENDAR_DAY else "yyyy"
-
-
-def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
-    """The physical partition (`part_format`) of each bucket start, as Arrow computes it."""
-    fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
-    return pc.strftime(starts, format=fmt)
 
 
 # The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
@@ -327,6 +322,27 @@ class RollupStore(RollupTable):
         writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
         rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
         return Written([add_action(r) for r in rows], sum(int(r["num_rows"]) for r in rows))
+
+    def write_fill(
+        self,
+        spark: SparkSession,
+        fill: Fill,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """Executors aggregate and write a first fill (`resources.fill`), one source day per
+        file, stamped like `write_rows`; the add actions (nothing is committed yet) and the
+        cells and source rows written per bucket."""
+        stamp: dict[str, str | int] = {
+            "generation": generation,
+            "run_id": run_id,
+            "job_id": job_id,
+            "source_versions": json.dumps(source_versions, sort_keys=True),
+        }
+        return run_fill(spark, fill, self.uri(fill.spec), self.options, stamp)
 
     def _write_local(
         self,

@@ -12,7 +12,7 @@ moves back.
 import logging
 import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -64,6 +64,10 @@ def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) ->
 class Written:
     adds: list[AddAction]
     rows: int
+    # Per bucket start: (cells written, source rows behind them), when the writer counted them.
+    counts: dict[datetime, tuple[int, int]] = field(default_factory=dict)
+    # Source rows the executors decoded outside Spark's scans to write them (a first fill).
+    rows_read: int = 0
 
 
 class RollupTable:

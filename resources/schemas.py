@@ -7,12 +7,14 @@ nullable (as Spark writes them).
 """
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
+    Alignment,
     ColumnType,
     RawArchiveSpec,
     RollupSpec,
@@ -85,3 +87,20 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
     """The Spark schema that reads files of `schema` (every field nullable)."""
     spark = from_arrow_schema(schema)
     return T.StructType([T.StructField(f.name, f.dataType, True) for f in spark.fields])
+
+
+def part_format(spec: RollupSpec) -> str:
+    """Physical partitioning: UTC day for sub-daily buckets, month for days, year above."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        return "yyyy-MM-dd"
+    return "yyyy-MM" if spec.alignment is Alignment.CALENDAR_DAY else "yyyy"
+
+
+def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """The physical partition (`part_format`) of each bucket start, as Arrow computes it."""
+    fmt = {"yyyy-MM-dd": "%Y-%m-%d", "yyyy-MM": "%Y-%m", "yyyy": "%Y"}[part_format(spec)]
+    # Formatted once per distinct start (a range holds many rows per bucket).
+    whole = starts.combine_chunks() if isinstance(starts, pa.ChunkedArray) else starts
+    encoded = pc.dictionary_encode(whole)
+    names = pc.strftime(encoded.dictionary, format=fmt)
+    return pa.chunked_array([names.take(encoded.indices)], pa.string())

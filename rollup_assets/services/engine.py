@@ -16,9 +16,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from resources.archive_states import ArchiveStateStore
+from resources.delta_tables import file_actions, prune_files
+from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, plan_parts
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
+from resources.rollup_table import in_windows
 from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
@@ -242,6 +245,47 @@ class Engine:
             return frozenset()
         return self.buckets_to_fold(spec) & whole
 
+    def _fill(self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None) -> Fill | None:
+        """A first fill of `cells` (`resources.fill`), when it applies: buckets for every entity
+        with nothing stored in them yet (checked by the caller), and no storage partition whose
+        source files hold more than `MAX_FILL_SOURCE_ROWS` rows (one task aggregates each
+        partition in memory). None otherwise."""
+        if not cells or any(scope is not None for _, scope in cells):
+            return None
+        source = self.catalog.archive(spec.source)
+        spans = merge_windows(list(cells.windows))
+        pointers = None
+        if isinstance(source, RollupSpec):
+            snap = self.rollups.snapshot(source)
+            if snap.table is None:
+                return None
+            live = self.rollups.overlapping(file_actions(snap.table), spans, None)
+            versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
+            uri, options = self.rollups.uri(source), self.rollups.options
+            pointers = snap.pointers.filter(in_windows(snap.pointers["bucket_start"], spans))
+            time_column = "bucket_start"
+        else:
+            table = raw_table or self.raw.table(source)
+            if table is None:
+                return None
+            live = self.raw.files_for(table, source, spans, None)
+            versions = {source.name: table.version()}
+            uri, options = self.raw.uri(source), self.raw.options
+            time_column = source.time_column
+        sizes = {f["path"]: f.get("num_records") for f in live}
+
+        def files_for(span: Window) -> list[dict]:
+            return prune_files(live, time_column=time_column, spans=[span], entities=None)
+
+        parts = plan_parts(spec, cells.windows, files_for)
+        for part in parts:
+            counted = [sizes[p] for p in part.paths]
+            if not all(isinstance(n, int) for n in counted):
+                return None
+            if sum(int(n) for n in counted if n is not None) > MAX_FILL_SOURCE_ROWS:
+                return None
+        return Fill(spec, source, uri, options, versions, parts, pointers)
+
     def buckets_to_fold(
         self, spec: RollupSpec, closed_before: datetime | None = None
     ) -> frozenset[Window]:
@@ -298,9 +342,21 @@ class Engine:
             )
             picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
+        held = self.rollups.may_hold(spec, spans, cells.entities)
+        fill = None if held or settled_only else self._fill(spec, cells, raw_table)
+        if fill is not None:
+            return Recomputed(
+                fill,
+                None,
+                fill.versions,
+                reason=(
+                    f"a first fill: {fill.buckets} bucket(s) aggregated and written one storage "
+                    f"partition at a time ({len(fill.parts)} partition(s)), without a shuffle"
+                ),
+            )
         fresh, versions = self.partials(spark, spec, cells, raw_table)
         fresh = fresh.persist()
-        if self.rollups.may_hold(spec, spans, cells.entities):
+        if held:
             stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
             compared_df = cell_changes(fresh, _within(spark, stored, cells), spec).persist()
         else:
@@ -358,8 +414,8 @@ class Recomputed:
     """A recompute's rows to write (a Spark frame, or a table on the driver), what the comparison
     found, and the source versions read."""
 
-    rows: DataFrame | pa.Table
-    found: CellOutcome
+    rows: DataFrame | pa.Table | Fill  # a first fill is aggregated as it is written
+    found: CellOutcome | None  # None for a first fill: `filled` tells, once it is written
     versions: dict[str, int]
     release: Callable[[], object] = lambda: None  # drop what the comparison cached
     technique: str = "recompute"  # how the partials were computed
@@ -420,6 +476,16 @@ def _found(
     return CellOutcome(
         written, cells_changed=changed, cells_skipped=total - changed, source_rows=rows
     )
+
+
+def filled(cells: Cells, counts: dict[datetime, tuple[int, int]]) -> CellOutcome:
+    """The outcome of a first fill of `cells` from what it wrote per bucket start: (cells,
+    source rows). Every cell written is new."""
+    compared = [
+        {"bucket_start": start, "cells": n, "changed": n, "rows": rows}
+        for start, (n, rows) in counts.items()
+    ]
+    return _found(cells, compared, partial=lambda _starts: [])
 
 
 KEYS = ["bucket_start", ENTITY_COLUMN]

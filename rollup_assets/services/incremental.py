@@ -67,7 +67,9 @@ def correct(
     unfit, table = delta_source(engine, spec, cells)
     if unfit is not None or table is None:
         result = engine.recompute(spark, spec, cells)
-        result.technique, result.reason = RECOMPUTE, unfit or "no source table"
+        why = unfit or "no source table"
+        result.technique = RECOMPUTE
+        result.reason = result.reason or why  # a first fill says what it does instead
         return result
     source = engine.catalog.archive(spec.source)
     version = table.version()
@@ -124,15 +126,17 @@ def correct(
         )
         again = engine.recompute(spark, spec, leftover, raw_table=table)
         try:
-            assert isinstance(again.rows, pa.Table)
+            # Named cells: compared on the driver (a first fill is of whole buckets).
+            assert isinstance(again.rows, pa.Table) and again.found is not None
             rows = pa.concat_tables([rows, again.rows.select(rows.column_names).cast(rows.schema)])
         finally:
             again.release()
+        more = again.found
         found = CellOutcome(
-            Cells.collect([*found.cells, *again.found.cells], limit=None),
-            cells_changed=found.cells_changed + again.found.cells_changed,
-            cells_skipped=found.cells_skipped + again.found.cells_skipped,
-            source_rows=again.found.source_rows,
+            Cells.collect([*found.cells, *more.cells], limit=None),
+            cells_changed=found.cells_changed + more.cells_changed,
+            cells_skipped=found.cells_skipped + more.cells_skipped,
+            source_rows=more.source_rows,
         )
         technique = f"{DELTA}+{RECOMPUTE}"
         reason += f"; recomputed from source rows: {applied.reasons()}"

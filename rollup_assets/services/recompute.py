@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from resources.fill import Fill
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
@@ -39,7 +40,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.engine import Engine, RunOutcome, filled
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.incremental import correct
 from rollup_assets.services.surface import publish
@@ -163,20 +164,34 @@ def run_recompute(
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
         result = correct(engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE)
         say(f"{spec.name}: {result.technique}: {result.reason}")
-        found, versions = result.found, result.versions
-        changed = found.cells
+        versions = result.versions
         try:
-            if changed:
-                written = engine.rollups.write_rows(
+            if isinstance(result.rows, Fill):
+                # A first fill is aggregated as it is written; what it wrote is what changed.
+                written = engine.rollups.write_fill(
+                    spark,
                     result.rows,
-                    spec,
                     generation=generation,
                     job_id=job.job_id,
                     run_id=run_id,
                     source_versions=versions,
                 )
+                found = filled(cells, written.counts)
+            else:
+                assert result.found is not None
+                found = result.found
+                if found.cells:
+                    written = engine.rollups.write_rows(
+                        result.rows,
+                        spec,
+                        generation=generation,
+                        job_id=job.job_id,
+                        run_id=run_id,
+                        source_versions=versions,
+                    )
         finally:
             result.release()
+        changed = found.cells
         say(
             f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "
             f"unchanged (left as they are), from {found.source_rows} source row(s) and "

@@ -76,9 +76,9 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import REPLACED_KEY, Snapshot, part_values
+from resources.rollup_store import REPLACED_KEY, Snapshot
 from resources.rollup_table import in_windows
-from resources.schemas import PART_COLUMN, data_schema
+from resources.schemas import PART_COLUMN, data_schema, part_values
 from resources.warehouse import filesystem_for
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import Cells

@@ -9,9 +9,11 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 
-from rollup_assets.model.bucketing import Bucketing, first_bucket_start
+from resources.schemas import part_values
+from rollup_assets.model.bucketing import Bucketing, first_bucket_start, storage_partition
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
@@ -362,3 +364,20 @@ def test_bucketing_windows_cover_a_span() -> None:
     assert b.ceil(utc(2025, 3, 29, 12)) == utc(2025, 3, 29, 23)
     assert b.ceil(utc(2025, 3, 29, 23)) == utc(2025, 3, 29, 23)
     assert not b.is_boundary(utc(2025, 3, 30, 23))
+
+
+@pytest.mark.parametrize("spec", SHIPPED.values(), ids=lambda s: s.name)
+def test_storage_partition_names_and_windows_agree(spec: RollupSpec) -> None:
+    """The partition a file lands in (`schemas.part_values`, a name) and the window folding and
+    the surface reason with (`bucketing.storage_partition`) are the same partition."""
+    starts = [
+        w.start
+        for w in Bucketing.of(spec).windows(
+            datetime(2024, 12, 20, tzinfo=UTC), datetime(2026, 1, 10, tzinfo=UTC)
+        )
+    ]
+    names = part_values(spec, pa.array(starts, pa.timestamp("us", tz="UTC"))).to_pylist()
+    for start, name in zip(starts, names, strict=True):
+        window = storage_partition(spec, start)
+        assert window.start <= start < window.end
+        assert window.start.strftime("%Y-%m-%d")[: len(name)] == name, (start, name)

@@ -1,0 +1,240 @@
+"""A first fill: whole buckets of a rollup, with nothing stored in them yet, aggregated and
+written one storage partition per step, in one Spark stage without a shuffle.
+
+When nothing is stored in the buckets (a first backfill), every cell is new, so nothing needs
+comparing. And every bucket belongs to one storage partition of the rollup (a UTC day below a
+day, a month for days, a year above: `schemas.part_values`). So one task can own a partition:
+read the source files that may hold rows of its buckets (by their statistics), keep the active
+rows (a rollup source: by its pointers), aggregate them with Arrow (`compute.arrow_partials`,
+NaN ordered as on Spark), sort them by entity and write the partition's file. No shuffle, no
+sort of the whole range, no row-by-row conversion between the JVM and Python: Spark only
+schedules the partitions on its executors. A source file at a partition's edge (a UTC day
+holding the end of one local month and the start of the next) is read by both tasks, each
+keeping the rows of its own buckets.
+
+Each task reports, with the file it wrote, how many cells it wrote per bucket and from how many
+source rows: all a first fill needs to know to flip and record the job.
+"""
+
+import json
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from resources.delta_files import WRITTEN_FILES_SCHEMA, add_action, partition_dir, write_file
+from resources.genmap import active_mask
+from resources.rollup_table import Written
+from resources.schemas import PART_COLUMN, archive_data_schema, data_schema, part_values
+from resources.warehouse import filesystem_for
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
+from rollup_assets.model.windows import Window
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+TS = pa.timestamp("us", tz="UTC")
+# What each task returns per file: the written file, and per bucket (start in microseconds
+# since the epoch) the cells written and the source rows behind them, as JSON.
+# And the source rows the task decoded for it (and for partitions it found nothing to fill).
+FILLED_SCHEMA = WRITTEN_FILES_SCHEMA.append(pa.field("counts", pa.string())).append(
+    pa.field("rows_read", pa.int64())
+)
+# A task aggregates one storage partition in memory: a partition whose source files hold more
+# rows than this is left to the general path (Spark aggregates it with a shuffle, spilling as
+# it needs to).
+MAX_FILL_SOURCE_ROWS = 20_000_000
+FILLED_DDL = ", ".join(
+    f"{f.name} {'long' if f.type == pa.int64() else 'string'}" for f in FILLED_SCHEMA
+)
+
+
+@dataclass(frozen=True)
+class FillPart:
+    """One storage partition of the rollup: its buckets to fill, and the source files (paths
+    relative to the source table) that may hold their rows."""
+
+    part: str
+    paths: tuple[str, ...]
+    buckets: tuple[Window, ...]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A first fill of `spec` from `source` (the table at `source_uri`). `pointers` are the
+    source rollup's pointers at the snapshot whose files `parts` name (None: a raw source);
+    `versions` the source versions read."""
+
+    spec: RollupSpec
+    source: ArchiveSpec
+    source_uri: str
+    storage_options: dict[str, str]
+    versions: dict[str, int]
+    parts: tuple[FillPart, ...]
+    pointers: pa.Table | None = None
+
+    @property
+    def buckets(self) -> int:
+        return sum(len(p.buckets) for p in self.parts)
+
+
+def plan_parts(
+    spec: RollupSpec, buckets: Sequence[Window], files_for: Callable[[Window], list[dict]]
+) -> tuple[FillPart, ...]:
+    """`buckets` grouped by storage partition, each with the source files `files_for` its span
+    (from its first bucket's start to its last bucket's end); partitions without a source file
+    are left out (they have nothing to fill)."""
+    if not buckets:
+        return ()
+    names = part_values(spec, pa.array([w.start for w in buckets], TS)).to_pylist()
+    by_part: dict[str, list[Window]] = {}
+    for w, name in zip(buckets, names, strict=True):
+        by_part.setdefault(name, []).append(w)
+    out = []
+    for name in sorted(by_part):
+        ws = sorted(by_part[name])
+        span = Window(ws[0].start, max(w.end for w in ws))
+        paths = sorted({f["path"] for f in files_for(span)})
+        if paths:
+            out.append(FillPart(name, tuple(paths), tuple(ws)))
+    return tuple(out)
+
+
+def _micros(t: datetime) -> int:
+    return (t - EPOCH) // timedelta(microseconds=1)
+
+
+def _instant(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def _source_columns(fill: Fill) -> pa.Schema:
+    """The source columns a fill reads: keys, time, the aggregated inputs (for a rollup source,
+    its partials) and, for a rollup source, the generation its pointers resolve."""
+    spec, source = fill.spec, fill.source
+    if isinstance(source, RollupSpec):
+        schema = data_schema(source)
+        inputs = [source.partial_column(c.column, c.partial) for c in spec.stored_columns]
+        names = [ENTITY_COLUMN, "bucket_start", *(n for n in inputs if n), "generation"]
+    else:
+        schema = archive_data_schema(source)
+        names = [ENTITY_COLUMN, source.time_column, *(c.column for c in spec.stored_columns)]
+    return pa.schema([schema.field(n) for n in dict.fromkeys(names)])
+
+
+def fill_rows(
+    fill: Fill, paths: Sequence[str], buckets: Sequence[Window]
+) -> tuple[pa.Table | None, int]:
+    """The partials of `buckets` (every entity) from the source files at `paths`, sorted by
+    entity and bucket, with `SOURCE_ROWS` (None when they hold no row of them), and how many
+    source rows were decoded."""
+    fs, root = filesystem_for(fill.source_uri, fill.storage_options)
+    wanted = _source_columns(fill)
+    parts = []
+    for path in paths:
+        with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
+            pf = pq.ParquetFile(fh)
+            present = [n for n in wanted.names if n in pf.schema_arrow.names]
+            data = pf.read(columns=present)
+        for field in wanted:  # a column the file predates reads as null, as on Spark
+            if field.name not in present:
+                data = data.append_column(field.name, pa.nulls(data.num_rows, field.type))
+        parts.append(data.select(wanted.names).cast(wanted))
+    if not parts:
+        return None, 0
+    rows = pa.concat_tables(parts)
+    decoded = rows.num_rows
+    if fill.pointers is not None:
+        rows = rows.filter(active_mask(rows, fill.pointers))
+    out = partials_arrow(rows, list(buckets), None, fill.spec, fill.source, nan_like_spark=True)
+    if out is None or out.num_rows == 0:
+        return None, decoded
+    return out.sort_by([(ENTITY_COLUMN, "ascending"), ("bucket_start", "ascending")]), decoded
+
+
+def _fill_task(
+    fill: Fill, table_uri: str, options: dict[str, str], stamp: dict[str, str | int]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A `mapInArrow` function over rows (part, paths, starts, ends): fill each partition,
+    write its file, and return one row per file (`FILLED_SCHEMA`)."""
+    target = data_schema(fill.spec)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = filesystem_for(table_uri, options)
+        for rb in batches:
+            out = []
+            read = 0
+            columns = (rb.column(n).to_pylist() for n in ("part", "paths", "starts", "ends"))
+            for part, paths, starts, ends in zip(*columns, strict=True):
+                buckets = [
+                    Window(_instant(a), _instant(b)) for a, b in zip(starts, ends, strict=True)
+                ]
+                rows, decoded = fill_rows(fill, paths, buckets)
+                read += decoded
+                if rows is None:
+                    continue
+                counts = rows.group_by("bucket_start").aggregate(
+                    [(SOURCE_ROWS, "count"), (SOURCE_ROWS, "sum")]
+                )
+                tally = [
+                    [_micros(s), c, r]
+                    for s, c, r in zip(
+                        counts["bucket_start"].to_pylist(),
+                        counts[f"{SOURCE_ROWS}_count"].to_pylist(),
+                        counts[f"{SOURCE_ROWS}_sum"].to_pylist(),
+                        strict=True,
+                    )
+                ]
+                n = rows.num_rows
+                for name, value in stamp.items():
+                    rows = rows.append_column(name, pa.array([value] * n, target.field(name).type))
+                data = rows.select(target.names).cast(target)
+                directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
+                entry = write_file(fs, root, directory, data, {PART_COLUMN: part})
+                out.append({**entry, "counts": json.dumps(tally), "rows_read": read})
+                read = 0
+            if out:
+                yield pa.RecordBatch.from_pylist(out, schema=FILLED_SCHEMA)
+
+    return run
+
+
+def run_fill(
+    spark: SparkSession,
+    fill: Fill,
+    table_uri: str,
+    options: dict[str, str],
+    stamp: dict[str, str | int],
+) -> Written:
+    """Fill every partition of `fill` on the executors (one Spark stage, partitions spread over
+    its tasks), writing the rollup's files under `table_uri` with the bookkeeping columns
+    `stamp`; the add actions (nothing committed) and, per bucket start, (cells, source rows)."""
+    if not fill.parts:
+        return Written([], 0)
+    parts = pa.table(
+        {
+            "part": [p.part for p in fill.parts],
+            "paths": [list(p.paths) for p in fill.parts],
+            "starts": [[_micros(w.start) for w in p.buckets] for p in fill.parts],
+            "ends": [[_micros(w.end) for w in p.buckets] for p in fill.parts],
+        }
+    )
+    slots = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    tasks = max(1, min(len(fill.parts), 2 * slots))
+    frame = spark.createDataFrame(parts).repartition(tasks)
+    rows = frame.mapInArrow(_fill_task(fill, table_uri, options, stamp), FILLED_DDL).collect()
+    counts: dict[datetime, tuple[int, int]] = {}
+    for r in rows:
+        for start, cells, source_rows in json.loads(r["counts"]):
+            c, s = counts.get(_instant(start), (0, 0))
+            counts[_instant(start)] = (c + cells, s + source_rows)
+    return Written(
+        [add_action(r.asDict()) for r in rows],
+        sum(int(r["num_rows"]) for r in rows),
+        counts,
+        sum(int(r["rows_read"]) for r in rows),
+    )
