@@ -19,7 +19,7 @@ source rows: all a first fill needs to know to flip and record the job.
 import json
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -44,13 +44,23 @@ TS = pa.timestamp("us", tz="UTC")
 FILLED_SCHEMA = WRITTEN_FILES_SCHEMA.append(pa.field("counts", pa.string())).append(
     pa.field("rows_read", pa.int64())
 )
-# A task aggregates one storage partition in memory: a partition whose source files hold more
-# rows than this is left to the general path (Spark aggregates it with a shuffle, spilling as
-# it needs to).
-MAX_FILL_SOURCE_ROWS = 20_000_000
+# A task aggregates one storage partition in memory (about 1 GB for this many source rows, with
+# the copies filtering and grouping make): a job with a partition whose source files hold more
+# rows is left to the general path (Spark aggregates it with a shuffle, spilling as it needs
+# to).
+MAX_FILL_SOURCE_ROWS = 5_000_000
 FILLED_DDL = ", ".join(
     f"{f.name} {'long' if f.type == pa.int64() else 'string'}" for f in FILLED_SCHEMA
 )
+NO_FILE = {
+    "path": "",
+    "size": 0,
+    "partition_values": "{}",
+    "stats": "{}",
+    "mtime": 0,
+    "num_rows": 0,
+    "counts": "[]",
+}
 
 
 @dataclass(frozen=True)
@@ -160,7 +170,8 @@ def _fill_task(
     fill: Fill, table_uri: str, options: dict[str, str], stamp: dict[str, str | int]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A `mapInArrow` function over rows (part, paths, starts, ends): fill each partition,
-    write its file, and return one row per file (`FILLED_SCHEMA`)."""
+    write its file, and return one row per file (`FILLED_SCHEMA`), and one row without a file
+    (an empty path) for rows decoded for partitions it found nothing to fill in."""
     target = data_schema(fill.spec)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -197,6 +208,8 @@ def _fill_task(
                 entry = write_file(fs, root, directory, data, {PART_COLUMN: part})
                 out.append({**entry, "counts": json.dumps(tally), "rows_read": read})
                 read = 0
+            if read:  # rows decoded for partitions with nothing to fill: a row without a file
+                out.append({**NO_FILE, "rows_read": read})
             if out:
                 yield pa.RecordBatch.from_pylist(out, schema=FILLED_SCHEMA)
 
@@ -226,15 +239,18 @@ def run_fill(
     slots = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
     tasks = max(1, min(len(fill.parts), 2 * slots))
     frame = spark.createDataFrame(parts).repartition(tasks)
-    rows = frame.mapInArrow(_fill_task(fill, table_uri, options, stamp), FILLED_DDL).collect()
+    # The tasks get their partitions as rows: the function ships without them.
+    task = _fill_task(replace(fill, parts=()), table_uri, options, stamp)
+    rows = frame.mapInArrow(task, FILLED_DDL).collect()
+    files = [r for r in rows if r["path"]]
     counts: dict[datetime, tuple[int, int]] = {}
-    for r in rows:
+    for r in files:
         for start, cells, source_rows in json.loads(r["counts"]):
             c, s = counts.get(_instant(start), (0, 0))
             counts[_instant(start)] = (c + cells, s + source_rows)
     return Written(
-        [add_action(r.asDict()) for r in rows],
-        sum(int(r["num_rows"]) for r in rows),
+        [add_action(r.asDict()) for r in files],
+        sum(int(r["num_rows"]) for r in files),
         counts,
         sum(int(r["rows_read"]) for r in rows),
     )

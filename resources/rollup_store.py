@@ -333,9 +333,9 @@ class RollupStore(RollupTable):
         run_id: str,
         source_versions: dict[str, int],
     ) -> Written:
-        """Executors aggregate and write a first fill (`resources.fill`), one source day per
-        file, stamped like `write_rows`; the add actions (nothing is committed yet) and the
-        cells and source rows written per bucket."""
+        """Executors aggregate and write a first fill (`resources.fill`), one file per storage
+        partition, stamped like `write_rows`; the add actions (nothing is committed yet), the
+        cells and source rows written per bucket, and the source rows decoded."""
         stamp: dict[str, str | int] = {
             "generation": generation,
             "run_id": run_id,

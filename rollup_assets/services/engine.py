@@ -43,6 +43,7 @@ from rollup_assets.model.errors import (
 from rollup_assets.model.jobs import Job, JobState
 from rollup_assets.model.retention import BEGINNING, describe_removed, removed_within
 from rollup_assets.model.specs import (
+    DAY_COLUMN,
     ENTITY_COLUMN,
     ArchiveSpec,
     Catalog,
@@ -249,7 +250,7 @@ class Engine:
         """A first fill of `cells` (`resources.fill`), when it applies: buckets for every entity
         with nothing stored in them yet (checked by the caller), and no storage partition whose
         source files hold more than `MAX_FILL_SOURCE_ROWS` rows (one task aggregates each
-        partition in memory). None otherwise."""
+        partition in memory). None otherwise: the whole job takes the general path."""
         if not cells or any(scope is not None for _, scope in cells):
             return None
         source = self.catalog.archive(spec.source)
@@ -263,7 +264,7 @@ class Engine:
             versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
             uri, options = self.rollups.uri(source), self.rollups.options
             pointers = snap.pointers.filter(in_windows(snap.pointers["bucket_start"], spans))
-            time_column = "bucket_start"
+            time_column, day_column = "bucket_start", None
         else:
             table = raw_table or self.raw.table(source)
             if table is None:
@@ -271,11 +272,13 @@ class Engine:
             live = self.raw.files_for(table, source, spans, None)
             versions = {source.name: table.version()}
             uri, options = self.raw.uri(source), self.raw.options
-            time_column = source.time_column
+            time_column, day_column = source.time_column, DAY_COLUMN
         sizes = {f["path"]: f.get("num_records") for f in live}
 
         def files_for(span: Window) -> list[dict]:
-            return prune_files(live, time_column=time_column, spans=[span], entities=None)
+            return prune_files(
+                live, time_column=time_column, spans=[span], entities=None, day_column=day_column
+            )
 
         parts = plan_parts(spec, cells.windows, files_for)
         for part in parts:

@@ -219,7 +219,11 @@ def run_recompute(
             engine.ledger.record([done])
             if progress is not None:
                 progress(spec.name, len(ready), len(ready))
-            note = "nothing changed: every recomputed cell equals the stored one"
+            note = (
+                "nothing to fill: the source holds no row in these buckets"
+                if isinstance(result.rows, Fill)
+                else "nothing changed: every recomputed cell equals the stored one"
+            )
             say(f"{spec.name}: {note}")
             return RunOutcome(done, [], 0, generation, None, versions, duration, note=note)
         checkpoint("after_write")
