@@ -134,18 +134,6 @@ def add_action(entry: dict) -> AddAction:
     )
 
 
-def write_parquet_file(
-    fs: pafs.FileSystem,
-    root: str,
-    directory: str,
-    data: pa.Table,
-    partition_values: dict[str, str | None] | None = None,
-    row_group_rows: int | None = ROW_GROUP_ROWS,
-) -> AddAction:
-    """Write `data` as a new Parquet file under `root/directory` from the driver; its add action."""
-    return add_action(write_file(fs, root, directory, data, partition_values, row_group_rows))
-
-
 def write_file(
     fs: pafs.FileSystem,
     root: str,
@@ -155,7 +143,7 @@ def write_file(
     row_group_rows: int | None = ROW_GROUP_ROWS,
 ) -> dict:
     """Write `data` as a new Parquet file under `root/directory`; its `describe_file` entry (a
-    plain dict, so executors can return it as a row)."""
+    plain dict, so executors can return it as a row; `add_action` makes it an add action)."""
     rel = f"{directory}part-{uuid.uuid4()}.snappy.parquet"
     fs.create_dir(f"{root}/{directory}".rstrip("/"), recursive=True)
     with fs.open_output_stream(f"{root}/{rel}") as out:

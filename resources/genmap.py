@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_files import write_parquet_file
+from resources.delta_files import add_action, write_file
 from resources.delta_tables import (
     CommitPlan,
     LatestCache,
@@ -213,7 +213,7 @@ def write_pointer_table(
     def plan(snapshot: DeltaTable | None) -> CommitPlan:
         current = _conform(snapshot) if snapshot is not None else GENMAP_SCHEMA.empty_table()
         new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
-        add = write_parquet_file(fs, root, "", new, row_group_rows=None)
+        add = add_action(write_file(fs, root, "", new, row_group_rows=None))
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
         return CommitPlan(adds=[add], removes=removes)
 

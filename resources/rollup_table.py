@@ -20,7 +20,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, write_parquet_file
+from resources.delta_files import (
+    ROW_GROUP_ROWS,
+    Targets,
+    add_action,
+    read_row_groups,
+    write_file,
+)
 from resources.delta_tables import (
     CommitPlan,
     commit,
@@ -331,13 +337,15 @@ class RollupTable:
             directory = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
             pv = {k.split(".", 1)[1]: v for k, v in f.items() if k.startswith("partition.")}
             adds.append(
-                write_parquet_file(
-                    fs,
-                    root,
-                    directory,
-                    keep,
-                    {k: None if v is None else str(v) for k, v in pv.items()},
-                    row_group_rows=ROW_GROUP_ROWS,
+                add_action(
+                    write_file(
+                        fs,
+                        root,
+                        directory,
+                        keep,
+                        {k: None if v is None else str(v) for k, v in pv.items()},
+                        row_group_rows=ROW_GROUP_ROWS,
+                    )
                 )
             )
         return removes, adds, dropped

@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from resources.delta_files import partition_dir, read_row_groups, write_parquet_file
+from resources.delta_files import add_action, partition_dir, read_row_groups, write_file
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     CommitPlan,
@@ -462,7 +462,7 @@ def _replace(
         for part, piece in _by_partition(table):
             directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
             data = piece.drop_columns([PART_COLUMN]).cast(data_schema_)
-            made.append(write_parquet_file(fs, root, directory, data, {PART_COLUMN: part}))
+            made.append(add_action(write_file(fs, root, directory, data, {PART_COLUMN: part})))
         return gone, made, rows.num_rows
 
     # Batches hold disjoint partitions (a surface file lies in one): they are rewritten side by
