@@ -3,7 +3,7 @@
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -14,6 +14,7 @@ import pytest
 
 from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
+from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.placement import buckets_in
@@ -158,3 +159,24 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[Wo
 
 def days(first: date, n: int) -> list[date]:
     return [date.fromordinal(first.toordinal() + i) for i in range(n)]
+
+
+def day_spans(spans: list[tuple[date, int]]) -> list[Window]:
+    """UTC windows of (first day, number of days) spans."""
+    out = []
+    for first, n in spans:
+        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+        out.append(Window(start, start + timedelta(days=n)))
+    return out
+
+
+def meter_readings(spans: list[tuple[date, int]], meters: int, seed: int) -> pa.Table:
+    """Sample readings of `meters` over every day of `spans`: 2 % missing, optional columns
+    10 % null."""
+    return pa.concat_tables(
+        [
+            day_batch(d, meters, seed=seed, missing=0.02, null_power=0.1, null_voltage=0.1)
+            for first, n in spans
+            for d in days(first, n)
+        ]
+    )

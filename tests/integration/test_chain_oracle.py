@@ -5,13 +5,9 @@ ends, and ISO week 2025-W01 (which spans the 2024/2025 year end); optional colum
 some readings are missing.
 """
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 
-import pyarrow as pa
-
-from rollup_assets.demo.sample_data import day_batch
-from rollup_assets.model.windows import Window
-from tests.conftest import World, days
+from tests.conftest import World, day_spans, meter_readings
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 11, 15, 12, 0, tzinfo=UTC)
@@ -24,29 +20,11 @@ SPANS = [
 METERS = 4
 
 
-def sample() -> pa.Table:
-    return pa.concat_tables(
-        [
-            day_batch(d, METERS, seed=11, missing=0.02, null_power=0.1, null_voltage=0.1)
-            for first, n in SPANS
-            for d in days(first, n)
-        ]
-    )
-
-
-def data_spans() -> list[Window]:
-    out = []
-    for first, n in SPANS:
-        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
-        out.append(Window(start, start + timedelta(days=n)))
-    return out
-
-
 def test_every_level_equals_pandas(world: World) -> None:
     world.ops.activate("energy_raw", now=NOW)
-    world.ingest(sample(), source="Import")
+    world.ingest(meter_readings(SPANS, METERS, seed=11), source="Import")
     world.activate_all(NOW)
-    world.backfill(data_spans())
+    world.backfill(day_spans(SPANS))
     world.tick(NOW)  # forward: close what the backfill did not reach, refresh open buckets
     problems = compare_all(world.query, world.raw(), world.catalog)
     assert problems == []

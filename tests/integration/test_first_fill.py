@@ -15,14 +15,13 @@ import pytest
 
 from resources.delta_tables import file_actions
 from resources.fill import plan_parts
-from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, JobState
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
-from tests.conftest import World, days, world_of
+from tests.conftest import World, day_spans, meter_readings, world_of
 from tests.oracle import compare_all
 
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
@@ -30,24 +29,6 @@ SPANS = [(date(2025, 10, 24), 4), (date(2025, 12, 30), 3)]
 METERS = 3
 HOURLY = "energy_hourly"
 ALONE = {"ops": {HOURLY: {"config": {"propagate_in_run": False}}}}
-
-
-def sample() -> pa.Table:
-    return pa.concat_tables(
-        [
-            day_batch(d, METERS, seed=5, missing=0.02, null_power=0.1, null_voltage=0.1)
-            for first, n in SPANS
-            for d in days(first, n)
-        ]
-    )
-
-
-def spans() -> list[Window]:
-    out = []
-    for first, n in SPANS:
-        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
-        out.append(Window(start, start + timedelta(days=n)))
-    return out
 
 
 def first_level_jobs(world: World) -> list[Job]:
@@ -64,9 +45,9 @@ def stored(world: World) -> pa.Table:
 
 def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) -> None:
     world.ops.activate("energy_raw", now=NOW)
-    world.ingest(sample(), source="Import")
+    world.ingest(meter_readings(SPANS, METERS, seed=5), source="Import")
     world.activate_all(NOW)
-    world.backfill(spans())
+    world.backfill(day_spans(SPANS))
 
     jobs = first_level_jobs(world)
     assert len(jobs) == len(SPANS)
@@ -78,7 +59,7 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
 
     # The same cells aggregated by Spark (the general path), value for value, NaN included.
     spec = world.catalog.rollup(HOURLY)
-    cells = Cells.of(buckets_in(spec, spans()))
+    cells = Cells.of(buckets_in(spec, day_spans(SPANS)))
     fresh, _ = world.engine.partials(spark, spec, cells)
     want = (
         pa.Table.from_pandas(fresh.toPandas(), preserve_index=False)
@@ -98,7 +79,7 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
             assert a.equals(b), name
 
     # A second backfill of the same range finds rows stored: it compares, and nothing changed.
-    world.backfill(spans())
+    world.backfill(day_spans(SPANS))
     again = first_level_jobs(world)
     assert len(again) == len(jobs)  # no new job wrote anything
     latest = world.engine.ledger.history(HOURLY, limit=len(SPANS))
@@ -109,9 +90,9 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
 
 def test_every_level_equals_pandas_after_a_first_fill(world: World) -> None:
     world.ops.activate("energy_raw", now=NOW)
-    world.ingest(sample())
+    world.ingest(meter_readings(SPANS, METERS, seed=5))
     world.activate_all(NOW)
-    world.backfill(spans())
+    world.backfill(day_spans(SPANS))
     assert all("a first fill" in (j.plan or "") for j in first_level_jobs(world))
     world.tick(NOW)  # the forward lane closes the rest
     assert compare_all(world.query, world.raw(), world.catalog) == []
@@ -126,20 +107,20 @@ def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[Wor
 def test_a_fill_over_a_corrected_level_reads_its_active_rows_only(kept: World) -> None:
     world = kept
     world.ops.activate("energy_raw", now=NOW)
-    data = sample()
+    data = meter_readings(SPANS, METERS, seed=5)
     world.ingest(data)
     world.activate_all(NOW)
     spec = world.catalog.rollup(HOURLY)
     mark = world.engine.states.get(HOURLY).watermark
     assert mark is not None
     ranges = []
-    for span in spans():  # the first level alone: the levels above stay empty for now
+    for span in day_spans(SPANS):  # the first level alone: the levels above stay empty for now
         buckets = [w for w in buckets_in(spec, [span]) if w.end <= mark]
         ranges.append(key_range_for(partitions_def_for(spec), buckets))
         run = world.materialize(HOURLY, ranges[-1].start, ranges[-1].end, ALONE)
         assert run.success, run.error
     # Corrected readings: the hourly cells they touch get a new generation; the old rows stay.
-    first = spans()[0].start
+    first = day_spans(SPANS)[0].start
     hit = pc.and_(
         pc.is_in(data["entity_id"], pa.array(["meter-0000", "meter-0002"])),
         pc.less(data["ts"], pa.scalar(first + timedelta(hours=30), data["ts"].type)),

@@ -32,7 +32,7 @@ from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.ingest import delete_rows
-from tests.conftest import World, days, world_of
+from tests.conftest import World, day_spans, days, world_of
 from tests.oracle import compare_all
 
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
@@ -138,14 +138,6 @@ def sample() -> pa.Table:
     )
 
 
-def data_spans() -> list[Window]:
-    out = []
-    for first, n in SPANS:
-        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
-        out.append(Window(start, start + timedelta(days=n)))
-    return out
-
-
 def rows_of(table: pa.Table, entity: str, start: datetime, end: datetime) -> pa.Table:
     col = table["range_start"]
     return table.filter(
@@ -191,7 +183,7 @@ def test_time_range_chain_equals_the_oracle_after_backfill_and_corrections(
     world.ops.activate(ARCHIVE, now=NOW)
     world.ingest(first, archive=ARCHIVE, source="Import")
     world.activate_all(NOW)
-    world.backfill(data_spans(), rollup=HOURLY)
+    world.backfill(day_spans(SPANS), rollup=HOURLY)
     world.tick(NOW)
     assert compare_all(world.query, world.raw(ARCHIVE), world.catalog) == []
     # The 23-hour and 25-hour local days, and ISO week 2025-W01 across the year end.
