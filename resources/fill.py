@@ -160,8 +160,8 @@ def fill_rows(
     decoded = rows.num_rows
     if fill.pointers is not None:
         rows = rows.filter(active_mask(rows, fill.pointers))
-    out = partials_arrow(rows, list(buckets), None, fill.spec, fill.source, nan_like_spark=True)
-    if out is None or out.num_rows == 0:
+    out = partials_arrow(rows, list(buckets), None, fill.spec, fill.source)
+    if out.num_rows == 0:
         return None, decoded
     return out.sort_by([(ENTITY_COLUMN, "ascending"), ("bucket_start", "ascending")]), decoded
 

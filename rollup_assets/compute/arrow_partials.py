@@ -7,9 +7,9 @@ are all null gets null (count 0), and a cell without source rows gets no row. Ea
 belongs to the cell whose bucket holds its time: the buckets are the job's own windows, so no
 calendar arithmetic is needed here.
 
-Spark orders NaN above every number (a max over a NaN is NaN); Arrow's min and max skip NaN. So
-when a min or max input holds a NaN, `partials_arrow` returns None and the caller aggregates on
-Spark.
+NaN follows Spark's ordering, which puts NaN above every number: a max over a NaN is NaN, and a
+min skips NaN unless every value is NaN. Arrow's min already agrees; its max skips NaN, so a
+max input holding a NaN is flagged per cell and the cell's max set to NaN.
 """
 
 from collections.abc import Sequence
@@ -40,15 +40,13 @@ def partials_arrow(
     cells: pa.Table | None,
     spec: RollupSpec,
     source: ArchiveSpec,
-    nan_like_spark: bool = False,
-) -> pa.Table | None:
+) -> pa.Table:
     """Partials of the named `cells` (bucket_start, entity_id; None: every entity) from source
     `rows`, whose buckets are `windows`: entity_id, bucket_start, bucket_end, the partials and
-    `SOURCE_ROWS`. None when a min or max input holds a NaN (see the module), unless
-    `nan_like_spark`: then a max over a NaN is NaN, as on Spark (Arrow's min already agrees)."""
+    `SOURCE_ROWS`, NaN ordered as on Spark (see the module)."""
     inputs: dict[tuple[str, str], str] = {}  # (input column, aggregation) -> output name
     plan = []
-    nan_max: set[str] = set()  # max inputs holding a NaN (with `nan_like_spark`)
+    nan_max: set[str] = set()  # max inputs holding a NaN
     for sc in spec.stored_columns:
         if isinstance(source, RollupSpec):
             column = source.partial_column(sc.column, sc.partial)
@@ -57,11 +55,8 @@ def partials_arrow(
         else:
             column, how = sc.column, _RAW[sc.partial]
         floating = pa.types.is_floating(rows.schema.field(column).type)
-        if how in ("min", "max") and floating and pc.any(pc.is_nan(rows[column])).as_py():
-            if not nan_like_spark:
-                return None
-            if how == "max":
-                nan_max.add(column)
+        if how == "max" and floating and pc.any(pc.is_nan(rows[column])).as_py():
+            nan_max.add(column)
         inputs.setdefault((column, how), f"__in{len(inputs)}")
         plan.append((sc, inputs[(column, how)]))
     ordered = sorted(windows)

@@ -65,8 +65,7 @@ def downsample_arrow(
         first, last = pc.min_max(rows["bucket_start"]).as_py().values()
         last = as_utc(last) + timedelta(microseconds=1)
         windows = list(Bucketing.of(step).windows(as_utc(first), last))
-    merged = partials_arrow(rows, windows, None, step, spec, nan_like_spark=True)
-    assert merged is not None  # nan_like_spark never leaves a NaN to Spark
+    merged = partials_arrow(rows, windows, None, step, spec)
     return _shaped(logical_arrow(merged, step), group_by)
 
 

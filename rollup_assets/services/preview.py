@@ -28,7 +28,6 @@ from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells
 from rollup_assets.model.deltas import Change, ChangeType, StoredCell, apply_to_cells
-from rollup_assets.model.errors import RollupsError
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec, key_columns
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -188,10 +187,6 @@ def _level(
     unfit, _ = delta_source(engine, spec, scoped)
     rows = after.rows(scoped)
     fresh = partials_arrow(rows, list(named.windows), cell_keys(named), spec, source)
-    if fresh is None:
-        raise RollupsError(
-            f"cannot preview '{spec.name}': a min or max input of the changed cells is NaN"
-        )
     technique, reason, read = RECOMPUTE, unfit or "", rows.num_rows
     if unfit is None and isinstance(after, _RawAfter):
         technique, reason, read = _delta_work(spec, source, named, after, rows)

@@ -127,6 +127,5 @@ def _aggregated(
         return schema.empty_table()
     last = pc.max(rows[source.time_column]).as_py()
     windows = [w for w in b.windows(lo, as_utc(last) + timedelta(microseconds=1)) if w.start < hi]
-    out = partials_arrow(rows, windows, None, spec, source, nan_like_spark=True)
-    assert out is not None  # nan_like_spark never leaves a NaN to Spark
+    out = partials_arrow(rows, windows, None, spec, source)
     return out.drop_columns([SOURCE_ROWS]).select(schema.names).cast(schema)

@@ -1,5 +1,5 @@
 """The driver's Arrow aggregation of named cells equals Spark's, at every level of the chain,
-on DST days, ISO weeks, month and year ends; a NaN under a min or max sends the work to Spark."""
+on DST days, ISO weeks, month and year ends; a NaN under a min or max is ordered as on Spark."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -101,7 +101,6 @@ def test_arrow_partials_equal_spark(spark: SparkSession, rollup: str) -> None:
         spark.createDataFrame(rows), None, spec, source, spark.createDataFrame(cells)
     ).toArrow()
     got = partials_arrow(rows, windows, cells, spec, source)
-    assert got is not None
     want, have = by_cell(expected), by_cell(got)
     assert want.keys() == have.keys() and want, (len(want), len(have))
     names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
@@ -114,21 +113,10 @@ def test_arrow_partials_equal_spark(spark: SparkSession, rollup: str) -> None:
     assert bad == [], bad[:5]
 
 
-def test_a_nan_under_a_min_or_max_is_left_to_spark() -> None:
-    spec = CATALOG.rollup("energy_hourly")
-    rows = raw_rows(seed=1)
-    voltage = rows["voltage_v"].to_pylist()
-    voltage[5] = float("nan")
-    rows = rows.set_column(4, "voltage_v", pa.array(voltage, pa.float64()))
-    windows = buckets_in(spec, SPANS)
-    cells = cells_table(windows, np.random.default_rng(3))
-    assert partials_arrow(rows, windows, cells, spec, CATALOG.archive(spec.source)) is None
-
-
-def test_nan_like_spark_aggregates_every_entity_as_spark_does(spark: SparkSession) -> None:
-    """With `nan_like_spark` (the real-time and downsampling reads), a NaN stays on the driver:
-    a max over it is NaN, a min skips it unless every value is NaN, as on Spark; without named
-    cells every entity of every bucket is aggregated."""
+@pytest.mark.parametrize("named", [False, True], ids=["every-entity", "named-cells"])
+def test_a_nan_is_ordered_as_on_spark(spark: SparkSession, named: bool) -> None:
+    """A max over a NaN is NaN, a min skips it unless every value is NaN, as on Spark; without
+    named cells every entity of every bucket is aggregated."""
     spec = CATALOG.rollup("energy_hourly")
     rows = raw_rows(seed=2)
     voltage = rows["voltage_v"].to_pylist()
@@ -139,20 +127,29 @@ def test_nan_like_spark_aggregates_every_entity_as_spark_does(spark: SparkSessio
     current[9] = float("nan")
     rows = rows.set_column(4, "voltage_v", pa.array(voltage, pa.float64()))
     rows = rows.set_column(5, "current_a", pa.array(current, pa.float64()))
-    windows = buckets_in(spec, SPANS)
-    targets = pa.table(
-        {
-            "bucket_start": pa.array([w.start for w in windows], TS),
-            "bucket_end": pa.array([w.end for w in windows], TS),
-        }
-    )
+    # Every other bucket: named, each of its entities one by one; or for every entity.
+    windows = buckets_in(spec, SPANS)[:: 2 if named else 1]
+    keys = {
+        "bucket_start": pa.array([w.start for w in windows for _ in ENTITIES], TS),
+        "bucket_end": pa.array([w.end for w in windows for _ in ENTITIES], TS),
+        "entity_id": pa.array([e for _ in windows for e in ENTITIES], pa.string()),
+    }
     source = CATALOG.archive(spec.source)
-    expected = rollup_partials(
-        spark.createDataFrame(rows), spark.createDataFrame(targets), spec, source
-    ).toArrow()
-    got = partials_arrow(rows, windows, None, spec, source, nan_like_spark=True)
-    assert got is not None
-    want, have = by_cell(expected), by_cell(got)
+    frame = spark.createDataFrame(rows)
+    if named:
+        cells = pa.table(keys)
+        expected = rollup_partials(frame, None, spec, source, spark.createDataFrame(cells))
+        got = partials_arrow(rows, windows, cells, spec, source)
+    else:
+        targets = pa.table(
+            {
+                "bucket_start": pa.array([w.start for w in windows], TS),
+                "bucket_end": pa.array([w.end for w in windows], TS),
+            }
+        )
+        expected = rollup_partials(frame, spark.createDataFrame(targets), spec, source)
+        got = partials_arrow(rows, windows, None, spec, source)
+    want, have = by_cell(expected.toArrow()), by_cell(got)
     assert want.keys() == have.keys() and len(want) == len(windows) * len(ENTITIES)
     names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
 
