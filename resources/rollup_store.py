@@ -426,8 +426,16 @@ class RollupStore(RollupTable):
                 in_windows(rows["bucket_start"], buckets), pc.equal(rows["generation"], 0)
             )
 
+        def select(files: list[dict]) -> list[dict]:
+            # A file whose statistics say every row is of a later generation (a recompute's) holds
+            # no generation-0 row: it is not read.
+            return [
+                f
+                for f in self.overlapping(files, buckets, None)
+                if (f.get("min.generation") or 0) == 0
+            ]
+
         def plan(snapshot: DeltaTable | None) -> CommitPlan:
-            select = lambda files: self.overlapping(files, buckets, None)  # noqa: E731
             removes, rewritten, _ = self._rewrite(spec, snapshot, select, drop)
             return CommitPlan(adds=[*written.adds, *rewritten], removes=removes)
 

@@ -62,6 +62,11 @@ TS = pa.timestamp("us", tz="UTC")
 # faster and without filling the driver's memory. Larger jobs, and jobs with buckets for every
 # entity, run on Spark.
 DRIVER_CELLS = 2_000
+# The forward lane aggregates its buckets (every entity) on the driver when the source files they
+# may draw from hold at most this many rows (by the files' statistics): the open buckets and the
+# few that just closed, where a Spark job would cost more than its data. A lane that closes a
+# long stretch at once (after a pause) runs on Spark.
+DRIVER_SOURCE_ROWS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -212,10 +217,11 @@ class Engine:
         whole, named = _targets(spark, cells)
         return rollup_partials(rows, whole, spec, source, named), versions
 
-    def _driver_partials(
-        self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None
-    ) -> tuple[pa.Table, dict[str, int]] | None:
-        """`partials` of named cells computed on the driver (None: a NaN needs Spark)."""
+    def driver_partials(
+        self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None = None
+    ) -> tuple[pa.Table, dict[str, int]]:
+        """`partials`, computed on the driver: the row groups that may hold the cells' source
+        rows read with delta-rs, aggregated with Arrow (`compute.arrow_partials`)."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         entities = cells.entities
@@ -226,9 +232,12 @@ class Engine:
         else:
             rows, version = self.raw.read_rows(source, spans, entities, raw_table, cells)
             versions = {source.name: _v(version)}
-        out = partials_arrow(rows, cells.windows, cell_keys(cells), spec, source)
-        if out is None:
-            return None
+        whole = [w for w, scope in cells if scope is None]
+        named = [w for w, scope in cells if scope is not None]
+        parts = [partials_arrow(rows, whole, None, spec, source)] if whole or not named else []
+        if named:
+            parts.append(partials_arrow(rows, named, cell_keys(cells), spec, source))
+        out = pa.concat_tables(parts)
         stored = data_schema(spec)
         typed = pa.schema(
             [
@@ -237,6 +246,27 @@ class Engine:
             ]
         )
         return out.cast(typed), versions
+
+    def source_rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
+        """How many rows the source files that may hold `cells`' source rows contain, by their
+        statistics (an upper bound of what `driver_partials` decodes); None when a file does not
+        say."""
+        source = self.catalog.archive(spec.source)
+        spans = merge_windows(list(cells.windows))
+        if isinstance(source, RollupSpec):
+            table = self.rollups.snapshot(source).table
+            files = (
+                self.rollups.overlapping(file_actions(table), spans, cells.entities)
+                if table is not None
+                else []
+            )
+        else:
+            raw = self.raw.table(source)
+            files = self.raw.files_for(raw, source, spans, cells.entities) if raw else []
+        counts = [f.get("num_records") for f in files]
+        if not all(isinstance(n, int) for n in counts):
+            return None
+        return sum(int(n) for n in counts if n is not None)
 
     def _folded(self, spec: RollupSpec, cells: Cells) -> frozenset[Window]:
         """The every-entity buckets of `cells` that folding rewrites whole, even unchanged
@@ -318,19 +348,14 @@ class Engine:
         cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
         folded buckets whose cells are all unchanged) and what the comparison found. A job of a
         few named cells runs on the driver: their source row groups read with delta-rs and
-        aggregated with Arrow (`compute.arrow_partials`; on Spark when a min or max input is
-        NaN), compared with the stored ones; a larger job stays on Spark, where the rows are
+        aggregated with Arrow (`driver_partials`), compared with the stored ones; a larger job
+        stays on Spark, where the rows are
         cached until `Recomputed.release`. Refuses (`RawRowsRetainedError`) cells whose raw
         rows retention removed."""
         self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
-            on_driver = self._driver_partials(spec, cells, raw_table)
-            if on_driver is None:
-                fresh, versions = self.partials(spark, spec, cells, raw_table)
-                rows = fresh.toArrow()
-            else:
-                rows, versions = on_driver
+            rows, versions = self.driver_partials(spec, cells, raw_table)
             stored = self.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()

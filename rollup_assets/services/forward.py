@@ -5,9 +5,10 @@ first *claims* the buckets it will close (so a source write racing the run is cl
 retroactive and recomputed later, never lost), replaces their generation-0 rows in one atomic
 commit, records the job, and then advances the watermark. The open buckets (the one containing
 `now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
-watermark. Frozen buckets are never written. The rollup's surface (`services.surface`) is
-published before the run's own work (repairing one a dead run left lagging) and once the run is
-recorded.
+watermark. The buckets are aggregated on the driver when their source files are small
+(`DRIVER_SOURCE_ROWS`), as they are for a lane that keeps up; on Spark otherwise. Frozen buckets
+are never written. The rollup's surface (`services.surface`) is published before the run's own
+work (repairing one a dead run left lagging) and once the run is recorded.
 """
 
 import logging
@@ -28,7 +29,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.engine import DRIVER_SOURCE_ROWS, Engine, RunOutcome
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.surface import publish
 
@@ -122,7 +123,22 @@ def run_forward(
         progress(spec.name, 0, len(buckets))
     try:
         publish(engine, spec)  # repair a surface an earlier run left behind its rows
-        frame, versions = engine.partials(spark, spec, Cells.of(buckets))
+        cells = Cells.of(buckets)
+        bound = engine.source_rows_at_most(spec, cells)
+        on_driver = bound is not None and bound <= DRIVER_SOURCE_ROWS
+        plan = (
+            f"aggregated on the driver: its source files hold {bound:,} rows"
+            if on_driver
+            else "aggregated on Spark: its source files hold "
+            + ("an unknown number of rows" if bound is None else f"{bound:,} rows")
+            + f" (the driver takes at most {DRIVER_SOURCE_ROWS:,})"
+        )
+        say(f"{spec.name}: forward {plan}")
+        frame, versions = (
+            engine.driver_partials(spec, cells)
+            if on_driver
+            else engine.partials(spark, spec, cells)
+        )
         written = engine.rollups.write_rows(
             frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
         )
@@ -155,6 +171,7 @@ def run_forward(
         rows_processed=written.rows,
         finished_at=datetime.now(UTC),
         duration_ms=duration,
+        plan=plan,
         source_archive=src[0],
         source_version=src[1],
     )

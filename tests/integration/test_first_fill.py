@@ -59,24 +59,21 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
 
     # The same cells aggregated by Spark (the general path), value for value, NaN included.
     spec = world.catalog.rollup(HOURLY)
-    cells = Cells.of(buckets_in(spec, day_spans(SPANS)))
-    fresh, _ = world.engine.partials(spark, spec, cells)
-    want = (
-        pa.Table.from_pandas(fresh.toPandas(), preserve_index=False)
-        .select(got.column_names)
-        .cast(got.schema)
-        .sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
+    buckets = buckets_in(spec, day_spans(SPANS))
+    fresh, _ = world.engine.partials(spark, spec, Cells.of(buckets))
+    want = sorted_like(got, pa.Table.from_pandas(fresh.toPandas(), preserve_index=False))
+    assert_same_partials(got, want)
+
+    # On the driver, for every entity of some buckets and one entity of the others, alike.
+    entity = got["entity_id"][0].as_py()
+    mixed = Cells(tuple((w, None if i % 2 else frozenset({entity})) for i, w in enumerate(buckets)))
+    here, _ = world.engine.driver_partials(spec, mixed)
+    every = {w.start for w, scope in mixed if scope is None}
+    keep = pc.or_(
+        pc.is_in(want["bucket_start"], pa.array(sorted(every), want["bucket_start"].type)),
+        pc.equal(want["entity_id"], entity),
     )
-    assert got.num_rows == want.num_rows
-    for name in got.column_names:
-        a, b = got[name], want[name]
-        if pa.types.is_floating(a.type):
-            # Sums add in another order on Spark: equal up to the last few bits.
-            x, y = (c.to_numpy(zero_copy_only=False).astype(float) for c in (a, b))
-            assert np.array_equal(np.isnan(x), np.isnan(y)), name
-            assert np.allclose(x, y, rtol=1e-12, equal_nan=True), name
-        else:
-            assert a.equals(b), name
+    assert_same_partials(sorted_like(got, here), want.filter(keep))
 
     # A second backfill of the same range finds rows stored: it compares, and nothing changed.
     world.backfill(day_spans(SPANS))
@@ -86,6 +83,28 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
     assert all("a first fill" not in (j.plan or "") for j in latest)
     assert all(j.cells_changed == 0 and (j.cells_skipped or 0) > 0 for j in latest)
     assert stored(world).equals(got)
+
+
+def sorted_like(stored: pa.Table, rows: pa.Table) -> pa.Table:
+    """`rows` with `stored`'s columns and types, in its order (entity, then bucket)."""
+    return (
+        rows.select(stored.column_names)
+        .cast(stored.schema)
+        .sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
+    )
+
+
+def assert_same_partials(got: pa.Table, want: pa.Table) -> None:
+    assert got.num_rows == want.num_rows and got.num_rows > 0
+    for name in got.column_names:
+        a, b = got[name], want[name]
+        if pa.types.is_floating(a.type):
+            # Sums add in another order on Spark: equal up to the last few bits.
+            x, y = (c.to_numpy(zero_copy_only=False).astype(float) for c in (a, b))
+            assert np.array_equal(np.isnan(x), np.isnan(y)), name
+            assert np.allclose(x, y, rtol=1e-12, equal_nan=True), name
+        else:
+            assert a.equals(b), name
 
 
 def test_every_level_equals_pandas_after_a_first_fill(world: World) -> None:

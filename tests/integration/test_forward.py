@@ -1,13 +1,17 @@
 """The forward lane with a pinned clock: buckets close once, the open buckets (the current one and
-an ended one inside the watermark lag) stay live, and a recompute never claims an open bucket."""
+an ended one inside the watermark lag) stay live, and a recompute never claims an open bucket.
+The lane aggregates on the driver while its source files are small, and on Spark past that, to
+the same values."""
 
 import itertools
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.services import forward
 from tests.conftest import World
 from tests.oracle import compare, oracle
 
@@ -35,7 +39,12 @@ def hourly_forward_jobs(world: World) -> list:
     ]
 
 
-def test_forward_lane_with_a_pinned_clock(world: World) -> None:
+@pytest.mark.parametrize("where", ["the driver", "Spark"])
+def test_forward_lane_with_a_pinned_clock(
+    world: World, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    if where == "Spark":
+        monkeypatch.setattr(forward, "DRIVER_SOURCE_ROWS", -1)  # even an empty source
     world.ops.activate("energy_raw", now=T0)
     world.ingest(readings(T0 - 3 * H, T0))
     world.activate_all(T0)
@@ -93,6 +102,10 @@ def test_forward_lane_with_a_pinned_clock(world: World) -> None:
     assert hours_closed == 4 and advances[0][0] == datetime(2025, 6, 10, 7, 0, tzinfo=UTC)
     forward_closes = [j for j in hourly_forward_jobs(world) if j.trigger is Trigger.FORWARD]
     assert len(forward_closes) == len(advances)
+    worked = [j for j in hourly_forward_jobs(world) if j.windows_processed]
+    assert worked and all(f"aggregated on {where}:" in (j.plan or "") for j in worked), [
+        j.plan for j in worked
+    ]
 
     spec = world.catalog.rollup("energy_hourly")
     expected = oracle(world.raw(), spec)
