@@ -1,4 +1,6 @@
-"""The partials of a few named cells, aggregated on the driver with Arrow (no Spark job).
+"""The partials of a few named cells, aggregated on the driver with Arrow (no Spark job), and
+the logical columns of stored partials (`logical_arrow`, the twin of
+`aggregation.logical_columns`).
 
 The same rules as `aggregation.rollup_partials`: over a raw or time-range source, sum, count
 (non-null values), min and max of the value columns; over a rollup source, the partials merged
@@ -20,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
+from rollup_assets.model.specs import ENTITY_COLUMN, AggregateFunction, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import Window
 
 TS = pa.timestamp("us", tz="UTC")
@@ -103,3 +105,23 @@ def partials_arrow(
         out[sc.name] = values
     out[SOURCE_ROWS] = grouped["count_all"]
     return pa.table(out)
+
+
+def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:
+    cols = {
+        "entity_id": rows["entity_id"],
+        "bucket_start": rows["bucket_start"],
+        "bucket_end": rows["bucket_end"],
+    }
+    for agg in spec.aggregations:
+        out = agg.output_name
+        if agg.function is AggregateFunction.AVG:
+            s, c = rows[f"{out}__sum"], rows[f"{out}__count"]
+            cols[out] = pc.if_else(
+                pc.greater(c, 0),
+                pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())),
+                None,
+            )
+        else:
+            cols[out] = rows[out]
+    return pa.table(cols).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])

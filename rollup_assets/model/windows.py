@@ -62,3 +62,12 @@ def parse_instant(text: str, what: str = "time") -> datetime:
             f"{what} {text!r} is not an ISO-8601 date or date-time"
         ) from None
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+FAR_PAST = datetime(1, 1, 2)
+FAR_FUTURE = datetime(9999, 12, 30)
+
+
+def span(start: datetime | None, end: datetime | None) -> "Window":
+    """[start, end) as a window, an open bound reaching as far as any instant goes."""
+    return Window(as_utc(start or FAR_PAST), as_utc(end or FAR_FUTURE))

@@ -25,14 +25,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import logical_columns, rollup_partials
-from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.errors import InvalidArchiveOperationError
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.steps import check_step_range, step_spec
-from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.model.windows import Window, as_utc, span
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.query import logical_arrow, span
 from rollup_assets.services.realtime import realtime_partials, stored_partials
 
 GROUP_BY = ("entity", "all")

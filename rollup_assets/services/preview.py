@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from resources.raw_store import SourceSpec, UpsertPreview
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells
@@ -35,7 +35,6 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.services.engine import KEYS, Engine, cell_keys
 from rollup_assets.services.incremental import DELTA, RECOMPUTE, delta_source
 from rollup_assets.services.ingest import writable_archive
-from rollup_assets.services.query import logical_arrow
 
 
 @dataclass(frozen=True)

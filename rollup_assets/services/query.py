@@ -13,41 +13,14 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.compute.aggregation import logical_columns
+from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.model.errors import AsOfUnavailableError
-from rollup_assets.model.specs import AggregateFunction, ArchiveSpec, RollupSpec
-from rollup_assets.model.windows import Window, as_utc, iso_utc
+from rollup_assets.model.specs import ArchiveSpec, RollupSpec
+from rollup_assets.model.windows import as_utc, iso_utc, span
 from rollup_assets.services.engine import Engine
-
-FAR_PAST = datetime(1, 1, 2)
-FAR_FUTURE = datetime(9999, 12, 30)
-
-
-def span(start: datetime | None, end: datetime | None) -> Window:
-    return Window(as_utc(start or FAR_PAST), as_utc(end or FAR_FUTURE))
-
-
-def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:
-    cols = {
-        "entity_id": rows["entity_id"],
-        "bucket_start": rows["bucket_start"],
-        "bucket_end": rows["bucket_end"],
-    }
-    for agg in spec.aggregations:
-        out = agg.output_name
-        if agg.function is AggregateFunction.AVG:
-            s, c = rows[f"{out}__sum"], rows[f"{out}__count"]
-            cols[out] = pc.if_else(
-                pc.greater(c, 0),
-                pc.divide(pc.cast(s, pa.float64()), pc.cast(c, pa.float64())),
-                None,
-            )
-        else:
-            cols[out] = rows[out]
-    return pa.table(cols).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
 
 
 def query_arrow(

@@ -22,13 +22,12 @@ import pyarrow.compute as pc
 from resources.rollup_store import Snapshot
 from resources.schemas import data_schema
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.states import ArchiveState
-from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.query import FAR_FUTURE, logical_arrow, span
 
 _END_OF_TIME = as_utc(FAR_FUTURE)
 

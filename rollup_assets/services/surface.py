@@ -80,13 +80,13 @@ from resources.rollup_store import REPLACED_KEY, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema, part_values
 from resources.warehouse import filesystem_for
+from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, as_utc, merge_windows
+from rollup_assets.model.windows import FAR_FUTURE, FAR_PAST, Window, as_utc, merge_windows
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.query import FAR_FUTURE, FAR_PAST, logical_arrow
 
 log = logging.getLogger(__name__)
 

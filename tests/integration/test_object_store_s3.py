@@ -27,6 +27,7 @@ from resources.raw_store import RawStore
 from resources.schemas import archive_data_schema
 from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.compute.aggregation import rollup_partials
+from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeSource
@@ -35,7 +36,6 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import ArchiveSpec, Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.query import logical_arrow
 from tests.conftest import days
 from tests.oracle import compare, oracle, raw_frame
 
