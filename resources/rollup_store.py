@@ -63,7 +63,7 @@ from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
-_READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
+READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
 
 
 # The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
@@ -264,7 +264,7 @@ class RollupStore(RollupTable):
         if not files:
             return schema.empty_table()
         # Reading and decoding Parquet releases the GIL: files are read side by side.
-        parts = list(_READERS.map(read, files))
+        parts = list(READERS.map(read, files))
         rows = pa.concat_tables(parts)
         return rows.filter(active_mask(rows, snap.pointers))
 

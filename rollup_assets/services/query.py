@@ -2,7 +2,10 @@
 
 `query_arrow` needs no Spark (the CLI uses it); `query_spark` returns a lazy DataFrame for large
 reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
-with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`.
+with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`. When the rollup's
+surface holds exactly that snapshot's active rows (it records the versions it reflects), which
+it does between runs, `query_arrow` reads them from there: the same rows, without the superseded
+generations the row table keeps.
 
 With `as_of`, they return what a reader saw at that time: the row and pointer tables (a raw
 archive's table) at the versions current then, found from the commit times in their logs
@@ -21,6 +24,7 @@ from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.specs import ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import as_utc, iso_utc, span
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import current_rows
 
 
 def query_arrow(
@@ -77,11 +81,15 @@ def _read_versions(
             if as_of is None
             else engine.rollups.snapshot_at(spec, as_of)
         )
+        versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
+        if as_of is None:
+            current = current_rows(engine, spec, snap, span(start, end), ents)
+            if current is not None:
+                return current, versions
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
         rows = engine.rollups.read_arrow(
             spec, [span(start, end)], ents, snapshot=snap, columns=needed
         )
-        versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
         return logical_arrow(rows, spec), versions
     table = engine.raw.table(spec) if as_of is None else engine.raw.table_at(spec, as_of)
     data = engine.raw.read_arrow(spec, [span(start, end)], ents, table=table)

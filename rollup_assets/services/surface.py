@@ -76,7 +76,7 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import REPLACED_KEY, Snapshot
+from resources.rollup_store import READERS, REPLACED_KEY, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema, part_values
 from resources.warehouse import filesystem_for
@@ -144,6 +144,72 @@ def reflected(surface: DeltaTable | None) -> Reflected | None:
         return None
     g, r = surface.transaction_version(GENMAP_APP), surface.transaction_version(ROWS_APP)
     return None if g is None or r is None else Reflected(g, r)
+
+
+def current_rows(
+    engine: Engine,
+    spec: RollupSpec,
+    snap: Snapshot,
+    window: Window,
+    entities: frozenset[str] | None,
+) -> pa.Table | None:
+    """What a query of `snap` returns for buckets starting in `window` (and `entities`): their
+    logical rows, ordered by bucket start and entity, read from the surface when it holds exactly
+    `snap`'s active rows (the versions it records are `snap`'s). None when it does not (no
+    surface, one lagging behind the rollup, or one of other columns): the caller resolves the
+    active rows itself."""
+    uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
+    surface = open_table(uri, options)
+    if surface is None or reflected(surface) != Reflected.of(snap):
+        return None
+    schema = surface_schema(spec)
+    if [f.name for f in surface.schema().fields] != schema.names:
+        return None
+    logical = schema.remove(schema.get_field_index(PART_COLUMN))
+    files = prune_files(
+        file_actions(surface), time_column="bucket_start", spans=[window], entities=entities
+    )
+    # Partitions name UTC days, months or years, and a publish writes each partition's new rows
+    # in one file sorted by bucket start, then entity: read in partition order, the rows are
+    # usually in query order already (checked; a compaction may have merged files).
+    files.sort(
+        key=lambda f: (
+            str(f.get(f"partition.{PART_COLUMN}")),
+            str(f.get("min.bucket_start")),
+            f["path"],
+        )
+    )
+    targets = [(window, entities)]
+
+    def read(f: dict) -> pa.Table:
+        data = read_row_groups(uri, options, f["path"], logical.names, "bucket_start", targets)
+        mask = in_windows(data["bucket_start"], [window])
+        if entities is not None:
+            wanted = pa.array(sorted(entities), pa.string())
+            mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
+        return data.filter(mask).cast(logical)
+
+    rows = pa.concat_tables([logical.empty_table(), *READERS.map(read, files)])
+    if not _in_query_order(rows):
+        rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    return rows
+
+
+def _in_query_order(rows: pa.Table) -> bool:
+    """Are `rows` ordered by bucket start, then entity (as a query returns them)?"""
+    n = rows.num_rows
+    if n < 2:
+        return True
+    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
+    steps = np.diff(starts)
+    if (steps < 0).any():
+        return False
+    ties = steps == 0
+    if not ties.any():
+        return True
+    entity = rows["entity_id"]
+    ascending = pc.greater(entity.slice(1), entity.slice(0, n - 1))
+    return bool(np.all(~ties | ascending.to_numpy(zero_copy_only=False)))
 
 
 def publish(engine: Engine, spec: RollupSpec) -> Published:

@@ -18,6 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from resources.delta_tables import read_commit
+from resources.rollup_store import RollupStore
 from resources.rollup_table import RollupTable
 from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
@@ -29,7 +30,7 @@ from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish
 from tests.conftest import World, days
 from tests.integration.test_crash_points import open_world, template_root, world_copy
-from tests.oracle import compare_all
+from tests.oracle import compare, compare_all, oracle
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
 # A year end (ISO week 1 of 2025 starts on Monday 2024-12-30) and the spring DST change in
@@ -190,6 +191,12 @@ def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that
     lagging = DeltaTable(world.engine.rollups.surface_uri(hourly))
     assert lagging.transaction_version(GENMAP_APP) < snap.genmap_version
     assert matches_oracle(world, old_raw) == []
+    # The query path does not read a lagging surface: it resolves the flipped state.
+    hour = datetime(2025, 3, 30, 1, 0, tzinfo=UTC)  # the corrected local 03:00
+    new, old = (oracle(raw, hourly) for raw in (world.raw(), old_raw))
+    got = world.query("energy_hourly", start=hour, end=hour + timedelta(hours=1))
+    assert compare(got, new[new["bucket_start"] == hour], hourly) == []
+    assert compare(got, old[old["bucket_start"] == hour], hourly) != []  # the correction shows
 
     # A backup taken now holds the lagging surface; the restore publishes it.
     backup(world.engine, str(tmp_path / "backup"))
@@ -209,6 +216,36 @@ def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that
     assert at_crash.filter(
         pc.greater_equal(at_crash["bucket_start"], pa.scalar(datetime(2025, 3, 1), TS))
     ).equals(fresh.filter(march))
+
+
+def test_a_query_reads_a_current_surface_as_resolving_the_pointers_would(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = chain
+    keep_superseded_rows(monkeypatch)
+    world.ingest(correction(CORRECTED, 30.0))
+    world.tick(NOW, sensors=RETROACTIVE)
+    now = datetime.now(UTC)
+    # An as-of read always resolves the pointers (from the tables' versions at that time).
+    resolved = {n: world.query(n, as_of=now) for n in world.catalog.rollups}
+    spans = [(None, None), (datetime(2024, 12, 30, tzinfo=UTC), datetime(2025, 3, 30, tzinfo=UTC))]
+
+    def unused(*args: object, **kwargs: object) -> pa.Table:
+        raise AssertionError("the row table was read: the surface is current")
+
+    monkeypatch.setattr(RollupStore, "read_arrow", unused)
+    for name, want in resolved.items():
+        assert world.query(name).equals(want), name
+        for start, end in spans[1:]:
+            got = world.query(name, start=start, end=end, entities=[METER])
+            inside = pc.and_(
+                pc.and_(
+                    pc.greater_equal(want["bucket_start"], pa.scalar(start, TS)),
+                    pc.less(want["bucket_start"], pa.scalar(end, TS)),
+                ),
+                pc.equal(want["entity_id"], METER),
+            )
+            assert got.equals(want.filter(inside)), name
 
 
 def test_a_missing_surface_is_built_by_maintenance_and_a_dropped_rollup_loses_it(
