@@ -29,6 +29,9 @@ LOCAL_DEFAULTS = {
     "spark.driver.memory": "2g",
     "spark.sql.adaptive.enabled": "true",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # Reads name their files one by one (from the Delta log): on local disks the driver looks
+    # them up faster than a Spark job with a task per few files (Spark's default past 32 paths).
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "10000",
 }
 
 
