@@ -403,8 +403,11 @@ class Engine:
             )
 
             def changed_rows(starts: list[datetime]) -> list[dict]:
+                # The buckets as a broadcast table, not thousands of literals in one predicate.
+                wanted = spark.createDataFrame(pa.table({"bucket_start": pa.array(starts, TS)}))
                 return (
-                    compared_df.where(F.col(CHANGED) & F.col("bucket_start").isin(starts))
+                    compared_df.where(F.col(CHANGED))
+                    .join(F.broadcast(wanted), "bucket_start")
                     .select(ENTITY_COLUMN, "bucket_start", F.lit(True).alias(CHANGED))
                     .toArrow()
                     .to_pylist()
