@@ -9,7 +9,7 @@ Delta commit: that commit is the moment readers switch to the new generation.
 """
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -84,6 +84,58 @@ def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
     )
     s = s.rename_columns(["bucket_start", "entity_id", "g_entity"])
     return g, s
+
+
+def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
+    """`files` (rows of `file_actions` of a rollup's row table) less those whose every row is
+    superseded, told from statistics alone: a file whose newest generation is older than the
+    global pointer of every bucket from its first to its last (contiguous global pointers, so
+    no bucket between them lacks one). A row's active generation is at least its bucket's global
+    pointer, so none of that file's rows can be active. A file without statistics is kept."""
+    is_global = pc.is_null(pointers["entity_id"])
+    if not pointers.num_rows or not pc.any(is_global).as_py():
+        return files
+    g = (
+        pointers.filter(is_global)
+        .group_by(["bucket_start", "bucket_end"])
+        .aggregate([("generation", "max")])
+        .sort_by("bucket_start")
+    )
+    starts = g["bucket_start"].cast(TS).cast(pa.int64()).to_numpy()
+    ends = g["bucket_end"].cast(TS).cast(pa.int64()).to_numpy()
+    gens = g["generation_max"].to_numpy()
+    # gaps[k]: how many neighbouring pointers before pointer k do not meet (a bucket between
+    # them has no global pointer).
+    gaps = np.concatenate([[0], np.cumsum(ends[:-1] != starts[1:])])
+    out = []
+    for f in files:
+        lo, hi, newest = (
+            f.get("min.bucket_start"),
+            f.get("max.bucket_start"),
+            f.get("max.generation"),
+        )
+        if lo is None or hi is None or newest is None:
+            out.append(f)
+            continue
+        i = int(np.searchsorted(starts, _micros(lo), side="left"))
+        j = int(np.searchsorted(starts, _micros(hi), side="right")) - 1
+        covered = (
+            i <= j
+            and starts[i] == _micros(lo)
+            and starts[j] == _micros(hi)
+            and gaps[j] == gaps[i]
+            and gens[i : j + 1].min() > newest
+        )
+        if not covered:
+            out.append(f)
+    return out
+
+
+def _micros(t: datetime) -> int:
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:

@@ -39,6 +39,7 @@ from resources.fill import Fill, run_fill
 from resources.genmap import (
     active_mask,
     flipped_pointers,
+    live_files,
     read_pointers,
     read_pointers_at,
     resolve_active_spark,
@@ -208,7 +209,9 @@ class RollupStore(RollupTable):
         read_schema = spark_schema(data_schema(spec))
         if snap.table is None:
             return spark.createDataFrame([], read_schema)
-        files = self.overlapping(file_actions(snap.table), spans, entities)
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
+        )
         if not files:
             return spark.createDataFrame([], read_schema)
         root = self.uri(spec)
@@ -260,7 +263,9 @@ class RollupStore(RollupTable):
             return data if mask is None else data.filter(mask)
 
         targets = list(cells) if cells is not None else targets_of(spans, entities)
-        files = self.overlapping(file_actions(snap.table), spans, entities)
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
+        )
         if not files:
             return schema.empty_table()
         # Reading and decoding Parquet releases the GIL: files are read side by side.

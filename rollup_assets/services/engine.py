@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from resources.archive_states import ArchiveStateStore
 from resources.delta_tables import file_actions, prune_files
 from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, plan_parts
+from resources.genmap import live_files
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
@@ -290,7 +291,9 @@ class Engine:
             snap = self.rollups.snapshot(source)
             if snap.table is None:
                 return None
-            live = self.rollups.overlapping(file_actions(snap.table), spans, None)
+            live = live_files(
+                self.rollups.overlapping(file_actions(snap.table), spans, None), snap.pointers
+            )
             versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
             uri, options = self.rollups.uri(source), self.rollups.options
             pointers = snap.pointers.filter(in_windows(snap.pointers["bucket_start"], spans))

@@ -5,9 +5,10 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-from resources.genmap import GENMAP_SCHEMA, active_mask
+from resources.genmap import GENMAP_SCHEMA, active_mask, live_files
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
@@ -57,3 +58,70 @@ def test_active_mask_follows_the_pointer_rule(seed):
     )
     mask = active_mask(table, pa.Table.from_pylist(pointers, GENMAP_SCHEMA))
     assert mask.to_pylist() == expected(rows, pointers)
+
+
+def pointer(start: datetime, generation: int, entity: str | None = None) -> dict:
+    return {
+        "bucket_start": start,
+        "bucket_end": start + timedelta(hours=1),
+        "entity_id": entity,
+        "generation": generation,
+        "job_id": "j",
+        "run_id": "r",
+        "flipped_at": T0,
+    }
+
+
+def file_of(path: str, rows: list[dict]) -> dict:
+    """A `file_actions` row for a file holding `rows`, with the statistics a writer records."""
+    return {
+        "path": path,
+        "min.bucket_start": min(r["bucket_start"] for r in rows),
+        "max.bucket_start": max(r["bucket_start"] for r in rows),
+        "min.generation": min(r["generation"] for r in rows),
+        "max.generation": max(r["generation"] for r in rows),
+    }
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_live_files_never_drop_a_file_holding_an_active_row(seed):
+    rng = random.Random(seed)
+    buckets = [T0 + timedelta(hours=h) for h in range(rng.randint(1, 12))]
+    entities = [f"m{i}" for i in range(rng.randint(1, 4))]
+    pointers = [
+        pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice([None, None, *entities]))
+        for _ in range(rng.randint(0, 20))
+    ]
+    files = {}
+    for n in range(rng.randint(1, 8)):
+        first = rng.randrange(len(buckets))
+        span = buckets[first : first + rng.randint(1, 4)]
+        gen = rng.randint(0, 6)
+        rows = [
+            {"bucket_start": b, "entity_id": e, "generation": gen}
+            for b in span
+            for e in entities
+            if rng.random() < 0.7
+        ]
+        if rows:
+            files[f"f{n}"] = rows
+    table = pa.Table.from_pylist(pointers, GENMAP_SCHEMA)
+    kept = {f["path"] for f in live_files([file_of(p, r) for p, r in files.items()], table)}
+    for path, rows in files.items():
+        if any(expected(rows, pointers)):
+            assert path in kept, (path, rows)
+
+
+def test_live_files_drop_a_file_every_row_of_which_is_superseded():
+    hours = [T0 + timedelta(hours=h) for h in range(4)]
+    old = [{"bucket_start": b, "entity_id": "m1", "generation": 1} for b in hours]
+    pointers = pa.Table.from_pylist(
+        [pointer(b, 3) for b in hours] + [pointer(hours[0], 2, "m1")], GENMAP_SCHEMA
+    )
+    files = [file_of("old", old), file_of("new", [{**r, "generation": 3} for r in old])]
+    assert [f["path"] for f in live_files(files, pointers)] == ["new"]
+    # A bucket without a global pointer in the file's range: its rows may be active.
+    gap = pointers.filter(pc.not_equal(pointers["bucket_start"], pa.scalar(hours[2], TS)))
+    assert [f["path"] for f in live_files(files, gap)] == ["old", "new"]
+    # No statistics: kept.
+    assert live_files([{"path": "bare"}], pointers) == [{"path": "bare"}]
