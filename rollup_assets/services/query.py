@@ -4,18 +4,21 @@
 reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
 with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`. When the rollup's
 surface holds exactly that snapshot's active rows (it records the versions it reflects), which
-it does between runs, `query_arrow` reads them from there: the same rows, without the superseded
-generations the row table keeps.
+it does between runs, `query_arrow` of every entity reads them from there: the same rows,
+without the superseded generations the row table keeps. A read of named entities, an as-of
+read, and any read while the surface lags (or cannot be read) resolve the pointers.
 
 With `as_of`, they return what a reader saw at that time: the row and pointer tables (a raw
 archive's table) at the versions current then, found from the commit times in their logs
 (`RollupStore.snapshot_at`).
 """
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 
 import pyarrow as pa
+from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.compute.aggregation import logical_columns
@@ -25,6 +28,8 @@ from rollup_assets.model.specs import ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import as_utc, iso_utc, span
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows
+
+log = logging.getLogger(__name__)
 
 
 def query_arrow(
@@ -82,8 +87,14 @@ def _read_versions(
             else engine.rollups.snapshot_at(spec, as_of)
         )
         versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
-        if as_of is None:
-            current = current_rows(engine, spec, snap, span(start, end), ents)
+        # The surface is sorted by bucket, the row table by entity: a read of a few entities
+        # decodes fewer rows from the row table.
+        if as_of is None and ents is None:
+            try:
+                current = current_rows(engine, spec, snap, span(start, end))
+            except (OSError, pa.ArrowException, DeltaError) as exc:
+                log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
+                current = None
             if current is not None:
                 return current, versions
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]

@@ -1,4 +1,5 @@
-"""The surface: a Delta table of each rollup's active rows, for readers outside this project.
+"""The surface: a Delta table of each rollup's active rows, for readers outside this project
+(and for this project's own queries of every entity while it is current: `current_rows`).
 
 A rollup's row table (`rollups/<rollup>/`) holds every generation, and its pointer table says
 which one is active; a plain Delta reader (delta-rs, DuckDB, Polars, Trino, Databricks SQL)
@@ -151,23 +152,28 @@ def current_rows(
     spec: RollupSpec,
     snap: Snapshot,
     window: Window,
-    entities: frozenset[str] | None,
 ) -> pa.Table | None:
-    """What a query of `snap` returns for buckets starting in `window` (and `entities`): their
+    """What a query of `snap` returns for buckets starting in `window`, every entity: their
     logical rows, ordered by bucket start and entity, read from the surface when it holds exactly
-    `snap`'s active rows (the versions it records are `snap`'s). None when it does not (no
-    surface, one lagging behind the rollup, or one of other columns): the caller resolves the
-    active rows itself."""
+    `snap`'s active rows (the versions it records are `snap`'s, or older by commits that leave
+    the active rows as they were: `_still_current`). None when it does not (no surface, one
+    lagging behind the rollup, or one of other columns): the caller resolves the active rows
+    itself."""
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     surface = open_table(uri, options)
-    if surface is None or reflected(surface) != Reflected.of(snap):
+    done = reflected(surface)
+    if (
+        surface is None
+        or done is None
+        or not _still_current(engine, spec, done, Reflected.of(snap))
+    ):
         return None
     schema = surface_schema(spec)
     if [f.name for f in surface.schema().fields] != schema.names:
         return None
     logical = schema.remove(schema.get_field_index(PART_COLUMN))
     files = prune_files(
-        file_actions(surface), time_column="bucket_start", spans=[window], entities=entities
+        file_actions(surface), time_column="bucket_start", spans=[window], entities=None
     )
     # Partitions name UTC days, months or years, and a publish writes each partition's new rows
     # in one file sorted by bucket start, then entity: read in partition order, the rows are
@@ -179,20 +185,53 @@ def current_rows(
             f["path"],
         )
     )
-    targets = [(window, entities)]
+    targets = [(window, None)]
 
     def read(f: dict) -> pa.Table:
         data = read_row_groups(uri, options, f["path"], logical.names, "bucket_start", targets)
-        mask = in_windows(data["bucket_start"], [window])
-        if entities is not None:
-            wanted = pa.array(sorted(entities), pa.string())
-            mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
-        return data.filter(mask).cast(logical)
+        return data.filter(in_windows(data["bucket_start"], [window])).cast(logical)
 
     rows = pa.concat_tables([logical.empty_table(), *READERS.map(read, files)])
     if not _in_query_order(rows):
         rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
     return rows
+
+
+# A query trusts a surface at most this many commits behind the rollup's tables (each one read to
+# tell its kind); further behind, it resolves the pointers.
+MAX_NEUTRAL_COMMITS = 16
+
+
+def _still_current(engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected) -> bool:
+    """Do the commits after `done` up to `now` leave the active rows as they were? Told from their
+    kinds alone: row-table commits that never change them (`NEUTRAL_OPERATIONS`: a recompute's
+    invisible rows, sweeps, compaction, vacuum) and pointer-table commits that change no pointer
+    (compaction, vacuum, checkpoints)."""
+    if done == now:
+        return True
+    behind = (now.genmap - done.genmap) + (now.rows - done.rows)
+    if done.genmap > now.genmap or done.rows > now.rows or behind > MAX_NEUTRAL_COMMITS:
+        return False
+    options = engine.warehouse.storage_options
+    commits = [
+        *(
+            (engine.rollups.genmap_uri(spec), v, NO_DATA_OPERATIONS)
+            for v in range(done.genmap + 1, now.genmap + 1)
+        ),
+        *(
+            (engine.rollups.uri(spec), v, NEUTRAL_OPERATIONS)
+            for v in range(done.rows + 1, now.rows + 1)
+        ),
+    ]
+    for uri, version, neutral in commits:
+        try:
+            actions = read_commit(uri, version, options)
+        except (OSError, ValueError):
+            return False
+        info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if (info.get("rollups.operation") or info.get("operation")) not in neutral:
+            return False
+    return True
 
 
 def _in_query_order(rows: pa.Table) -> bool:
