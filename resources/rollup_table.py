@@ -97,10 +97,11 @@ class RollupTable:
         return self.warehouse.surface_path(spec.name)
 
     def drop(self, spec: RollupSpec) -> None:
-        """Delete the rollup's row, pointer and surface tables (a deleted archive)."""
+        """Delete the rollup's surface, row and pointer tables (a deleted archive). The surface
+        goes first: left behind by a crash, it could record versions a re-created rollup reaches."""
+        self.warehouse.drop_table(self.surface_uri(spec))
         self.warehouse.drop_table(self.uri(spec))
         self.warehouse.drop_table(self.genmap_uri(spec))
-        self.warehouse.drop_table(self.surface_uri(spec))
 
     def commit(
         self,

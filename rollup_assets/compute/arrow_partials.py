@@ -1,6 +1,7 @@
-"""The partials of a few named cells, aggregated on the driver with Arrow (no Spark job), and
-the logical columns of stored partials (`logical_arrow`, the twin of
-`aggregation.logical_columns`).
+"""Partials aggregated with Arrow, without Spark's shuffle (named cells or every entity of some
+buckets: corrections of a few cells and the forward lane on the driver, first fills in Spark
+tasks, real-time reads and downsampling), and the logical columns of stored partials
+(`logical_arrow`, the twin of `aggregation.logical_columns`).
 
 The same rules as `aggregation.rollup_partials`: over a raw or time-range source, sum, count
 (non-null values), min and max of the value columns; over a rollup source, the partials merged

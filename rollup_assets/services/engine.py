@@ -60,8 +60,8 @@ TS = pa.timestamp("us", tz="UTC")
 # A job naming at most this many cells runs on the driver: aggregated from the row groups holding
 # its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
 # past a few thousand, their row groups are most of each table, which Spark's executors read
-# faster and without filling the driver's memory. Larger jobs, and jobs with buckets for every
-# entity, run on Spark.
+# faster and without filling the driver's memory. Larger recomputes, and recomputes with buckets
+# for every entity, run on Spark (the forward lane's small ones excepted: `DRIVER_SOURCE_ROWS`).
 DRIVER_CELLS = 2_000
 # The forward lane aggregates its buckets (every entity) on the driver when the source files they
 # may draw from hold at most this many rows (by the files' statistics): the open buckets and the
@@ -363,14 +363,6 @@ class Engine:
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
             found = _found(cells, compared, partial=None, settled_only=settled_only)
-            rows = rows.cast(
-                pa.schema(
-                    [
-                        f.with_type(TS) if f.name in ("bucket_start", "bucket_end") else f
-                        for f in rows.schema
-                    ]
-                )
-            )
             picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
         held = self.rollups.may_hold(spec, spans, cells.entities)
