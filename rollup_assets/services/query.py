@@ -13,12 +13,10 @@ archive's table) at the versions current then, found from the commit times in th
 (`RollupStore.snapshot_at`).
 """
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 
 import pyarrow as pa
-from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.compute.aggregation import logical_columns
@@ -28,8 +26,6 @@ from rollup_assets.model.specs import ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import as_utc, iso_utc, span
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows
-
-log = logging.getLogger(__name__)
 
 
 def query_arrow(
@@ -90,11 +86,7 @@ def _read_versions(
         # The surface is sorted by bucket, the row table by entity: a read of a few entities
         # decodes fewer rows from the row table.
         if as_of is None and ents is None:
-            try:
-                current = current_rows(engine, spec, snap, span(start, end))
-            except (OSError, pa.ArrowException, DeltaError) as exc:
-                log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
-                current = None
+            current = current_rows(engine, spec, snap, span(start, end))
             if current is not None:
                 return current, versions
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]

@@ -28,6 +28,7 @@ from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface import current_rows
 
 _END_OF_TIME = as_utc(FAR_FUTURE)
 
@@ -101,9 +102,29 @@ def realtime_arrow(
     entities: Sequence[str] | None = None,
 ) -> pa.Table:
     """`query_arrow` of a rollup in real time: the logical columns of its buckets starting in
-    [start, end), stored below the watermark and aggregated from the source above it."""
+    [start, end), stored below the watermark and aggregated from the source above it. A read of
+    every entity takes the stored buckets from the surface while it is current, as a query
+    does."""
     spec = engine.catalog.rollup(archive)
-    rows = realtime_partials(engine, spec, start, end, frozenset(entities) if entities else None)
+    ents = frozenset(entities) if entities else None
+    if ents is None:
+        # The stored buckets of every entity from the surface while it is current (as a query
+        # reads them), the rest aggregated now.
+        state = engine.require_activated(spec)
+        window, cut = span(start, end), live_from(spec, state)
+        below = Window(window.start, min(window.end, cut))
+        stored = (
+            current_rows(engine, spec, engine.rollups.snapshot(spec), below)
+            if below.start < below.end
+            else None
+        )
+        if stored is not None:
+            live = []
+            if max(window.start, cut) < window.end:
+                fresh = _aggregated(engine, spec, Window(max(window.start, cut), window.end), None)
+                live = [logical_arrow(fresh, spec).cast(stored.schema)]
+            return pa.concat_tables([stored, *live])
+    rows = realtime_partials(engine, spec, start, end, ents)
     return logical_arrow(rows, spec)
 
 

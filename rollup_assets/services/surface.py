@@ -157,8 +157,18 @@ def current_rows(
     logical rows, ordered by bucket start and entity, read from the surface when it holds exactly
     `snap`'s active rows (the versions it records are `snap`'s, or older by commits that leave
     the active rows as they were: `_still_current`). None when it does not (no surface, one
-    lagging behind the rollup, or one of other columns): the caller resolves the active rows
-    itself."""
+    lagging behind the rollup, one of other columns, or one that cannot be read): the caller
+    resolves the active rows itself."""
+    try:
+        return _current_rows(engine, spec, snap, window)
+    except (OSError, pa.ArrowException, DeltaError) as exc:
+        log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
+        return None
+
+
+def _current_rows(
+    engine: Engine, spec: RollupSpec, snap: Snapshot, window: Window
+) -> pa.Table | None:
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     surface = open_table(uri, options)
     done = reflected(surface)
