@@ -27,21 +27,25 @@ def expected(rows: list[dict], pointers: list[dict]) -> list[bool]:
     return out
 
 
+def pointer(start: datetime, generation: int, entity: str | None = None) -> dict:
+    return {
+        "bucket_start": start,
+        "bucket_end": start + timedelta(hours=1),
+        "entity_id": entity,
+        "generation": generation,
+        "job_id": "j",
+        "run_id": "r",
+        "flipped_at": T0,
+    }
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_active_mask_follows_the_pointer_rule(seed):
     rng = random.Random(seed)
     buckets = [T0 + timedelta(hours=h) for h in range(rng.randint(1, 12))]
     entities = [f"m{i}" for i in range(rng.randint(1, 6))]
     pointers = [
-        {
-            "bucket_start": rng.choice(buckets),
-            "bucket_end": T0,
-            "entity_id": rng.choice([None, *entities]),
-            "generation": rng.randint(1, 6),
-            "job_id": "j",
-            "run_id": "r",
-            "flipped_at": T0,
-        }
+        pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice([None, *entities]))
         for _ in range(rng.randint(0, 15))
     ]
     rows = [
@@ -58,18 +62,6 @@ def test_active_mask_follows_the_pointer_rule(seed):
     )
     mask = active_mask(table, pa.Table.from_pylist(pointers, GENMAP_SCHEMA))
     assert mask.to_pylist() == expected(rows, pointers)
-
-
-def pointer(start: datetime, generation: int, entity: str | None = None) -> dict:
-    return {
-        "bucket_start": start,
-        "bucket_end": start + timedelta(hours=1),
-        "entity_id": entity,
-        "generation": generation,
-        "job_id": "j",
-        "run_id": "r",
-        "flipped_at": T0,
-    }
 
 
 def file_of(path: str, rows: list[dict]) -> dict:
