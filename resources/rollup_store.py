@@ -77,6 +77,23 @@ class PointersMoved(Exception):
 
 
 @dataclass(frozen=True)
+class Reflected:
+    """Versions of a rollup's pointer and row tables (-1: no table): the state of its active
+    rows that something read or reflects."""
+
+    genmap: int
+    rows: int
+
+    @classmethod
+    def of(cls, snap: "Snapshot") -> "Reflected":
+        return snap.reflects
+
+    def at_or_before(self, other: "Reflected") -> bool:
+        """Is this state no later than `other` (both tables at or before its versions)?"""
+        return self.genmap <= other.genmap and self.rows <= other.rows
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """A consistent pair: the row table at one version and the pointers valid for it."""
 
@@ -87,6 +104,19 @@ class Snapshot:
     @property
     def version(self) -> int | None:
         return None if self.table is None else self.table.version()
+
+    @property
+    def reflects(self) -> Reflected:
+        return Reflected(_v(self.genmap_version), _v(self.version))
+
+    def lineage(self, spec: RollupSpec) -> dict[str, int]:
+        """The source versions a row computed from this snapshot of `spec` records."""
+        state = self.reflects
+        return {spec.name: state.rows, spec.genmap_name: state.genmap}
+
+
+def _v(version: int | None) -> int:
+    return -1 if version is None else version
 
 
 class RollupStore(RollupTable):

@@ -16,11 +16,16 @@ rows instead, with the reason: a retraction of the stored extreme, a delete (the
 empty, and an empty cell has no row), a sum that may turn null (no count of the same column is
 stored), a NaN or infinite value (not reversible), a sum that cancels (the retracted magnitude is
 large against the result, so the stored sum's own rounding would show), or no stored partial.
+
+Up the chain the same rules apply to partials (`merge_changes`): a cell of a rollup over a rollup
+takes the old partials of the cells below it that changed out and their new ones in, as one
+merge of partials would (a count is a sum of counts there); a cell below that vanished (its
+source rows all gone) may empty the cell above, which is then recomputed.
 """
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -33,6 +38,9 @@ from rollup_assets.model.specs import ColumnType, StoredColumn
 # grow past the relative tolerance the checks use (1e-9) when most of it is taken away again.
 CANCELLATION_LIMIT = 1e6
 K = TypeVar("K", bound=Hashable)  # how a caller names a cell
+NO_STORED_PARTIAL = "no stored partial to correct"
+# A cell below's partials before and after a change (None: the cell had, or has, no row).
+Replacement = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
 
 class ChangeType(StrEnum):
@@ -79,20 +87,75 @@ def apply_changes(
     for sc in columns:
         leaving = _present(c.values.get(sc.column) for c in changes if not c.type.enters)
         entering = _present(c.values.get(sc.column) for c in changes if c.type.enters)
+        moves[sc.name] = _net(leaving, entering)
+    return _apply(stored, columns, moves, lambda leaving, entering: len(entering) - len(leaving))
+
+
+def merge_changes(
+    stored: dict[str, Any],
+    replaced: Sequence[Replacement],
+    columns: Sequence[StoredColumn],
+    inputs: Mapping[str, str],
+) -> CellDelta:
+    """The partials of a cell of a rollup over a rollup after cells below it had their partials
+    replaced (`replaced`: old and new, None where a cell had or has no row), from its `stored`
+    partials. `inputs` names, per stored column, the column below it merges: counts are sums of
+    counts there, sums sums of sums, extremes extremes of extremes, with the rules above. A
+    cell below whose extreme only moved outward (a lower minimum, a higher maximum) retracts
+    nothing: the new value alone enters."""
+    moves: dict[str, tuple[list[Any], list[Any]]] = {}
+    for sc in columns:
+        name = inputs[sc.name]
+        leaving, entering = [], []
+        for old, new in replaced:
+            a = None if old is None else old.get(name)
+            b = None if new is None else new.get(name)
+            if b is not None:
+                entering.append(b)
+            if a is not None and not (b is not None and _outward(sc.partial, a, b)):
+                leaving.append(a)
+        moves[sc.name] = _net(leaving, entering)
+    return _apply(stored, columns, moves, lambda leaving, entering: sum(entering) - sum(leaving))
+
+
+def _outward(partial: str, old: Any, new: Any) -> bool:
+    """Does an extreme move from `old` to `new` only outward (so `old` need not be retracted)?
+    Never for NaN, which no comparison orders."""
+    if _is_nan(old) or _is_nan(new):
+        return False
+    if partial == "min":
+        return bool(new <= old)
+    if partial == "max":
+        return bool(new >= old)
+    return False
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _apply(
+    stored: dict[str, Any],
+    columns: Sequence[StoredColumn],
+    moves: Mapping[str, tuple[list[Any], list[Any]]],
+    counted_change: Callable[[list[Any], list[Any]], int],
+) -> CellDelta:
+    """`stored` after the values leaving and entering each stored column (`moves`, by stored
+    column name); `counted_change(leaving, entering)` is what they add to a count."""
+    for sc in columns:
+        leaving, entering = moves[sc.name]
         if sc.partial != "count" and _non_finite([stored.get(sc.name), *leaving, *entering]):
             return CellDelta(None, f"{sc.name}: a NaN or infinite value cannot be retracted")
-        moves[sc.column] = _net(leaving, entering)
     out: dict[str, Any] = {}
     for sc in columns:
         if sc.partial == "count":
-            leaving, entering = moves[sc.column]
-            out[sc.name] = (stored.get(sc.name) or 0) + len(entering) - len(leaving)
+            out[sc.name] = (stored.get(sc.name) or 0) + counted_change(*moves[sc.name])
     emptied = {sc.column for sc in columns if sc.partial == "count" and out[sc.name] == 0}
     counted = {sc.column for sc in columns if sc.partial == "count"}
     for sc in columns:
         if sc.partial == "count":
             continue
-        leaving, entering = moves[sc.column]
+        leaving, entering = moves[sc.name]
         old = stored.get(sc.name)
         if sc.column in emptied:
             value, reason = None, None  # no value left: null, as an aggregate of nothing
@@ -182,6 +245,22 @@ class Applied(Generic[K]):
     recompute: dict[K, str] = field(default_factory=dict)  # cell -> why
     change_rows: int = 0  # changes applied (those after each cell's version)
 
+    def take(
+        self,
+        key: K,
+        result: CellDelta,
+        stored: dict[str, Any],
+        columns: Sequence[StoredColumn],
+    ) -> None:
+        """File a cell's `result` against its `stored` partials: changed, unchanged, or to be
+        recomputed."""
+        if result.partials is None:
+            self.recompute[key] = result.reason or "not reversible"
+        elif _same_partials(result.partials, stored, columns):
+            self.unchanged.add(key)
+        else:
+            self.changed[key] = result.partials
+
     def reasons(self) -> str:
         """'3 cell(s): a change retracts the stored min; 1 cell(s): ...' (most frequent first)."""
         tally = Counter(self.recompute.values())
@@ -208,16 +287,38 @@ def apply_to_cells(
     for key in wanted:
         cell = stored.get(key)
         if cell is None:
-            out.recompute[key] = "no stored partial to correct"
+            out.recompute[key] = NO_STORED_PARTIAL
             continue
         mine = per_cell.get(key, [])
         result = apply_changes(cell.partials, mine, columns) if mine else CellDelta(cell.partials)
-        if result.partials is None:
-            out.recompute[key] = result.reason or "not reversible"
-        elif _same_partials(result.partials, cell.partials, columns):
-            out.unchanged.add(key)
-        else:
-            out.changed[key] = result.partials
+        out.take(key, result, cell.partials, columns)
+    return out
+
+
+def merge_into_cells(
+    cells: Iterable[K],
+    stored: Mapping[K, dict[str, Any]],
+    below: Mapping[K, Sequence[Replacement]],
+    columns: Sequence[StoredColumn],
+    inputs: Mapping[str, str],
+) -> Applied[K]:
+    """Correct every cell of `cells` of a rollup over a rollup by the replaced partials of the
+    cells below it (`below`, per cell; see `merge_changes`). The caller vouches that the stored
+    partials reflect exactly the old side of each replacement and every other cell below them
+    as it is. A cell without stored partials, or one a cell below of which was emptied (it may
+    be empty now), is recomputed."""
+    out: Applied[K] = Applied()
+    for key in cells:
+        partials = stored.get(key)
+        if partials is None:
+            out.recompute[key] = NO_STORED_PARTIAL
+            continue
+        pairs = below.get(key, ())
+        out.change_rows += len(pairs)
+        if any(old is not None and new is None for old, new in pairs):
+            out.recompute[key] = "a cell below was emptied, so the cell may be empty"
+            continue
+        out.take(key, merge_changes(partials, pairs, columns, inputs), partials, columns)
     return out
 
 

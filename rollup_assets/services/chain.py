@@ -34,7 +34,7 @@ from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.engine import Engine, LevelChange, RunOutcome
 from rollup_assets.services.forward import run_forward
 from rollup_assets.services.recompute import run_recompute
 
@@ -82,24 +82,36 @@ class Chain:
     def run(self, spec: RollupSpec, outcome: RunOutcome) -> Iterator[tuple[RollupSpec, RunOutcome]]:
         """Every level above `spec` this run brought up to date, with what it did, in order;
         yielded while the level's pool slot is still held, so the caller can report it."""
-        # Each level once: what it wrote in this run (both lanes) and the jobs it queued above.
-        queue = deque([(spec, list(outcome.buckets), list(outcome.propagated))])
+        # Each level once: what it wrote in this run (both lanes), the jobs it queued above, and
+        # what its recomputes flipped, cell by cell (for the level above to apply).
+        queue = deque([(spec, list(outcome.buckets), list(outcome.propagated), [outcome.change])])
         while queue:
-            level, changed, propagated = queue.popleft()
+            level, changed, propagated, changes = queue.popleft()
+            # One recompute's cells, old and new, are a change the level above can apply (it
+            # checks that nothing else changed below its cells); after several, it merges again.
+            known = [c for c in changes if c is not None]
+            below = known[0] if len(known) == 1 else None
             for dep in self.engine.catalog.dependents(level.name):
                 wrote: list[Window] = []
                 queued: list[Job] = []
-                for done in self._bring_up(dep, changed, propagated):
+                flipped: list[LevelChange | None] = []
+                for done in self._bring_up(dep, changed, propagated, below):
                     yield dep, done
                     wrote += done.buckets
                     queued += done.propagated
+                    flipped.append(done.change)
                 if wrote:
-                    queue.append((dep, wrote, queued))
+                    queue.append((dep, wrote, queued, flipped))
 
     def _bring_up(
-        self, spec: RollupSpec, changed: list[Window], propagated: list[Job]
+        self,
+        spec: RollupSpec,
+        changed: list[Window],
+        propagated: list[Job],
+        below: LevelChange | None,
     ) -> Iterator[RunOutcome]:
-        """Under `spec`'s pool slot: its queued recomputes, then its forward work."""
+        """Under `spec`'s pool slot: its queued recomputes (given what the level below flipped,
+        when known), then its forward work."""
         with self.gate.hold(spec) as held:
             if not held:
                 self.say(f"{spec.name}: another run writes it; the sensors take it from here")
@@ -109,14 +121,16 @@ class Chain:
             if state is None or state.status is not ArchiveStatus.ACTIVATED:
                 return  # pending work waits for activation
             for job in [j for j in propagated if j.rollup == spec.name]:
-                done = self._recompute(spec, job)
+                done = self._recompute(spec, job, below)
                 if done is not None:
                     yield done
             forward = self._forward(spec, changed, states)
             if forward is not None:
                 yield forward
 
-    def _recompute(self, spec: RollupSpec, job: Job) -> RunOutcome | None:
+    def _recompute(
+        self, spec: RollupSpec, job: Job, below: LevelChange | None
+    ) -> RunOutcome | None:
         current = self.engine.ledger.job(job.job_id)
         if current is None or current.state is not JobState.PENDING:
             return None  # coalesced or taken meanwhile
@@ -132,6 +146,7 @@ class Chain:
                 run_id=self.run_id,
                 log_progress=self.say,
                 progress=self.progress,
+                below=below,
             )
         except RecomputeAbortedError as exc:
             self.say(f"{spec.name}: {exc}")

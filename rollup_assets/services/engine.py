@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -21,7 +22,7 @@ from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, plan_parts
 from resources.genmap import live_files
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
-from resources.rollup_store import RollupStore
+from resources.rollup_store import Reflected, RollupStore, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import data_schema
 from resources.warehouse import Warehouse
@@ -83,6 +84,7 @@ class RunOutcome:
     duration_ms: int = 0
     note: str = ""
     propagated: list[Job] = field(default_factory=list)  # pending jobs it queued one level up
+    change: "LevelChange | None" = None  # what a recompute flipped, cell by cell, when known
 
 
 class Engine:
@@ -200,18 +202,20 @@ class Engine:
         spec: RollupSpec,
         cells: Cells,
         raw_table: DeltaTable | None = None,
+        below: Snapshot | None = None,
     ) -> tuple[DataFrame, dict[str, int]]:
         """The partial aggregates of `cells` (with the count of source rows behind each, in
         `SOURCE_ROWS`), and the source versions read (a raw source at `raw_table`'s version
-        when given). Only the source rows of the cells are aggregated; the read itself is pruned
-        to their buckets and (when every bucket names them) their entities."""
+        when given, a rollup source at snapshot `below`). Only the source rows of the cells are
+        aggregated; the read itself is pruned to their buckets and (when every bucket names
+        them) their entities."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         entities = cells.entities
         if isinstance(source, RollupSpec):
-            snap = self.rollups.snapshot(source)
+            snap = below or self.rollups.snapshot(source)
             rows = self.rollups.read_spark(spark, source, spans, entities, snapshot=snap)
-            versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
+            versions = snap.lineage(source)
         else:
             rows, version = self.raw.read_spark(spark, source, spans, entities, table=raw_table)
             versions = {source.name: _v(version)}
@@ -219,7 +223,11 @@ class Engine:
         return rollup_partials(rows, whole, spec, source, named), versions
 
     def driver_partials(
-        self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None = None
+        self,
+        spec: RollupSpec,
+        cells: Cells,
+        raw_table: DeltaTable | None = None,
+        below: Snapshot | None = None,
     ) -> tuple[pa.Table, dict[str, int]]:
         """`partials`, computed on the driver: the row groups that may hold the cells' source
         rows read with delta-rs, aggregated with Arrow (`compute.arrow_partials`)."""
@@ -227,9 +235,9 @@ class Engine:
         spans = merge_windows(list(cells.windows))
         entities = cells.entities
         if isinstance(source, RollupSpec):
-            snap = self.rollups.snapshot(source)
+            snap = below or self.rollups.snapshot(source)
             rows = self.rollups.read_arrow(source, spans, entities, snapshot=snap, cells=cells)
-            versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
+            versions = snap.lineage(source)
         else:
             rows, version = self.raw.read_rows(source, spans, entities, raw_table, cells)
             versions = {source.name: _v(version)}
@@ -294,7 +302,7 @@ class Engine:
             live = live_files(
                 self.rollups.overlapping(file_actions(snap.table), spans, None), snap.pointers
             )
-            versions = {source.name: _v(snap.version), source.genmap_name: _v(snap.genmap_version)}
+            versions = snap.lineage(source)
             uri, options = self.rollups.uri(source), self.rollups.options
             pointers = snap.pointers.filter(in_windows(snap.pointers["bucket_start"], spans))
             time_column, day_column = "bucket_start", None
@@ -346,6 +354,7 @@ class Engine:
         raw_table: DeltaTable | None = None,
         *,
         settled_only: bool = False,
+        below: Snapshot | None = None,
     ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
         cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
@@ -353,18 +362,24 @@ class Engine:
         few named cells runs on the driver: their source row groups read with delta-rs and
         aggregated with Arrow (`driver_partials`), compared with the stored ones; a larger job
         stays on Spark, where the rows are
-        cached until `Recomputed.release`. Refuses (`RawRowsRetainedError`) cells whose raw
-        rows retention removed."""
+        cached until `Recomputed.release`. A rollup source is read at snapshot `below` when
+        given. Refuses (`RawRowsRetainedError`) cells whose raw rows retention removed."""
         self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
-            rows, versions = self.driver_partials(spec, cells, raw_table)
-            stored = self.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
+            rows, versions = self.driver_partials(spec, cells, raw_table, below)
+            own = self.rollups.snapshot(spec)
+            stored = self.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
             stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, stored, spec).to_pylist()
             found = _found(cells, compared, partial=None, settled_only=settled_only)
             picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
-            return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
+            return Recomputed(
+                picked.drop_columns([SOURCE_ROWS]),
+                found,
+                versions,
+                before=Stored(stored, own.reflects),
+            )
         held = self.rollups.may_hold(spec, spans, cells.entities)
         fill = None if held or settled_only else self._fill(spec, cells, raw_table)
         if fill is not None:
@@ -377,7 +392,7 @@ class Engine:
                     f"partition at a time ({len(fill.parts)} partition(s)), without a shuffle"
                 ),
             )
-        fresh, versions = self.partials(spark, spec, cells, raw_table)
+        fresh, versions = self.partials(spark, spec, cells, raw_table, below)
         fresh = fresh.persist()
         if held:
             stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
@@ -435,6 +450,62 @@ class CellOutcome:
     source_rows: int  # source rows aggregated
 
 
+@dataclass(frozen=True)
+class Stored:
+    """The stored rows of a job's named cells as a job read them (its old partials), and the
+    state of the rollup it read them at."""
+
+    rows: pa.Table
+    read_at: Reflected
+
+
+CellKey = tuple[str, datetime]  # (entity, bucket start)
+Partials = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LevelChange:
+    """What a recompute flipped, for the level above to correct its cells from rather than merge
+    them again: per changed cell, its partials before (as the job read them, at `read_at`) and
+    after (at `generation`); None where the cell had, or has, no row."""
+
+    rollup: str
+    read_at: Reflected
+    generation: int
+    cells: dict[CellKey, tuple[Partials | None, Partials | None]]
+
+    @classmethod
+    def of(
+        cls,
+        spec: RollupSpec,
+        before: Stored,
+        rows: pa.Table,
+        changed: Cells,
+        generation: int,
+    ) -> "LevelChange | None":
+        """The change of a job that flipped `changed` to `generation` with `rows`, its old
+        partials being `before`; None when a bucket was flipped for every entity (its cells
+        are not all known)."""
+        if changed.named is None:
+            return None
+        names = [sc.name for sc in spec.stored_columns]
+
+        def by_cell(table: pa.Table) -> dict[CellKey, Partials]:
+            picked = table.join(cell_keys(changed), KEYS, join_type="inner")
+            return {
+                (r[ENTITY_COLUMN], r["bucket_start"]): {n: r[n] for n in names}
+                for r in picked.select([*KEYS, *names]).to_pylist()
+            }
+
+        old, new = by_cell(before.rows), by_cell(rows)
+        cells = {
+            (e, w.start): (old.get((e, w.start)), new.get((e, w.start)))
+            for w, scope in changed
+            for e in sorted(scope or ())
+        }
+        return cls(spec.name, before.read_at, generation, cells)
+
+
 @dataclass
 class Recomputed:
     """A recompute's rows to write (a Spark frame, or a table on the driver), what the comparison
@@ -448,6 +519,7 @@ class Recomputed:
     reason: str = ""  # why that technique
     change_rows: int = 0  # source change rows consumed (applied as deltas)
     cells_applied: int = 0  # cells corrected from changes (changed or not)
+    before: Stored | None = None  # the old partials of named cells (on the driver only)
 
 
 def _found(

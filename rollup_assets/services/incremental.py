@@ -21,31 +21,50 @@ The job records which technique ran and why (`Recomputed.technique`, `Recomputed
 
 import bisect
 import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from resources.genmap import active_mask
 from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
+from resources.rollup_store import Reflected, Snapshot
 from resources.schemas import data_schema
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.deltas import Change, ChangeType, StoredCell, apply_to_cells
+from rollup_assets.model.deltas import (
+    Applied,
+    Change,
+    ChangeType,
+    Replacement,
+    StoredCell,
+    apply_to_cells,
+    merge_into_cells,
+)
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.services.engine import (
     DRIVER_CELLS,
     KEYS,
+    CellKey,
     CellOutcome,
     Engine,
+    LevelChange,
     Recomputed,
+    Stored,
     cell_keys,
 )
+from rollup_assets.services.surface import Changed, changed_cells
 
 # Reading further back than this many source commits costs more than reading the cells' rows.
 MAX_APPLY_COMMITS = 1_000
+# Up the chain, each state of the level below that stored cells record is compared with the
+# state a change was read at by reading the commits in between: at most this many states, and
+# this many row-table commits from each; cells recording others are merged again.
+MAX_BELOW_STATES = 16
+MAX_BELOW_COMMITS = 256
 DELTA = "delta"
-CellKey = tuple[str, datetime]  # (entity, bucket start)
 RECOMPUTE = "recompute"
 
 
@@ -56,14 +75,19 @@ def correct(
     cells: Cells,
     *,
     fold: bool = False,
+    below: LevelChange | None = None,
 ) -> Recomputed:
     """The corrected partials of `cells`, compared with the stored ones (see the module). A
     `fold` (maintenance rewriting buckets whole to fold their cell pointers) changes the layout
-    only: it is always a recompute, and writes only the buckets whose cells are all unchanged."""
+    only: it is always a recompute, and writes only the buckets whose cells are all unchanged.
+    `below` is what a job of the level below just flipped, when this run knows it."""
     if fold:
         result = engine.recompute(spark, spec, cells, settled_only=True)
         result.technique, result.reason = RECOMPUTE, "fold: buckets rewritten whole if settled"
         return result
+    source = engine.catalog.archive(spec.source)
+    if isinstance(source, RollupSpec) and below is not None and below.rollup == source.name:
+        return _from_below(engine, spark, spec, source, cells, below)
     unfit, table = delta_source(engine, spec, cells)
     if unfit is not None or table is None:
         result = engine.recompute(spark, spec, cells)
@@ -71,10 +95,10 @@ def correct(
         result.technique = RECOMPUTE
         result.reason = result.reason or why  # a first fill says what it does instead
         return result
-    source = engine.catalog.archive(spec.source)
     version = table.version()
     spans = merge_windows(list(cells.windows))
-    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, cells=cells)
+    own = engine.rollups.snapshot(spec)
+    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
     stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
     stored = _stored_cells(stored_rows, spec, source.name, version)
     by_start = {w.start: w for w in cells.windows}
@@ -106,6 +130,34 @@ def correct(
         _changes(changes, source.time_column, cells.windows, spec),
         spec.stored_columns,
     )
+    reason = (
+        f"{len(keys)} named cell(s): corrected from {applied.change_rows} change row(s) "
+        f"({read} read) of {source.name} up to version {version}"
+    )
+    return _outcome(
+        spec,
+        applied,
+        by_start,
+        {source.name: version},
+        reason,
+        Stored(stored_rows, own.reflects),
+        lambda leftover: engine.recompute(spark, spec, leftover, raw_table=table),
+        "recomputed from source rows",
+    )
+
+
+def _outcome(
+    spec: RollupSpec,
+    applied: Applied[CellKey],
+    by_start: dict[datetime, Window],
+    versions: dict[str, int],
+    reason: str,
+    before: Stored,
+    recompute: Callable[[Cells], Recomputed],
+    recomputed_how: str,
+) -> Recomputed:
+    """The job's outcome from cells corrected from changes (`applied`), the cells they could not
+    correct computed again by `recompute` (on the driver: they are a few named cells)."""
     rows = _rows(applied.changed, by_start, spec)
     changed_pairs = [(by_start[start], entity) for entity, start in applied.changed]
     found = CellOutcome(
@@ -114,17 +166,13 @@ def correct(
         cells_skipped=len(applied.unchanged),
         source_rows=0,
     )
-    reason = (
-        f"{len(keys)} named cell(s): corrected from {applied.change_rows} change row(s) "
-        f"({read} read) of {source.name} up to version {version}"
-    )
     technique = DELTA
     if applied.recompute:
         leftover = Cells.collect(
             [(by_start[start], frozenset([entity])) for entity, start in applied.recompute],
             limit=None,
         )
-        again = engine.recompute(spark, spec, leftover, raw_table=table)
+        again = recompute(leftover)
         try:
             # Named cells: compared on the driver (a first fill is of whole buckets).
             assert isinstance(again.rows, pa.Table) and again.found is not None
@@ -139,16 +187,227 @@ def correct(
             source_rows=more.source_rows,
         )
         technique = f"{DELTA}+{RECOMPUTE}"
-        reason += f"; recomputed from source rows: {applied.reasons()}"
+        reason += f"; {recomputed_how}: {applied.reasons()}"
     return Recomputed(
         rows,
         found,
-        {source.name: version},
+        versions,
         technique=technique,
         reason=reason,
         change_rows=applied.change_rows,
         cells_applied=len(applied.changed) + len(applied.unchanged),
+        before=before,
     )
+
+
+def _from_below(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    source: RollupSpec,
+    cells: Cells,
+    below: LevelChange,
+) -> Recomputed:
+    """`cells` of a rollup over a rollup corrected from what a job of the level below just
+    flipped (`below`): each stored cell takes the old partials of its changed cells below out
+    and their new ones in (`model.deltas.merge_into_cells`), without reading the level below.
+
+    Exact when the stored cell reflects the level below as the job found it: no cell below it
+    changed between the state the stored row records (its lineage) and the state the job read
+    its old partials at, and since then only the job's own cells, still at its generation. A
+    cell for which the pointer and row commits in between do not show that, or that the
+    changes cannot correct (a retracted extreme, a cell below emptied), is merged again from
+    the level below, at the same state of it."""
+    lower = engine.rollups.snapshot(source)
+    if cells.named is None or cells.named > DRIVER_CELLS:
+        why = (
+            f"{sum(1 for _, scope in cells if scope is None)} bucket(s) for every entity"
+            if cells.named is None
+            else f"{cells.named} cells (more than {DRIVER_CELLS})"
+        )
+        return _merged_again(engine, spark, spec, cells, lower, f"{why}: merged again")
+    now = lower.reflects
+    since = (
+        changed_cells(engine, source, below.read_at, now)
+        if below.read_at.at_or_before(now) and _commits_between(below.read_at, now)
+        else None
+    )
+    if since is None:
+        return _merged_again(
+            engine,
+            spark,
+            spec,
+            cells,
+            lower,
+            f"what changed in {source.name} since its job read it cannot be told: merged again",
+        )
+    still = _still_flipped(below, lower)
+    by_start = {w.start: w for w in cells.windows}
+    keys: list[CellKey] = [(e, w.start) for w, scope in cells for e in sorted(scope or ())]
+    spans = merge_windows(list(cells.windows))
+    own = engine.rollups.snapshot(spec)
+    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
+    stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
+    names = [sc.name for sc in spec.stored_columns]
+    stored: dict[CellKey, dict] = {}
+    states: dict[CellKey, Reflected | None] = {}
+    for r in stored_rows.select([*KEYS, *names, "source_versions"]).to_pylist():
+        key = (r[ENTITY_COLUMN], r["bucket_start"])
+        stored[key] = {n: r[n] for n in names}
+        states[key] = _reflected(r["source_versions"], source)
+    earlier = _changes_since(engine, source, {s for s in states.values() if s}, below.read_at)
+    moves = replacements_above(below.cells, cells.windows)
+    unfit: dict[CellKey, str] = {}
+    for key in keys:
+        if key not in stored:
+            continue  # no stored partial: merged again (merge_into_cells says so)
+        entity, start = key
+        window = by_start[start]
+        state = states[key]
+        if state is None:
+            unfit[key] = f"the stored row names no state of {source.name}"
+            continue
+        before = earlier.get(state)
+        if before is None or _touched(before, window, entity) != []:
+            unfit[key] = f"{source.name} changed below it since it was stored"
+            continue
+        touched = _touched(since, window, entity)
+        if touched is None or any(
+            (entity, t) not in below.cells or (entity, t) not in still for t in touched
+        ):
+            unfit[key] = f"{source.name} changed below it other than by the job applied"
+    applied = merge_into_cells(
+        [k for k in keys if k not in unfit],
+        stored,
+        moves,
+        spec.stored_columns,
+        merged_inputs(spec, source),
+    )
+    applied.recompute.update(unfit)
+    if len(applied.recompute) > DRIVER_CELLS:
+        return _merged_again(
+            engine,
+            spark,
+            spec,
+            cells,
+            lower,
+            f"{len(applied.recompute)} cells cannot be corrected from {source.name}'s changes "
+            f"(more than {DRIVER_CELLS}): merged again",
+        )
+    reason = below_reason(len(keys), applied.change_rows, source) + (
+        f" (generation {below.generation})"
+    )
+    return _outcome(
+        spec,
+        applied,
+        by_start,
+        lower.lineage(source),
+        reason,
+        Stored(stored_rows, own.reflects),
+        lambda leftover: engine.recompute(spark, spec, leftover, below=lower),
+        f"merged again from {source.name}",
+    )
+
+
+def _merged_again(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    cells: Cells,
+    lower: Snapshot,
+    reason: str,
+) -> Recomputed:
+    result = engine.recompute(spark, spec, cells, below=lower)
+    result.technique = RECOMPUTE
+    result.reason = result.reason or reason  # a first fill says what it does instead
+    return result
+
+
+def _commits_between(old: Reflected, new: Reflected) -> bool:
+    """Few enough row-table commits between two states of a rollup to read each one?"""
+    return new.rows - old.rows <= MAX_BELOW_COMMITS
+
+
+def _changes_since(
+    engine: Engine, spec: RollupSpec, states: set[Reflected], until: Reflected
+) -> dict[Reflected, Changed]:
+    """For each of `states` of `spec` (the newest `MAX_BELOW_STATES`), the cells that changed
+    from it to `until`; a state for which that cannot be told is left out."""
+    out: dict[Reflected, Changed] = {}
+    newest = sorted(states, key=lambda s: (s.genmap, s.rows), reverse=True)
+    for state in newest[:MAX_BELOW_STATES]:
+        if not state.at_or_before(until) or not _commits_between(state, until):
+            continue
+        changed = changed_cells(engine, spec, state, until)
+        if changed is not None:
+            out[state] = changed
+    return out
+
+
+def _touched(changed: Changed, window: Window, entity: str) -> list[datetime] | None:
+    """The bucket starts of `entity`'s cells below `window` that `changed` holds; None when a
+    bucket below changed for every entity."""
+    out = []
+    for w, scope in changed.cells_within([window]):
+        if scope is None:
+            return None
+        if entity in scope:
+            out.append(w.start)
+    return out
+
+
+def _still_flipped(below: LevelChange, lower: Snapshot) -> set[CellKey]:
+    """The cells of `below` whose active generation in `lower` is still the job's."""
+    keys = list(below.cells)
+    rows = pa.table(
+        {
+            ENTITY_COLUMN: pa.array([e for e, _ in keys], pa.string()),
+            "bucket_start": pa.array([t for _, t in keys], pa.timestamp("us", tz="UTC")),
+            "generation": pa.array([below.generation] * len(keys), pa.int64()),
+        }
+    )
+    active = active_mask(rows, lower.pointers).to_pylist()
+    return {k for k, on in zip(keys, active, strict=True) if on}
+
+
+def merged_inputs(spec: RollupSpec, source: RollupSpec) -> dict[str, str]:
+    """Per stored column of `spec`, the column of its rollup `source` it merges."""
+    inputs = {}
+    for sc in spec.stored_columns:
+        column = source.partial_column(sc.column, sc.partial)
+        assert column is not None, f"{spec.name}: '{source.name}' lacks {sc.partial}"
+        inputs[sc.name] = column
+    return inputs
+
+
+def below_reason(cells: int, replaced: int, source: RollupSpec) -> str:
+    return (
+        f"{cells} named cell(s): corrected from the old and new partials of {replaced} "
+        f"cell(s) of {source.name}"
+    )
+
+
+def replacements_above(
+    below: Mapping[CellKey, Replacement], windows: Sequence[Window]
+) -> dict[CellKey, list[Replacement]]:
+    """The replaced partials of cells below (old, new) by the cell of `windows` above them."""
+    ordered = sorted(windows)
+    starts = [w.start for w in ordered]
+    out: dict[CellKey, list[Replacement]] = {}
+    for (entity, start), pair in below.items():
+        i = bisect.bisect_right(starts, start) - 1
+        if i >= 0 and start < ordered[i].end:
+            out.setdefault((entity, ordered[i].start), []).append(pair)
+    return out
+
+
+def _reflected(text: str | None, source: RollupSpec) -> Reflected | None:
+    """The state of `source` a stored row's lineage (`source_versions`) records."""
+    versions = json.loads(text or "{}")
+    rows, genmap = versions.get(source.name), versions.get(source.genmap_name)
+    if rows is None or genmap is None:
+        return None
+    return Reflected(int(genmap), int(rows))
 
 
 def delta_source(

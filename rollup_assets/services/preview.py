@@ -27,13 +27,27 @@ from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells
-from rollup_assets.model.deltas import Change, ChangeType, StoredCell, apply_to_cells
+from rollup_assets.model.deltas import (
+    Change,
+    ChangeType,
+    Replacement,
+    StoredCell,
+    apply_to_cells,
+    merge_into_cells,
+)
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec, key_columns
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.services.engine import KEYS, Engine, cell_keys
-from rollup_assets.services.incremental import DELTA, RECOMPUTE, delta_source
+from rollup_assets.services.engine import DRIVER_CELLS, KEYS, Engine, cell_keys
+from rollup_assets.services.incremental import (
+    DELTA,
+    RECOMPUTE,
+    below_reason,
+    delta_source,
+    merged_inputs,
+    replacements_above,
+)
 from rollup_assets.services.ingest import writable_archive
 
 
@@ -138,10 +152,26 @@ class _RawAfter:
 
 
 class _RollupAfter:
-    """A level's stored partials of some cells with the changed partials in their place."""
+    """A level's stored partials of some cells with the changed partials in their place (the
+    `changed` cells' partials before are `replaced`)."""
 
-    def __init__(self, engine: Engine, spec: RollupSpec, changed: pa.Table) -> None:
-        self.engine, self.spec, self.changed = engine, spec, changed
+    def __init__(
+        self, engine: Engine, spec: RollupSpec, changed: pa.Table, replaced: pa.Table
+    ) -> None:
+        self.engine, self.spec, self.changed, self.replaced = engine, spec, changed, replaced
+
+    def replacements(self) -> dict[tuple[str, datetime], Replacement]:
+        """Each changed cell's partials before and after (None: no row)."""
+        names = [sc.name for sc in self.spec.stored_columns]
+
+        def by_cell(rows: pa.Table) -> dict[tuple[str, datetime], dict]:
+            return {
+                (r[ENTITY_COLUMN], r["bucket_start"]): {n: r[n] for n in names}
+                for r in rows.select([*KEYS, *names]).to_pylist()
+            }
+
+        old, new = by_cell(self.replaced), by_cell(self.changed)
+        return {k: (old.get(k), new.get(k)) for k in {*old, *new}}
 
     def rows(self, cells: Cells) -> pa.Table:
         spans = merge_windows(list(cells.windows))
@@ -189,6 +219,9 @@ def _level(
     technique, reason, read = RECOMPUTE, unfit or "", rows.num_rows
     if unfit is None and isinstance(after, _RawAfter):
         technique, reason, read = _delta_work(spec, source, named, after, rows)
+    below = scoped.named is not None and scoped.named <= DRIVER_CELLS
+    if below and isinstance(after, _RollupAfter) and isinstance(source, RollupSpec):
+        technique, reason, read = _below_work(engine, spec, source, named, after, rows)
     spans = merge_windows(list(named.windows))
     stored = engine.rollups.read_arrow(spec, spans, named.entities, cells=named)
     stored = stored.join(cell_keys(named), KEYS, join_type="inner")
@@ -241,7 +274,7 @@ def _level(
             limit=None,
         )
         if lifted:
-            after_up = _RollupAfter(engine, spec, new_rows)
+            after_up = _RollupAfter(engine, spec, new_rows, old_rows)
             _level(engine, dep, spec, lifted, after_up, level + 1, dstate, states, work, out)
 
 
@@ -280,6 +313,37 @@ def _delta_work(
     times, ids = rows[source.time_column].to_pylist(), rows[ENTITY_COLUMN].to_pylist()
     redo = sum(1 for t, e in zip(times, ids, strict=True) if (e, b.window_of(t).start) in again)
     reason += f"; recomputed from source rows: {applied.reasons()}"
+    return f"{DELTA}+{RECOMPUTE}", reason, applied.change_rows + redo
+
+
+def _below_work(
+    engine: Engine,
+    spec: RollupSpec,
+    source: RollupSpec,
+    named: Cells,
+    after: _RollupAfter,
+    rows: pa.Table,
+) -> tuple[str, str, int]:
+    """The technique, reason and rows read of correcting `named` cells of a rollup over a
+    rollup from the old and new partials of the cells below that change, as
+    `services.incremental` does in the run that changed them: cells the change cannot correct
+    (no stored partial, a retracted extreme, a cell below emptied) merged again."""
+    names = [sc.name for sc in spec.stored_columns]
+    keys = [(e, w.start) for w, e in named_cells(named)]
+    stored = engine.rollups.read_arrow(spec, list(named.windows), named.entities, cells=named)
+    cells = {
+        (r[ENTITY_COLUMN], r["bucket_start"]): {n: r[n] for n in names} for r in stored.to_pylist()
+    }
+    moves = replacements_above(after.replacements(), list(named.windows))
+    applied = merge_into_cells(keys, cells, moves, spec.stored_columns, merged_inputs(spec, source))
+    reason = below_reason(len(keys), applied.change_rows, source)
+    if not applied.recompute:
+        return DELTA, reason, applied.change_rows
+    b = Bucketing.of(spec)
+    again = set(applied.recompute)
+    times, ids = rows["bucket_start"].to_pylist(), rows[ENTITY_COLUMN].to_pylist()
+    redo = sum(1 for t, e in zip(times, ids, strict=True) if (e, b.window_of(t).start) in again)
+    reason += f"; merged again from {source.name}: {applied.reasons()}"
     return f"{DELTA}+{RECOMPUTE}", reason, applied.change_rows + redo
 
 

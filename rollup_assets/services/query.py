@@ -82,7 +82,7 @@ def _read_versions(
             if as_of is None
             else engine.rollups.snapshot_at(spec, as_of)
         )
-        versions = {spec.name: _v(snap.version), spec.genmap_name: _v(snap.genmap_version)}
+        versions = snap.lineage(spec)
         # The surface is sorted by bucket, the row table by entity: a read of a few entities
         # decodes fewer rows from the row table.
         if as_of is None and ents is None:
@@ -100,10 +100,6 @@ def _read_versions(
     time_col = data.column_names[1]
     versions = {spec.name: -1 if table is None else table.version()}
     return data.sort_by([(time_col, "ascending"), ("entity_id", "ascending")]), versions
-
-
-def _v(version: int | None) -> int:
-    return -1 if version is None else version
 
 
 def query_spark(

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from resources.fill import Fill
@@ -40,7 +41,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, RunOutcome, filled
+from rollup_assets.services.engine import Engine, LevelChange, RunOutcome, filled
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.incremental import correct
 from rollup_assets.services.surface import publish
@@ -96,9 +97,11 @@ def run_recompute(
     run_id: str,
     log_progress: Callable[[str], None] | None = None,
     progress: Progress | None = None,
+    below: LevelChange | None = None,
 ) -> RunOutcome:
     """Execute `job` (see the module); `log_progress` hears what happens, `progress` how many
-    of the job's ready buckets are done (none when it starts, all when it has completed)."""
+    of the job's ready buckets are done (none when it starts, all when it has completed).
+    `below` is what a job of the level below flipped in this run (`services.incremental`)."""
     say = log_progress or log.info
     t0 = time.monotonic()
     state = engine.states.get(spec.name)
@@ -162,7 +165,9 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
-        result = correct(engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE)
+        result = correct(
+            engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE, below=below
+        )
         say(f"{spec.name}: {result.technique}: {result.reason}")
         versions = result.versions
         try:
@@ -243,6 +248,11 @@ def run_recompute(
         _check_still_ours(engine, spec, running)
         engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
         checkpoint("after_flip")
+        change = (
+            LevelChange.of(spec, result.before, result.rows, changed, generation)
+            if result.before is not None and isinstance(result.rows, pa.Table)
+            else None
+        )
         duration = int((time.monotonic() - t0) * 1000)
         done = swapping.next(
             state=JobState.COMPLETED,
@@ -278,6 +288,7 @@ def run_recompute(
             versions,
             duration,
             propagated=propagated,
+            change=change,
         )
     except Exception as exc:
         current = engine.ledger.job(job.job_id)

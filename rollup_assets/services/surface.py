@@ -77,7 +77,7 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import READERS, REPLACED_KEY, Snapshot
+from resources.rollup_store import READERS, REPLACED_KEY, Reflected, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema, part_values
 from resources.warehouse import filesystem_for
@@ -101,18 +101,6 @@ FORWARD_OPERATIONS = frozenset({Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value
 NEUTRAL_OPERATIONS = frozenset({"recompute", "sweep", "reclaim", "rewind", *NO_DATA_OPERATIONS})
 POINTER_KEY = ("bucket_start", "bucket_end", "entity_id", "generation")
 _GLOBAL = "\x00every entity"  # a global pointer's entity in a join key (no entity id is this)
-
-
-@dataclass(frozen=True)
-class Reflected:
-    """Versions of a rollup's pointer and row tables (-1: no table)."""
-
-    genmap: int
-    rows: int
-
-    @classmethod
-    def of(cls, snap: Snapshot) -> "Reflected":
-        return cls(_v(snap.genmap_version), _v(snap.version))
 
 
 @dataclass(frozen=True)
@@ -640,7 +628,3 @@ def _by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:
             out.append((values[first], table.slice(first, i - first)))
             first = i
     return out
-
-
-def _v(version: int | None) -> int:
-    return -1 if version is None else version

@@ -92,7 +92,10 @@ def test_preview_matches_what_the_ingest_then_does_and_writes_nothing(
     assert "retracts the stored max" in hourly.reason
     assert hourly.rows_to_read == 8 + 4 + 1
     assert (daily.level, daily.cells, daily.buckets, daily.cells_changed) == (2, 2, 1, 2)
-    assert daily.technique == "recompute" and daily.rows_to_read == 24 + 1  # m1's hours, m3's
+    # m1's day is corrected from its changed hour's old and new partials (one replacement), not
+    # merged again from its 24 hours; m3's has no stored partial: merged from its one hour.
+    assert daily.technique == "delta+recompute" and daily.rows_to_read == 1 + 1
+    assert "1 cell(s): no stored partial to correct" in daily.reason
     assert {(c.rollup, c.bucket, c.entity) for c in p.cells} == {
         (HOURLY, LATE_HOUR, "m1"),
         (HOURLY, LATE_HOUR, "m3"),
@@ -108,7 +111,7 @@ def test_preview_matches_what_the_ingest_then_does_and_writes_nothing(
         assert out.exit_code == 0, out.output
         doc = json.loads(out.output)
         assert doc["updated"] == 5 and len(doc["cells"]) == 4
-        assert [w["technique"] for w in doc["work"]] == ["delta+recompute", "recompute"]
+        assert [w["technique"] for w in doc["work"]] == ["delta+recompute", "delta+recompute"]
         out = runner.invoke(cli.main, ["preview", "energy_raw", str(path)])
         assert out.exit_code == 0 and "energy_daily" in out.output
         bad = tmp_path / "bad.csv"

@@ -14,6 +14,7 @@ from rollup_assets.model.deltas import (
     StoredCell,
     apply_changes,
     apply_to_cells,
+    merge_into_cells,
 )
 from rollup_assets.model.specs import ColumnType, StoredColumn
 
@@ -222,3 +223,77 @@ def test_cancellation_limit_keeps_sums_within_the_checks_tolerance() -> None:
     result = apply_changes(aggregate(rows), update(rows[0], row(e=0.25)), COLUMNS)
     assert result.applied and result.partials is not None
     assert close(result.partials["e_sum"], 0.25 + 1.0 / 3.0)
+
+
+# A rollup over a rollup keeps the same partials under the same names: each merges its own.
+MERGED = {sc.name: sc.name for sc in COLUMNS}
+
+
+def partials(rows: list[Row]) -> dict[str, Any] | None:
+    """A cell below: its stored partials, or None when it has no row (no source rows)."""
+    return aggregate(rows) if rows else None
+
+
+def merged(cells: dict[str, list[Row]], replaced: dict[str, list[Row]]):
+    """The cell above `cells` corrected from the replaced cells below, and what a fresh merge of
+    every cell below after the change stores."""
+    after = {**cells, **replaced}
+    pairs = [(partials(cells.get(k, [])), partials(rows)) for k, rows in replaced.items()]
+    stored = aggregate([r for rows in cells.values() for r in rows])
+    out = merge_into_cells(["up"], {"up": stored}, {"up": pairs}, COLUMNS, MERGED)
+    return out, aggregate([r for rows in after.values() for r in rows])
+
+
+def test_cells_above_take_the_old_partials_out_and_the_new_in() -> None:
+    hours = {
+        "h1": [row(1.0, 2.0, 230.0, 1), row(2.0, None, 228.0, 2)],
+        "h2": [row(0.5, 4.0, 231.0, None)],
+        "h3": [row(3.0, 1.0, 229.0, 5)],
+    }
+    # h1's readings change (its extremes move outward), a new hour appears.
+    out, expected = merged(
+        hours,
+        {"h1": [row(1.5, 2.0, 232.0, 1), row(2.0, 3.0, 227.0, 4)], "h4": [row(1.0, 1.0, 230.0, 2)]},
+    )
+    assert out.changed["up"] == pytest.approx(expected)
+    assert out.change_rows == 2 and not out.recompute
+
+
+def test_an_extreme_only_moving_outward_below_retracts_nothing() -> None:
+    """h2 holds the maximum; a new higher reading in h2 replaces its max, which is no
+    retraction of the stored maximum (the new one is higher)."""
+    hours = {"h1": [row(v=229.0)], "h2": [row(v=231.0)]}
+    out, expected = merged(hours, {"h2": [row(v=231.0), row(v=235.0)]})
+    assert out.changed["up"]["v_max"] == expected["v_max"] == 235.0
+
+
+def test_a_retracted_extreme_or_an_emptied_cell_below_is_merged_again() -> None:
+    hours = {"h1": [row(v=229.0)], "h2": [row(v=231.0)]}
+    out, _ = merged(hours, {"h2": [row(v=230.0)]})  # h2 held the max, which drops
+    assert out.recompute == {"up": "v_max: a change retracts the stored max"}
+    out, _ = merged(hours, {"h1": []})  # h1 lost every row: the cell above may be empty
+    assert out.recompute == {"up": "a cell below was emptied, so the cell may be empty"}
+    out = merge_into_cells(["up", "new"], {"up": aggregate(hours["h1"])}, {}, COLUMNS, MERGED)
+    assert out.unchanged == {"up"} and out.recompute == {"new": "no stored partial to correct"}
+
+
+CELLS_BELOW = st.dictionaries(
+    st.sampled_from(["h1", "h2", "h3", "h4"]), st.lists(ROWS, min_size=1, max_size=4), max_size=4
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(CELLS_BELOW, st.data())
+def test_merging_replaced_partials_equals_a_fresh_merge(cells, data) -> None:
+    """For random cells below and random replacements of some of them (changed rows, new cells,
+    emptied cells), the cell above corrected from the old and new partials equals a fresh merge
+    of every cell below, or says it needs one."""
+    if not cells:
+        return  # nothing below: the cell above has no row
+    keys = data.draw(st.lists(st.sampled_from(["h1", "h2", "h3", "h4", "h5"]), unique=True))
+    replaced = {k: data.draw(st.lists(ROWS, max_size=4), label=k) for k in keys}
+    out, expected = merged(cells, replaced)
+    if "up" in out.recompute:
+        return
+    got = out.changed.get("up", aggregate([r for rows in cells.values() for r in rows]))
+    assert all(close(got[k], expected[k]) for k in expected), (got, expected)
