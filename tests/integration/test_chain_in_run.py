@@ -2,15 +2,22 @@
 run when it can take each level's pool slot, and leaves a level to the sensors when another run
 holds it."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
 
 from rollup_assets.demo.sample_data import day_batch
-from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.runner import tick
+from rollup_assets.services.chain import Chain
+from rollup_assets.services.recompute import run_recompute
 from tests.conftest import World, days
 from tests.oracle import compare_all
 
@@ -66,6 +73,10 @@ def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
     for name in ("energy_daily", "energy_weekly"):
         assert [j.state for j in jobs[name]] == [JobState.COMPLETED], (name, jobs[name])
         assert jobs[name][0].run_id == runs[0].run_id
+        # Corrected from the level below's old and new partials, reading none of its rows.
+        job = jobs[name][0]
+        assert job.technique == "delta" and job.cells_applied == 1, (job.technique, job.plan)
+        assert job.source_rows == 0 and job.change_rows == 1, job.plan
     for name in ("energy_monthly", "energy_yearly"):
         refreshed = [
             j
@@ -98,4 +109,67 @@ def test_a_level_whose_pool_is_taken_is_left_to_the_sensor(world: World) -> None
     assert next(r.job_name for rep in reports for r in rep.runs) == "energy_daily_job"
     done = chain_jobs(world, since)
     assert [j.state for j in done["energy_daily"]] == [JobState.COMPLETED]
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+class OpenGate:
+    """Every level's slot is free and no other run is about."""
+
+    @contextmanager
+    def hold(self, spec: RollupSpec) -> Iterator[bool]:
+        yield True
+
+    def launched_for(self, job_id: str) -> bool:
+        return False
+
+    def forward_in_flight(self) -> set[str]:
+        return set()
+
+
+def test_a_cell_above_with_a_change_below_not_yet_applied_is_merged_again(
+    world: World, spark: SparkSession
+) -> None:
+    """Two corrections of one meter's day, the first's propagation still pending when the
+    second's run carries it up: the day's stored row does not reflect the first, so taking the
+    second's old partials out would lose it. The day is merged again from the hours (with both),
+    and the levels above it, which did reflect the day as the run found it, are corrected from
+    its old and new partials."""
+    setup_chain(world)
+    hourly = world.catalog.rollup("energy_hourly")
+    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+
+    def correct(hour: datetime, factor: float):
+        rows = stored.filter(
+            pc.and_(
+                pc.equal(stored["entity_id"], "meter-0001"),
+                pc.and_(
+                    pc.greater_equal(stored["ts"], pa.scalar(hour, stored["ts"].type)),
+                    pc.less(stored["ts"], pa.scalar(hour + timedelta(hours=1), stored["ts"].type)),
+                ),
+            )
+        ).select(["entity_id", "ts", "energy_kwh"])
+        world.ingest(rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], factor)))
+        job = Job(
+            rollup=hourly.name,
+            trigger=Trigger.MANUAL,
+            windows=(Window(hour, hour + timedelta(hours=1)),),
+            entities=frozenset(["meter-0001"]),
+        )
+        return run_recompute(world.engine, spark, hourly, job, run_id="test")
+
+    first = correct(HOUR_START, 2.0)  # its day's recompute stays pending
+    assert [j.rollup for j in first.propagated] == ["energy_daily"]
+    second = correct(HOUR_START + timedelta(hours=3), 3.0)  # the same Vienna day
+    assert second.change is not None and len(second.change.cells) == 1
+    done = {
+        s.name: o
+        for s, o in Chain(world.engine, spark, OpenGate(), "test", NOW).run(hourly, second)
+    }
+    # Every level is right before the first correction's pending day job even runs.
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+    day, week = done["energy_daily"].job, done["energy_weekly"].job
+    assert day.technique == "delta+recompute" and day.cells_applied == 0, day.plan
+    assert "energy_hourly changed below it since it was stored" in (day.plan or "")
+    assert week.technique == "delta" and week.cells_applied == 1, week.plan
+    world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []

@@ -43,12 +43,21 @@ def pick(table: pa.Table, entity: str, ts: datetime) -> pa.Table:
     return table.filter(mask).sort_by([("ts", "ascending")]).slice(0, 1)
 
 
-def hourly_jobs_since(world: World, since: datetime) -> list[Job]:
+def jobs_since(world: World, since: datetime, rollup: str = "energy_hourly") -> list[Job]:
     return [
         j
-        for j in world.engine.ledger.history("energy_hourly", limit=500)
+        for j in world.engine.ledger.history(rollup, limit=500)
         if j.created_at >= since and j.state is JobState.COMPLETED and j.technique
     ]
+
+
+def corrected_from_below(world: World, since: datetime) -> None:
+    for name in ("energy_daily", "energy_weekly", "energy_monthly", "energy_yearly"):
+        jobs = jobs_since(world, since, name)
+        assert jobs and all(j.technique == "delta" and j.source_rows == 0 for j in jobs), [
+            (name, j.technique, j.plan) for j in jobs
+        ]
+        assert all("old and new partials" in (j.plan or "") for j in jobs)
 
 
 def extreme_reading(table: pa.Table, entity: str, hour: datetime, lowest: bool) -> pa.Table:
@@ -139,7 +148,7 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
-    jobs = hourly_jobs_since(world, wave1)
+    jobs = jobs_since(world, wave1)
     assert jobs and all(j.technique and j.technique.startswith("delta") for j in jobs), [
         (j.technique, j.plan) for j in jobs
     ]
@@ -156,6 +165,9 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
     assert sum(j.change_rows or 0 for j in jobs) >= HELD_BACK + 2
     # The first level read no source rows for the cells it corrected from changes.
     assert sum(j.source_rows or 0 for j in jobs) <= 4 * 4  # four recomputed cells, 4 readings each
+    # Every level above took the old partials of the cells below out and the new ones in,
+    # reading none of the level below's rows (the run carried the change up).
+    corrected_from_below(world, wave1)
 
     # Wave 2: the same cells change again (their stored partials now come from deltas).
     wave2 = datetime.now(UTC)
@@ -164,10 +176,11 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
     world.ingest(late.set_column(2, "energy_kwh", pc.add(late["energy_kwh"], 1.0)))
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
-    jobs = hourly_jobs_since(world, wave2)
+    jobs = jobs_since(world, wave2)
     assert jobs and all(j.technique == "delta" for j in jobs), [(j.technique, j.plan) for j in jobs]
     assert sum(j.source_rows or 0 for j in jobs) == 0
     assert sum(j.cells_changed or 0 for j in jobs) >= 2
+    corrected_from_below(world, wave2)
 
     # Folding: an hour corrected for named meters carries one cell pointer per meter; maintenance
     # queues it, the recompute lane rewrites it whole under one bucket pointer.
