@@ -28,7 +28,14 @@ from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
-from rollup_assets.compute.compare import CHANGED, all_new, cell_changes, cell_changes_arrow
+from rollup_assets.compute.compare import (
+    CHANGED,
+    STORED_PREFIX,
+    STORED_ROW,
+    all_new,
+    cell_changes,
+    cell_changes_arrow,
+)
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import (
     CellCounts,
@@ -69,6 +76,10 @@ DRIVER_CELLS = 2_000
 # few that just closed, where a Spark job would cost more than its data. A lane that closes a
 # long stretch at once (after a pause) runs on Spark.
 DRIVER_SOURCE_ROWS = 2_000_000
+# A recompute of at most this many named cells keeps its changed cells' old and new partials
+# (on the driver, on Spark too) for the level above to correct its cells from in the same run
+# (`LevelChange`); the level above reads its own stored cells, not the level below.
+CHANGE_CELLS = 50_000
 
 
 @dataclass(frozen=True)
@@ -394,9 +405,14 @@ class Engine:
             )
         fresh, versions = self.partials(spark, spec, cells, raw_table, below)
         fresh = fresh.persist()
+        own = self.rollups.snapshot(spec)
+        # A job of named cells hands the level above its changed cells' old and new partials.
+        handed = cells.named is not None and cells.named <= CHANGE_CELLS
         if held:
-            stored = self.rollups.read_spark(spark, spec, spans, cells.entities)
-            compared_df = cell_changes(fresh, _within(spark, stored, cells), spec).persist()
+            stored = self.rollups.read_spark(spark, spec, spans, cells.entities, own)
+            compared_df = cell_changes(
+                fresh, _within(spark, stored, cells), spec, keep_stored=handed
+            ).persist()
         else:
             # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.
             compared_df = all_new(fresh, spec)
@@ -430,13 +446,15 @@ class Engine:
                 folded=self._folded(spec, cells),
                 settled_only=settled_only,
             )
+            rows = _within(spark, fresh, found.cells).drop(SOURCE_ROWS)
+            before = after = None
+            if handed and found.cells and found.cells.named is not None:
+                before = Stored(_stored_of(spark, compared_df, found.cells, spec), own.reflects)
+                after = rows.toArrow()
         finally:
             compared_df.unpersist()
         return Recomputed(
-            _within(spark, fresh, found.cells).drop(SOURCE_ROWS),
-            found,
-            versions,
-            release=fresh.unpersist,
+            rows, found, versions, release=fresh.unpersist, before=before, after=after
         )
 
 
@@ -519,7 +537,22 @@ class Recomputed:
     reason: str = ""  # why that technique
     change_rows: int = 0  # source change rows consumed (applied as deltas)
     cells_applied: int = 0  # cells corrected from changes (changed or not)
-    before: Stored | None = None  # the old partials of named cells (on the driver only)
+    before: Stored | None = None  # the old partials of a job of named cells
+    after: pa.Table | None = None  # the changed cells' new partials, when `rows` is on Spark
+
+
+def _stored_of(
+    spark: SparkSession, compared: DataFrame, cells: Cells, spec: RollupSpec
+) -> pa.Table:
+    """The stored rows of `cells` (named cells) from a comparison that kept them
+    (`cell_changes(..., keep_stored=True)`), on the driver."""
+    _, named = _targets(spark, cells)
+    assert named is not None, "named cells only"
+    names = [sc.name for sc in spec.stored_columns]
+    picked = compared.where(F.col(STORED_ROW).isNotNull()).join(
+        F.broadcast(named.select(*KEYS)), KEYS
+    )
+    return picked.select(*KEYS, *[F.col(f"{STORED_PREFIX}{n}").alias(n) for n in names]).toArrow()
 
 
 def _found(

@@ -11,10 +11,16 @@ The cost model, per job:
   (`model.deltas.apply_to_cells`). Cells a change cannot correct exactly (a retracted extreme,
   a delete, no stored partial, ...) are recomputed from their source rows, at the same source
   version, in the same generation.
-- **recompute**: everything else (a rollup over a rollup, buckets for every entity, jobs too
-  large for the driver, a source without change feed, more than `MAX_APPLY_COMMITS` commits to
-  read back, a change feed no longer reaching back): the cells are aggregated again from their
-  source rows.
+- **delta, up the chain**: a rollup over a rollup, a job of named cells (at most
+  `CHANGE_CELLS`) run in the run that just changed the level below, which hands over what it
+  flipped (`LevelChange`): each stored cell takes the old partials of its changed cells below
+  out and the new ones in (`model.deltas.merge_into_cells`), without reading the level below,
+  where its lineage shows that is exact (`_from_below`). The other cells are merged again from
+  the level below, at the same state of it, in the same generation.
+- **recompute**: everything else (a rollup over a rollup without a change handed over,
+  buckets for every entity, jobs too large for the driver, a source without change feed, more
+  than `MAX_APPLY_COMMITS` commits to read back, a change feed no longer reaching back): the
+  cells are aggregated again from their source rows.
 
 The job records which technique ran and why (`Recomputed.technique`, `Recomputed.reason`).
 """
@@ -45,6 +51,7 @@ from rollup_assets.model.deltas import (
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.services.engine import (
+    CHANGE_CELLS,
     DRIVER_CELLS,
     KEYS,
     CellKey,
@@ -219,11 +226,11 @@ def _from_below(
     changes cannot correct (a retracted extreme, a cell below emptied), is merged again from
     the level below, at the same state of it."""
     lower = engine.rollups.snapshot(source)
-    if cells.named is None or cells.named > DRIVER_CELLS:
+    if cells.named is None or cells.named > CHANGE_CELLS:
         why = (
             f"{sum(1 for _, scope in cells if scope is None)} bucket(s) for every entity"
             if cells.named is None
-            else f"{cells.named} cells (more than {DRIVER_CELLS})"
+            else f"{cells.named} cells (more than {CHANGE_CELLS})"
         )
         return _merged_again(engine, spark, spec, cells, lower, f"{why}: merged again")
     now = lower.reflects

@@ -39,7 +39,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec, key_columns
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.services.engine import DRIVER_CELLS, KEYS, Engine, cell_keys
+from rollup_assets.services.engine import CHANGE_CELLS, KEYS, Engine, cell_keys
 from rollup_assets.services.incremental import (
     DELTA,
     RECOMPUTE,
@@ -219,7 +219,7 @@ def _level(
     technique, reason, read = RECOMPUTE, unfit or "", rows.num_rows
     if unfit is None and isinstance(after, _RawAfter):
         technique, reason, read = _delta_work(spec, source, named, after, rows)
-    below = scoped.named is not None and scoped.named <= DRIVER_CELLS
+    below = scoped.named is not None and scoped.named <= CHANGE_CELLS
     if below and isinstance(after, _RollupAfter) and isinstance(source, RollupSpec):
         technique, reason, read = _below_work(engine, spec, source, named, after, rows)
     spans = merge_windows(list(named.windows))

@@ -248,9 +248,10 @@ def run_recompute(
         _check_still_ours(engine, spec, running)
         engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
         checkpoint("after_flip")
+        after = result.rows if isinstance(result.rows, pa.Table) else result.after
         change = (
-            LevelChange.of(spec, result.before, result.rows, changed, generation)
-            if result.before is not None and isinstance(result.rows, pa.Table)
+            LevelChange.of(spec, result.before, after, changed, generation)
+            if result.before is not None and after is not None
             else None
         )
         duration = int((time.monotonic() - t0) * 1000)

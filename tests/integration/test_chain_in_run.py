@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from pyspark.sql import SparkSession
 
 from rollup_assets.demo.sample_data import day_batch
@@ -59,7 +60,13 @@ def chain_jobs(world: World, since: datetime) -> dict[str, list]:
     return out
 
 
-def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
+@pytest.mark.parametrize("where", ["driver", "spark"])
+def test_one_run_carries_a_correction_through_every_level(
+    world: World, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    if where == "spark":  # the hourly cell is recomputed on Spark, which hands its change up too
+        for module in ("engine", "incremental"):
+            monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
     setup_chain(world)
     since = datetime.now(UTC)
     world.ingest(correction(40.0), source="Manual")
@@ -70,6 +77,8 @@ def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
     # open bucket is far from the correction, so no forward run is launched either.
     assert [r.job_name for r in runs] == ["energy_hourly_job"], [r.job_name for r in runs]
     jobs = chain_jobs(world, since)
+    first = [j for j in world.engine.ledger.history("energy_hourly") if j.created_at >= since]
+    assert [j.technique for j in first] == ["delta" if where == "driver" else "recompute"]
     for name in ("energy_daily", "energy_weekly"):
         assert [j.state for j in jobs[name]] == [JobState.COMPLETED], (name, jobs[name])
         assert jobs[name][0].run_id == runs[0].run_id
