@@ -366,6 +366,7 @@ class Engine:
         *,
         settled_only: bool = False,
         below: Snapshot | None = None,
+        stored: "Stored | None" = None,
     ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
         cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
@@ -374,22 +375,26 @@ class Engine:
         aggregated with Arrow (`driver_partials`), compared with the stored ones; a larger job
         stays on Spark, where the rows are
         cached until `Recomputed.release`. A rollup source is read at snapshot `below` when
-        given. Refuses (`RawRowsRetainedError`) cells whose raw rows retention removed."""
+        given; a job of a few named cells takes its stored rows from `stored` when given (the
+        caller read them). Refuses (`RawRowsRetainedError`) cells whose raw rows retention
+        removed."""
         self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= DRIVER_CELLS:
             rows, versions = self.driver_partials(spec, cells, raw_table, below)
-            own = self.rollups.snapshot(spec)
-            stored = self.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
-            stored = stored.join(cell_keys(cells), KEYS, join_type="inner")
-            compared = cell_changes_arrow(rows, stored, spec).to_pylist()
+            if stored is None:
+                own = self.rollups.snapshot(spec)
+                read = self.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
+                stored = Stored(read, own.reflects)
+            mine = stored.rows.join(cell_keys(cells), KEYS, join_type="inner")
+            compared = cell_changes_arrow(rows, mine, spec).to_pylist()
             found = _found(cells, compared, partial=None, settled_only=settled_only)
             picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
             return Recomputed(
                 picked.drop_columns([SOURCE_ROWS]),
                 found,
                 versions,
-                before=Stored(stored, own.reflects),
+                before=Stored(mine, stored.read_at),
             )
         held = self.rollups.may_hold(spec, spans, cells.entities)
         fill = None if held or settled_only else self._fill(spec, cells, raw_table)
@@ -409,9 +414,9 @@ class Engine:
         # A job of named cells hands the level above its changed cells' old and new partials.
         handed = cells.named is not None and cells.named <= CHANGE_CELLS
         if held:
-            stored = self.rollups.read_spark(spark, spec, spans, cells.entities, own)
+            stored_df = self.rollups.read_spark(spark, spec, spans, cells.entities, own)
             compared_df = cell_changes(
-                fresh, _within(spark, stored, cells), spec, keep_stored=handed
+                fresh, _within(spark, stored_df, cells), spec, keep_stored=handed
             ).persist()
         else:
             # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.

@@ -147,8 +147,8 @@ def correct(
         by_start,
         {source.name: version},
         reason,
-        Stored(stored_rows, own.reflects),
-        lambda leftover: engine.recompute(spark, spec, leftover, raw_table=table),
+        (held := Stored(stored_rows, own.reflects)),
+        lambda leftover: engine.recompute(spark, spec, leftover, raw_table=table, stored=held),
         "recomputed from source rows",
     )
 
@@ -310,8 +310,8 @@ def _from_below(
         by_start,
         lower.lineage(source),
         reason,
-        Stored(stored_rows, own.reflects),
-        lambda leftover: engine.recompute(spark, spec, leftover, below=lower),
+        (held := Stored(stored_rows, own.reflects)),
+        lambda leftover: engine.recompute(spark, spec, leftover, below=lower, stored=held),
         f"merged again from {source.name}",
     )
 

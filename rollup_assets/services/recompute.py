@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from resources.fill import Fill
+from resources.rollup_store import Reflected
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
@@ -44,7 +45,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, LevelChange, RunOutcome, filled
 from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.incremental import correct
-from rollup_assets.services.surface import publish
+from rollup_assets.services.surface import Known, publish
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ def run_recompute(
         swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows, **counted)
         engine.ledger.record([swapping])
         _check_still_ours(engine, spec, running)
-        engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
+        flipped = engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
         checkpoint("after_flip")
         after = result.rows if isinstance(result.rows, pa.Table) else result.after
         change = (
@@ -265,8 +266,13 @@ def run_recompute(
         engine.ledger.record([done, *propagated])
         checkpoint("during_sweep")
         # After the ledger: a publish that fails leaves the job completed and propagated, and
-        # its surface lagging for the next publish to repair.
-        publish(engine, spec)
+        # its surface lagging for the next publish to repair. The changed cells' rows are the
+        # ones just written (unless another commit came in between).
+        known = None
+        if after is not None and changed.named is not None:
+            keys = frozenset((e, w.start) for w, scope in changed for e in scope or ())
+            known = Known(after, keys, Reflected(flipped, version))
+        publish(engine, spec, known)
         swept = engine.rollups.sweep(
             spec,
             list(changed.windows),

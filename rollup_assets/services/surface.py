@@ -249,9 +249,32 @@ def _in_query_order(rows: pa.Table) -> bool:
     return bool(np.all(~ties | ascending.to_numpy(zero_copy_only=False)))
 
 
-def publish(engine: Engine, spec: RollupSpec) -> Published:
+@dataclass(frozen=True)
+class Known:
+    """Active rows a writer already holds: at state `at` of the rollup, the cells in `cells`
+    (entity, bucket start) have exactly the rows of `rows` (none: the cell is empty)."""
+
+    rows: pa.Table  # entity_id, bucket_start, bucket_end and the partials
+    cells: frozenset[tuple[str, datetime]]
+    at: Reflected
+
+    def covers(self, changed: "Changed", target: Reflected) -> bool:
+        """Are these the target state's rows of every cell in `changed`?"""
+        if target != self.at or changed.written:
+            return False
+        pairs = zip(
+            changed.pointers["entity_id"].to_pylist(),
+            changed.pointers["bucket_start"].to_pylist(),
+            strict=True,
+        )
+        return all(e is not None and (e, t) in self.cells for e, t in pairs)
+
+
+def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Published:
     """Bring the rollup's surface up to date with its active rows, in one commit (creating it,
-    or rebuilding it whole, when what changed since it was written cannot be told)."""
+    or rebuilding it whole, when what changed since it was written cannot be told). The rows
+    of changed cells are read from the row table, unless `known` holds them (a recompute that
+    just flipped them)."""
     uri = engine.rollups.surface_uri(spec)
     schema = surface_schema(spec)
     metadata: dict[str, str] = {"rollups.operation": "publish"}
@@ -268,7 +291,9 @@ def publish(engine: Engine, spec: RollupSpec) -> Published:
         changed = (
             None if surface is None or done is None else changed_cells(engine, spec, done, target)
         )
-        removes, adds, written = _replace(engine, spec, surface, changed, snap, schema)
+        fits = known is not None and changed is not None and known.covers(changed, target)
+        held = known.rows if fits and known is not None else None
+        removes, adds, written = _replace(engine, spec, surface, changed, snap, schema, held)
         metadata["rollups.genmap_version"] = str(target.genmap)
         metadata["rollups.rows_version"] = str(target.rows)
         metadata["rollups.rebuilt"] = str(changed is None).lower()
@@ -497,15 +522,21 @@ def _active_rows(
     spans: Sequence[Window] | None,
     changed: Changed | None,
     schema: pa.Schema,
+    held: pa.Table | None = None,
 ) -> pa.Table:
     """The snapshot's active rows in `spans` (None: all), of the `changed` cells only (None:
-    every cell), in the surface's columns. Only the row groups that may hold a changed cell
-    are read."""
+    every cell), in the surface's columns: taken from `held` when given (the changed cells'
+    active rows, which a writer holds), otherwise read (only the row groups that may hold a
+    changed cell)."""
     if spans is not None and not spans:
         return schema.empty_table()
     needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-    cells = None if changed is None or spans is None else changed.cells_within(spans)
-    rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
+    if held is not None and spans is not None:
+        rows = held.select(needed)
+        rows = rows.filter(pc.fill_null(in_windows(rows["bucket_start"], spans), False))
+    else:
+        cells = None if changed is None or spans is None else changed.cells_within(spans)
+        rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
     if changed is not None:
         rows = rows.filter(changed.mask(rows))
     logical = logical_arrow(rows, spec)
@@ -529,10 +560,12 @@ def _replace(
     changed: Changed | None,
     snap: Snapshot,
     schema: pa.Schema,
+    held: pa.Table | None = None,
 ) -> tuple[list, list, int]:
     """Remove actions for the surface files holding rows of `changed` cells (every file:
     None), add actions for files holding their other rows plus the snapshot's active rows of
-    those cells (one file per partition), and how many active rows were written."""
+    those cells (`held`, when a writer holds them; one file per partition), and how many
+    active rows were written."""
     uri = engine.rollups.surface_uri(spec)
     options = engine.warehouse.storage_options
     fs, root = filesystem_for(uri, options)
@@ -544,7 +577,7 @@ def _replace(
 
     def one(batch: list[Window]) -> tuple[list, list, int]:
         """The batch's surface files rewritten: (removes, adds, active rows written)."""
-        rows = _active_rows(engine, spec, snap, batch, changed, schema)
+        rows = _active_rows(engine, spec, snap, batch, changed, schema, held)
         pieces, gone, made = [rows], [], []
         if changed is not None:
             for f in prune_files(files, time_column="bucket_start", spans=batch, entities=None):

@@ -19,7 +19,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import AggregateFunction, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, publish
+from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, publish
 
 DAY = timedelta(days=1)
 # Local (Vienna) days as UTC windows, across the end of a month.
@@ -273,3 +273,37 @@ def test_a_rewind_publishes_the_forward_rows_it_brings_back(engine, spec) -> Non
     assert not done.rebuilt and done.spans == 1
     rewound = {**cells, ("meter-a", WINDOWS[0]): 1.5}  # the later fix is gone, generation 0 back
     assert surface_rows(engine, spec) == expected(spec, rewound)
+
+
+def test_a_publish_takes_the_rows_a_recompute_holds_when_they_are_the_target(
+    engine, spec, monkeypatch
+) -> None:
+    """A recompute publishes the cells it flipped from the rows it wrote, reading nothing back,
+    but only while the rollup is in the state right after its flip: after another change the
+    rows are read."""
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-b", WINDOWS[2]): 99.5}
+    correct(engine, spec, fix)
+    known = Known(
+        partials(spec, fix),
+        frozenset({("meter-b", WINDOWS[2].start)}),
+        engine.rollups.snapshot(spec).reflects,
+    )
+    reads: list[object] = []
+    real = engine.rollups.read_arrow
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.rollups, "read_arrow", counted)
+    assert publish(engine, spec, known).changed
+    assert reads == []
+    assert surface_rows(engine, spec) == expected(spec, cells | fix)
+    more = {("meter-a", WINDOWS[1]): 7.0}
+    correct(engine, spec, more)
+    publish(engine, spec, known)  # no longer the state its rows are of
+    assert reads
+    assert surface_rows(engine, spec) == expected(spec, cells | fix | more)
