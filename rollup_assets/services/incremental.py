@@ -226,12 +226,12 @@ def _from_below(
     changes cannot correct (a retracted extreme, a cell below emptied), is merged again from
     the level below, at the same state of it."""
     lower = engine.rollups.snapshot(source)
+    # A bucket queued for every entity (more entities below it changed than a job names per
+    # bucket) holds no change but `below`'s: its cells are those of the entities that changed.
+    whole = sum(1 for _, scope in cells if scope is None)
+    cells = _narrowed(cells, below)
     if cells.named is None or cells.named > CHANGE_CELLS:
-        why = (
-            f"{sum(1 for _, scope in cells if scope is None)} bucket(s) for every entity"
-            if cells.named is None
-            else f"{cells.named} cells (more than {CHANGE_CELLS})"
-        )
+        why = f"{cells.named} cells (more than {CHANGE_CELLS})"
         return _merged_again(engine, spark, spec, cells, lower, f"{why}: merged again")
     now = lower.reflects
     since = (
@@ -304,6 +304,8 @@ def _from_below(
     reason = below_reason(len(keys), applied.change_rows, source) + (
         f" (generation {below.generation})"
     )
+    if whole:
+        reason += f"; {whole} bucket(s) queued for every entity: the entities that changed below"
     return _outcome(
         spec,
         applied,
@@ -313,6 +315,27 @@ def _from_below(
         (held := Stored(stored_rows, own.reflects)),
         lambda leftover: engine.recompute(spark, spec, leftover, below=lower, stored=held),
         f"merged again from {source.name}",
+    )
+
+
+def _narrowed(cells: Cells, below: LevelChange) -> Cells:
+    """`cells` with each bucket for every entity narrowed to the entities of `below`'s cells in
+    it (a bucket without any is dropped: nothing below it changed)."""
+    if cells.named is not None:
+        return cells
+    ordered = [w for w, scope in cells if scope is None]
+    starts = [w.start for w in ordered]
+    entities: dict[Window, set[str]] = {}
+    for entity, start in below.cells:
+        i = bisect.bisect_right(starts, start) - 1
+        if i >= 0 and start < ordered[i].end:
+            entities.setdefault(ordered[i], set()).add(entity)
+    return Cells(
+        tuple(
+            (w, scope if scope is not None else frozenset(entities[w]))
+            for w, scope in cells
+            if scope is not None or entities.get(w)
+        )
     )
 
 

@@ -219,7 +219,9 @@ def _level(
     technique, reason, read = RECOMPUTE, unfit or "", rows.num_rows
     if unfit is None and isinstance(after, _RawAfter):
         technique, reason, read = _delta_work(spec, source, named, after, rows)
-    below = scoped.named is not None and scoped.named <= CHANGE_CELLS
+    # Up the chain, in the run that changed the level below: named cells, buckets queued for
+    # every entity narrowed to the entities that changed (`services.incremental`).
+    below = named.named is not None and named.named <= CHANGE_CELLS
     if below and isinstance(after, _RollupAfter) and isinstance(source, RollupSpec):
         technique, reason, read = _below_work(engine, spec, source, named, after, rows)
     spans = merge_windows(list(named.windows))

@@ -121,6 +121,31 @@ def test_a_level_whose_pool_is_taken_is_left_to_the_sensor(world: World) -> None
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
 
+def manual_correction(world: World, spark: SparkSession, hour: datetime, factor: float):
+    """meter-0001's readings of `hour` scaled by `factor`, and a manual recompute of that hourly
+    cell run on its own (what it queues above stays pending)."""
+    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+    ts = stored["ts"]
+    rows = stored.filter(
+        pc.and_(
+            pc.equal(stored["entity_id"], "meter-0001"),
+            pc.and_(
+                pc.greater_equal(ts, pa.scalar(hour, ts.type)),
+                pc.less(ts, pa.scalar(hour + timedelta(hours=1), ts.type)),
+            ),
+        )
+    ).select(["entity_id", "ts", "energy_kwh"])
+    world.ingest(rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], factor)))
+    job = Job(
+        rollup="energy_hourly",
+        trigger=Trigger.MANUAL,
+        windows=(Window(hour, hour + timedelta(hours=1)),),
+        entities=frozenset(["meter-0001"]),
+    )
+    hourly = world.catalog.rollup("energy_hourly")
+    return run_recompute(world.engine, spark, hourly, job, run_id="test")
+
+
 class OpenGate:
     """Every level's slot is free and no other run is about."""
 
@@ -145,30 +170,9 @@ def test_a_cell_above_with_a_change_below_not_yet_applied_is_merged_again(
     its old and new partials."""
     setup_chain(world)
     hourly = world.catalog.rollup("energy_hourly")
-    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
-
-    def correct(hour: datetime, factor: float):
-        rows = stored.filter(
-            pc.and_(
-                pc.equal(stored["entity_id"], "meter-0001"),
-                pc.and_(
-                    pc.greater_equal(stored["ts"], pa.scalar(hour, stored["ts"].type)),
-                    pc.less(stored["ts"], pa.scalar(hour + timedelta(hours=1), stored["ts"].type)),
-                ),
-            )
-        ).select(["entity_id", "ts", "energy_kwh"])
-        world.ingest(rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], factor)))
-        job = Job(
-            rollup=hourly.name,
-            trigger=Trigger.MANUAL,
-            windows=(Window(hour, hour + timedelta(hours=1)),),
-            entities=frozenset(["meter-0001"]),
-        )
-        return run_recompute(world.engine, spark, hourly, job, run_id="test")
-
-    first = correct(HOUR_START, 2.0)  # its day's recompute stays pending
+    first = manual_correction(world, spark, HOUR_START, 2.0)  # its day's job stays pending
     assert [j.rollup for j in first.propagated] == ["energy_daily"]
-    second = correct(HOUR_START + timedelta(hours=3), 3.0)  # the same Vienna day
+    second = manual_correction(world, spark, HOUR_START + timedelta(hours=3), 3.0)  # same day
     assert second.change is not None and len(second.change.cells) == 1
     done = {
         s.name: o
@@ -180,5 +184,26 @@ def test_a_cell_above_with_a_change_below_not_yet_applied_is_merged_again(
     assert day.technique == "delta+recompute" and day.cells_applied == 0, day.plan
     assert "energy_hourly changed below it since it was stored" in (day.plan or "")
     assert week.technique == "delta" and week.cells_applied == 1, week.plan
+    world.tick(NOW)
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+def test_a_bucket_above_queued_for_every_entity_takes_the_entities_that_changed_below(
+    world: World, spark: SparkSession
+) -> None:
+    """A day queued for every meter (as past the entity limit) in the run that changed an hour
+    below it is corrected for the meter whose hour changed, from its old and new partials."""
+    setup_chain(world)
+    change = manual_correction(world, spark, HOUR_START, 2.0)
+    assert change.change is not None
+    day = next(j for j in change.propagated if j.rollup == "energy_daily")
+    whole = Job(rollup=day.rollup, trigger=Trigger.CHAIN, windows=day.windows, entities=None)
+    daily = world.catalog.rollup("energy_daily")
+    done = run_recompute(world.engine, spark, daily, whole, run_id="test", below=change.change)
+    assert done.job.technique == "delta" and done.job.cells_applied == 1, done.job.plan
+    assert "queued for every entity" in (done.job.plan or "")
+    # The day is right at once (the hourly and daily levels; the pending jobs above run next).
+    names = ["energy_hourly", "energy_daily"]
+    assert compare_all(world.query, world.raw(), world.catalog, names=names) == []
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
