@@ -58,6 +58,11 @@ class RunGate(Protocol):
         ...
 
 
+def _queued(outcome: RunOutcome) -> list[tuple[Job, LevelChange | None]]:
+    """The jobs `outcome` queued one level up, each with what it flipped (None: not known)."""
+    return [(job, outcome.change) for job in outcome.propagated]
+
+
 class Chain:
     """One run's walk up the chain from the level it wrote."""
 
@@ -82,36 +87,30 @@ class Chain:
     def run(self, spec: RollupSpec, outcome: RunOutcome) -> Iterator[tuple[RollupSpec, RunOutcome]]:
         """Every level above `spec` this run brought up to date, with what it did, in order;
         yielded while the level's pool slot is still held, so the caller can report it."""
-        # Each level once: what it wrote in this run (both lanes), the jobs it queued above, and
-        # what its recomputes flipped, cell by cell (for the level above to apply).
-        queue = deque([(spec, list(outcome.buckets), list(outcome.propagated), [outcome.change])])
+        # Each level once: what it wrote in this run (both lanes), and the jobs it queued above,
+        # each with what the run that queued it flipped, cell by cell, when it knows (a job
+        # above corrects its cells from that change: `services.incremental`).
+        queue = deque([(spec, list(outcome.buckets), _queued(outcome))])
         while queue:
-            level, changed, propagated, changes = queue.popleft()
-            # One recompute's cells, old and new, are a change the level above can apply (it
-            # checks that nothing else changed below its cells); after several, it merges again.
-            known = [c for c in changes if c is not None]
-            below = known[0] if len(known) == 1 else None
+            level, changed, propagated = queue.popleft()
             for dep in self.engine.catalog.dependents(level.name):
                 wrote: list[Window] = []
-                queued: list[Job] = []
-                flipped: list[LevelChange | None] = []
-                for done in self._bring_up(dep, changed, propagated, below):
+                queued: list[tuple[Job, LevelChange | None]] = []
+                for done in self._bring_up(dep, changed, propagated):
                     yield dep, done
                     wrote += done.buckets
-                    queued += done.propagated
-                    flipped.append(done.change)
+                    queued += _queued(done)
                 if wrote:
-                    queue.append((dep, wrote, queued, flipped))
+                    queue.append((dep, wrote, queued))
 
     def _bring_up(
         self,
         spec: RollupSpec,
         changed: list[Window],
-        propagated: list[Job],
-        below: LevelChange | None,
+        propagated: list[tuple[Job, LevelChange | None]],
     ) -> Iterator[RunOutcome]:
-        """Under `spec`'s pool slot: its queued recomputes (given what the level below flipped,
-        when known), then its forward work."""
+        """Under `spec`'s pool slot: its queued recomputes (each given what the run that
+        queued it flipped, when known), then its forward work."""
         with self.gate.hold(spec) as held:
             if not held:
                 self.say(f"{spec.name}: another run writes it; the sensors take it from here")
@@ -120,7 +119,7 @@ class Chain:
             state = states.get(spec.name)
             if state is None or state.status is not ArchiveStatus.ACTIVATED:
                 return  # pending work waits for activation
-            for job in [j for j in propagated if j.rollup == spec.name]:
+            for job, below in [(j, c) for j, c in propagated if j.rollup == spec.name]:
                 done = self._recompute(spec, job, below)
                 if done is not None:
                     yield done

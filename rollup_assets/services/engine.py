@@ -495,7 +495,12 @@ class LevelChange:
     rollup: str
     read_at: Reflected
     generation: int
+    version: int  # the row-table commit of its rows (the jobs it queued above name it)
     cells: dict[CellKey, tuple[Partials | None, Partials | None]]
+
+    def queued(self, job: Job) -> bool:
+        """Did this change queue `job` (chain propagation of its flip)?"""
+        return job.source_archive == self.rollup and job.source_version == self.version
 
     @classmethod
     def of(
@@ -505,10 +510,11 @@ class LevelChange:
         rows: pa.Table,
         changed: Cells,
         generation: int,
+        version: int,
     ) -> "LevelChange | None":
-        """The change of a job that flipped `changed` to `generation` with `rows`, its old
-        partials being `before`; None when a bucket was flipped for every entity (its cells
-        are not all known)."""
+        """The change of a job that flipped `changed` to `generation` with `rows` (committed
+        at row-table `version`), its old partials being `before`; None when a bucket was
+        flipped for every entity (its cells are not all known)."""
         if changed.named is None:
             return None
         names = [sc.name for sc in spec.stored_columns]
@@ -526,7 +532,7 @@ class LevelChange:
             for w, scope in changed
             for e in sorted(scope or ())
         }
-        return cls(spec.name, before.read_at, generation, cells)
+        return cls(spec.name, before.read_at, generation, version, cells)
 
 
 @dataclass

@@ -102,7 +102,8 @@ def run_recompute(
 ) -> RunOutcome:
     """Execute `job` (see the module); `log_progress` hears what happens, `progress` how many
     of the job's ready buckets are done (none when it starts, all when it has completed).
-    `below` is what a job of the level below flipped in this run (`services.incremental`)."""
+    `below` is what the job of the level below that queued `job` flipped, as that run knows it
+    (`services.incremental`); it is ignored for any other job."""
     say = log_progress or log.info
     t0 = time.monotonic()
     state = engine.states.get(spec.name)
@@ -166,8 +167,9 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
+        mine = below if below is not None and below.queued(job) else None
         result = correct(
-            engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE, below=below
+            engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE, below=mine
         )
         say(f"{spec.name}: {result.technique}: {result.reason}")
         versions = result.versions
@@ -251,7 +253,7 @@ def run_recompute(
         checkpoint("after_flip")
         after = result.rows if isinstance(result.rows, pa.Table) else result.after
         change = (
-            LevelChange.of(spec, result.before, after, changed, generation)
+            LevelChange.of(spec, result.before, after, changed, generation, version)
             if result.before is not None and after is not None
             else None
         )

@@ -4,6 +4,7 @@ holds it."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
@@ -197,7 +198,7 @@ def test_a_bucket_above_queued_for_every_entity_takes_the_entities_that_changed_
     change = manual_correction(world, spark, HOUR_START, 2.0)
     assert change.change is not None
     day = next(j for j in change.propagated if j.rollup == "energy_daily")
-    whole = Job(rollup=day.rollup, trigger=Trigger.CHAIN, windows=day.windows, entities=None)
+    whole = replace(day, entities=None, cells=None)  # the same job, for every meter
     daily = world.catalog.rollup("energy_daily")
     done = run_recompute(world.engine, spark, daily, whole, run_id="test", below=change.change)
     assert done.job.technique == "delta" and done.job.cells_applied == 1, done.job.plan
