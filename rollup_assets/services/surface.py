@@ -35,11 +35,9 @@ on demand. A surface missing for an existing rollup (an archive created before s
 existed) is built whole by the first of these.
 
 Cost. The surface is partitioned like the row table (by UTC day below a day, month for days,
-year above), each partition's rows in files of whole buckets of at most `SURFACE_FILE_ROWS`
-rows, and a publish rewrites only the surface files holding rows of the changed buckets (their
-other rows are carried over): a one-cell correction rewrites the file of its bucket, never its
-whole partition. The rows of the changed cells themselves come from the row table, or from the
-recompute that just wrote them (`Known`).
+year above), and a publish rewrites only the surface files holding rows of the changed buckets
+(their other rows are carried over): a one-cell correction rewrites the files of one bucket's
+partition, never the whole year.
 
 Concurrency. One writer runs per rollup, but maintenance, checks and a manual publish may
 publish at the same time. A publish commits through `delta_tables.commit`: on a conflict (a
@@ -175,10 +173,9 @@ def _current_rows(
     files = prune_files(
         file_actions(surface), time_column="bucket_start", spans=[window], entities=None
     )
-    # Partitions name UTC days, months or years, and a publish writes each partition's rows in
-    # files of whole buckets sorted by bucket start, then entity: read in partition order, then
-    # by first bucket, the rows are usually in query order already (checked; a compaction may
-    # have merged files).
+    # Partitions name UTC days, months or years, and a publish writes each partition's new rows
+    # in one file sorted by bucket start, then entity: read in partition order, the rows are
+    # usually in query order already (checked; a compaction may have merged files).
     files.sort(
         key=lambda f: (
             str(f.get(f"partition.{PART_COLUMN}")),
@@ -548,9 +545,6 @@ def _active_rows(
     )
 
 
-# A partition's surface rows are written in files of whole buckets of at most this many rows, so
-# a correction rewrites (and reads back) the file of its bucket, not the whole partition.
-SURFACE_FILE_ROWS = 4_096
 # Batches rewritten side by side (each holds one batch's rows in memory).
 PUBLISH_WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Partitions of the surface rewritten per batch: a publish reads and writes one batch at a time
@@ -588,12 +582,11 @@ def _replace(
         if changed is not None:
             for f in prune_files(files, time_column="bucket_start", spans=batch, entities=None):
                 data = read_row_groups(uri, options, f["path"], names, "bucket_start", None)
-                # A file holding any row of a changed bucket is rewritten with the bucket's new
-                # rows, so files never share a bucket (they stay in query order).
-                inside = pc.fill_null(in_windows(data["bucket_start"], batch), False)
-                if not pc.any(inside).as_py():
+                drop = pc.fill_null(
+                    pc.and_(in_windows(data["bucket_start"], batch), changed.mask(data)), False
+                )
+                if not pc.any(drop).as_py():
                     continue
-                drop = pc.fill_null(pc.and_(inside, changed.mask(data)), False)
                 gone.append(remove_action(f))
                 keep = data.filter(pc.invert(drop))
                 if keep.num_rows:
@@ -605,8 +598,7 @@ def _replace(
         for part, piece in _by_partition(table):
             directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
             data = piece.drop_columns([PART_COLUMN]).cast(data_schema_)
-            for chunk in _chunks(data):
-                made.append(add_action(write_file(fs, root, directory, chunk, {PART_COLUMN: part})))
+            made.append(add_action(write_file(fs, root, directory, data, {PART_COLUMN: part})))
         return gone, made, rows.num_rows
 
     # Batches hold disjoint partitions (a surface file lies in one): they are rewritten side by
@@ -619,24 +611,6 @@ def _replace(
             adds += made
             written += n
     return removes, adds, written
-
-
-def _chunks(rows: pa.Table) -> list[pa.Table]:
-    """`rows` (one partition's, sorted by bucket start) cut into files of whole buckets, of at
-    most `SURFACE_FILE_ROWS` rows each unless one bucket holds more."""
-    n = rows.num_rows
-    if n <= SURFACE_FILE_ROWS:
-        return [rows]
-    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
-    bounds = [*(np.flatnonzero(np.diff(starts)) + 1).tolist(), n]  # where each bucket ends
-    out, first, last = [], 0, 0
-    for end in bounds:
-        if end - first > SURFACE_FILE_ROWS and last > first:
-            out.append(rows.slice(first, last - first))
-            first = last
-        last = end
-    out.append(rows.slice(first, n - first))
-    return out
 
 
 def _row_span(snap: Snapshot) -> list[Window]:

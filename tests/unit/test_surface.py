@@ -19,7 +19,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import AggregateFunction, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, current_rows, publish
+from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, publish
 
 DAY = timedelta(days=1)
 # Local (Vienna) days as UTC windows, across the end of a month.
@@ -307,32 +307,3 @@ def test_a_publish_takes_the_rows_a_recompute_holds_when_they_are_the_target(
     publish(engine, spec, known)  # no longer the state its rows are of
     assert reads
     assert surface_rows(engine, spec) == expected(spec, cells | fix | more)
-
-
-def test_a_correction_rewrites_only_the_surface_file_of_its_bucket(
-    engine, spec, monkeypatch
-) -> None:
-    """A partition's rows are written in files of whole buckets (here one bucket a file): a
-    correction rewrites the file of its bucket, and the files stay in query order."""
-    monkeypatch.setattr(surface_module, "SURFACE_FILE_ROWS", len(ENTITIES))
-    cells = base()
-    write_forward(engine, spec, cells)
-    publish(engine, spec)
-    uri = engine.rollups.surface_uri(spec)
-    before = {a["path"] for a in file_actions(DeltaTable(uri))}
-    assert len(before) == len(WINDOWS)  # one file per bucket, over two partitions
-    fix = {("meter-a", WINDOWS[2]): 77.0}
-    correct(engine, spec, fix)
-    publish(engine, spec)
-    after = {a["path"] for a in file_actions(DeltaTable(uri))}
-    assert len(before - after) == 1 and len(after - before) == 1
-    assert surface_rows(engine, spec) == expected(spec, cells | fix)
-    # A cell new to a bucket joins that bucket's file rather than a file of its own.
-    new = {("meter-c", WINDOWS[1]): 5.0}
-    correct(engine, spec, new)
-    publish(engine, spec)
-    assert len(file_actions(DeltaTable(uri))) == len(WINDOWS)
-    assert surface_rows(engine, spec) == expected(spec, cells | fix | new)
-    window = Window(STARTS[0], STARTS[-1] + DAY)
-    read = current_rows(engine, spec, engine.rollups.snapshot(spec), window)
-    assert read is not None and read.to_pylist() == expected(spec, cells | fix | new)
