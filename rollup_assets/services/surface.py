@@ -37,7 +37,9 @@ existed) is built whole by the first of these.
 Cost. The surface is partitioned like the row table (by UTC day below a day, month for days,
 year above), and a publish rewrites only the surface files holding rows of the changed buckets
 (their other rows are carried over): a one-cell correction rewrites the files of one bucket's
-partition, never the whole year.
+partition, never the whole year. The changed cells' rows are read from the row table, or taken
+from the recompute that just wrote them (`Known`). Smaller files per partition would carry
+fewer rows over, but every plain reader of the surface would then open several times the files.
 
 Concurrency. One writer runs per rollup, but maintenance, checks and a manual publish may
 publish at the same time. A publish commits through `delta_tables.commit`: on a conflict (a
