@@ -454,7 +454,12 @@ class Engine:
             rows = _within(spark, fresh, found.cells).drop(SOURCE_ROWS)
             before = after = None
             if handed and found.cells and found.cells.named is not None:
-                before = Stored(_stored_of(spark, compared_df, found.cells, spec), own.reflects)
+                old = (
+                    _stored_of(spark, compared_df, found.cells, spec)
+                    if held
+                    else _partials_schema(spec).empty_table()  # nothing was stored
+                )
+                before = Stored(old, own.reflects)
                 after = rows.toArrow()
         finally:
             compared_df.unpersist()
@@ -550,6 +555,12 @@ class Recomputed:
     cells_applied: int = 0  # cells corrected from changes (changed or not)
     before: Stored | None = None  # the old partials of a job of named cells
     after: pa.Table | None = None  # the changed cells' new partials, when `rows` is on Spark
+
+
+def _partials_schema(spec: RollupSpec) -> pa.Schema:
+    """(bucket_start, entity_id) and the stored partials of `spec`."""
+    stored = data_schema(spec)
+    return pa.schema([stored.field(n) for n in [*KEYS, *(sc.name for sc in spec.stored_columns)]])
 
 
 def _stored_of(

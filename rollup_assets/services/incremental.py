@@ -264,6 +264,7 @@ def _from_below(
         states[key] = _reflected(r["source_versions"], source)
     earlier = _changes_since(engine, source, {s for s in states.values() if s}, below.read_at)
     moves = replacements_above(below.cells, cells.windows)
+    mine = _cells_above(below, cells.windows)
     unfit: dict[CellKey, str] = {}
     for key in keys:
         if key not in stored:
@@ -279,10 +280,13 @@ def _from_below(
             unfit[key] = f"{source.name} changed below it since it was stored"
             continue
         touched = _touched(since, window, entity)
-        if touched is None or any(
-            (entity, t) not in below.cells or (entity, t) not in still for t in touched
-        ):
+        if touched is None or any((entity, t) not in below.cells for t in touched):
             unfit[key] = f"{source.name} changed below it other than by the job applied"
+            continue
+        # Every cell of the job below it must still be as the job left it: a rollback or rewind
+        # since may have put a cell back (its pointers then show no difference at all).
+        if any(cell not in still for cell in mine.get(key, ())):
+            unfit[key] = f"a cell of the job applied was changed again in {source.name}"
     applied = merge_into_cells(
         [k for k in keys if k not in unfit],
         stored,
@@ -421,13 +425,31 @@ def replacements_above(
     below: Mapping[CellKey, Replacement], windows: Sequence[Window]
 ) -> dict[CellKey, list[Replacement]]:
     """The replaced partials of cells below (old, new) by the cell of `windows` above them."""
+    out: dict[CellKey, list[Replacement]] = {}
+    for above, key in _above(below, windows):
+        out.setdefault(above, []).append(below[key])
+    return out
+
+
+def _cells_above(below: LevelChange, windows: Sequence[Window]) -> dict[CellKey, list[CellKey]]:
+    """`below`'s cells by the cell of `windows` above them."""
+    out: dict[CellKey, list[CellKey]] = {}
+    for above, key in _above(below.cells, windows):
+        out.setdefault(above, []).append(key)
+    return out
+
+
+def _above(
+    below: Mapping[CellKey, object], windows: Sequence[Window]
+) -> list[tuple[CellKey, CellKey]]:
+    """(cell above, cell below) for each cell of `below` inside one of `windows`."""
     ordered = sorted(windows)
     starts = [w.start for w in ordered]
-    out: dict[CellKey, list[Replacement]] = {}
-    for (entity, start), pair in below.items():
+    out = []
+    for entity, start in below:
         i = bisect.bisect_right(starts, start) - 1
         if i >= 0 and start < ordered[i].end:
-            out.setdefault((entity, ordered[i].start), []).append(pair)
+            out.append(((entity, ordered[i].start), (entity, start)))
     return out
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,13 +15,15 @@ from pyspark.sql import SparkSession
 
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.runner import tick
 from rollup_assets.services.chain import Chain
 from rollup_assets.services.recompute import run_recompute
-from tests.conftest import World, days
+from rollup_assets.services.rollback import rollback
+from tests.conftest import World, days, world_of
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
@@ -206,5 +209,49 @@ def test_a_bucket_above_queued_for_every_entity_takes_the_entities_that_changed_
     # The day is right at once (the hourly and daily levels; the pending jobs above run next).
     names = ["energy_hourly", "energy_daily"]
     assert compare_all(world.query, world.raw(), world.catalog, names=names) == []
+    world.tick(NOW)
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+@pytest.fixture
+def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[World]:
+    """A world whose superseded generations stay (rollback needs them)."""
+    yield from world_of(tmp_path, monkeypatch, load_catalog(), retention_hours=168)
+
+
+def test_a_change_below_undone_before_the_level_above_runs_is_not_applied(
+    kept: World, spark: SparkSession
+) -> None:
+    """An hour corrected, then rolled back before the day above it runs: the pointers are as
+    the correction found them, but its change no longer holds, so the day is merged again from
+    the hours as they are (not corrected from the undone change)."""
+    world = kept
+    setup_chain(world)
+    change = manual_correction(world, spark, HOUR_START, 2.0)
+    assert change.change is not None
+    rollback(world.engine, "energy_hourly", change.job.job_id)
+    day = next(j for j in change.propagated if j.rollup == "energy_daily")
+    daily = world.catalog.rollup("energy_daily")
+    done = run_recompute(world.engine, spark, daily, day, run_id="test", below=change.change)
+    assert "changed again" in (done.job.plan or ""), done.job.plan
+    span = day.windows[0]
+    hours = world.query("energy_hourly", start=span.start, end=span.end, entities=["meter-0001"])
+    days_ = world.query("energy_daily", start=span.start, end=span.end, entities=["meter-0001"])
+    assert days_["energy_kwh_sum"].to_pylist() == [
+        pytest.approx(sum(hours["energy_kwh_sum"].to_pylist()))
+    ]
+
+
+def test_a_late_reading_in_an_hour_with_nothing_stored_is_carried_up_from_spark(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hourly level on Spark, for a cell of an hour with nothing stored yet (after the
+    data, before the watermark): it hands its change up with no old partials."""
+    for module in ("engine", "incremental"):
+        monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
+    setup_chain(world)
+    empty = datetime(2025, 6, 15, 12, 0, tzinfo=UTC)
+    reading = [{"entity_id": "meter-0001", "ts": empty, "energy_kwh": 5.0}]
+    world.ingest(pa.Table.from_pylist(reading), source="Manual")
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
