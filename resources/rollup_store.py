@@ -84,10 +84,6 @@ class Reflected:
     genmap: int
     rows: int
 
-    @classmethod
-    def of(cls, snap: "Snapshot") -> "Reflected":
-        return snap.reflects
-
     def at_or_before(self, other: "Reflected") -> bool:
         """Is this state no later than `other` (both tables at or before its versions)?"""
         return self.genmap <= other.genmap and self.rows <= other.rows

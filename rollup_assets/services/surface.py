@@ -162,11 +162,7 @@ def _current_rows(
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     surface = open_table(uri, options)
     done = reflected(surface)
-    if (
-        surface is None
-        or done is None
-        or not _still_current(engine, spec, done, Reflected.of(snap))
-    ):
+    if surface is None or done is None or not _still_current(engine, spec, done, snap.reflects):
         return None
     schema = surface_schema(spec)
     if [f.name for f in surface.schema().fields] != schema.names:
@@ -285,7 +281,7 @@ def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Pub
     def plan(surface: DeltaTable | None) -> CommitPlan:
         outcome.clear()
         snap = engine.rollups.snapshot(spec)
-        target = Reflected.of(snap)
+        target = snap.reflects
         done = reflected(surface)
         if surface is not None and done == target:
             outcome.append(Published(spec.name, target, False, 0, 0, surface.version()))

@@ -27,7 +27,7 @@ from rollup_assets.orchestration.runner import tick
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
-from rollup_assets.services.surface import GENMAP_APP, Reflected, publish, reflected
+from rollup_assets.services.surface import GENMAP_APP, publish, reflected
 from tests.conftest import World, days
 from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare, compare_all, oracle
@@ -238,7 +238,7 @@ def test_a_query_reads_a_current_surface_as_resolving_the_pointers_would(
     maintain(world.engine, now=NOW, enforce_retention=False)
     hourly = world.catalog.rollup("energy_hourly")
     behind = reflected(DeltaTable(world.engine.rollups.surface_uri(hourly)))
-    assert behind != Reflected.of(world.engine.rollups.snapshot(hourly))
+    assert behind != world.engine.rollups.snapshot(hourly).reflects
     read_row_table = RollupStore.read_arrow
     monkeypatch.setattr(RollupStore, "read_arrow", unused)
     for name, want in resolved.items():
