@@ -267,11 +267,14 @@ class RollupStore(RollupTable):
         snapshot: Snapshot | None = None,
         columns: Sequence[str] | None = None,
         cells: Cells | None = None,
+        keys: pa.Table | None = None,
     ) -> pa.Table:
         """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
         `generation` is added: the active generation is resolved from it). With `cells`, only
         the row groups that may hold those cells are read (a few cells cost a row group each,
-        not the cross product of their buckets and entities); rows of other cells may remain."""
+        not the cross product of their buckets and entities); rows of other cells may remain.
+        With `keys` (bucket_start, entity_id: cells of this rollup), each file keeps only the
+        rows of those cells, so the driver never holds more than their rows."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
         if columns is not None:
@@ -286,7 +289,11 @@ class RollupStore(RollupTable):
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
                 mask = em if mask is None else pc.and_(mask, em)
-            return data if mask is None else data.filter(mask)
+            data = data if mask is None else data.filter(mask)
+            if keys is None:
+                return data
+            kept = data.join(keys, keys.column_names, join_type="left semi")
+            return kept.select(data.column_names)
 
         targets = list(cells) if cells is not None else targets_of(spans, entities)
         files = live_files(

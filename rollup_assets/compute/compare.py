@@ -52,40 +52,22 @@ def _unchanged(a: Column, b: Column, ctype: ColumnType) -> Column:
     return exact | F.coalesce(close, F.lit(False))
 
 
-# With `cell_changes(..., keep_stored=True)`: the stored partial `name` as `STORED_PREFIX + name`,
-# and whether a stored row exists at all.
-STORED_PREFIX = "s__"
-STORED_ROW = "__s"
-
-
-def cell_changes(
-    fresh: DataFrame, stored: DataFrame, spec: RollupSpec, keep_stored: bool = False
-) -> DataFrame:
+def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataFrame:
     """Every cell (entity_id, bucket_start) of `fresh` or `stored`, with `CHANGED`: do the
     partials differ, or does only one side have a row? Other columns of `fresh` (such as the
-    count of source rows behind it) are kept, null for a cell only `stored` has; with
-    `keep_stored`, the stored partials too (`STORED_PREFIX`, and `STORED_ROW`: null when only
-    `fresh` has the cell)."""
+    count of source rows behind it) are kept, null for a cell only `stored` has."""
     names = [sc.name for sc in spec.stored_columns]
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
-    s = stored.select(
-        *keys,
-        *[F.col(n).alias(f"{STORED_PREFIX}{n}") for n in names],
-        F.lit(True).alias(STORED_ROW),
-    )
+    s = stored.select(*keys, *[F.col(n).alias(f"s__{n}") for n in names], F.lit(True).alias("__s"))
     f = fresh.select(*keys, *names, *extra, F.lit(True).alias("__f"))
     joined = f.join(s, on=keys, how="full_outer")
     same = functools.reduce(
         operator.and_,
-        [
-            _unchanged(F.col(sc.name), F.col(f"{STORED_PREFIX}{sc.name}"), sc.type)
-            for sc in spec.stored_columns
-        ],
+        [_unchanged(F.col(sc.name), F.col(f"s__{sc.name}"), sc.type) for sc in spec.stored_columns],
     )
     both = F.col("__f").isNotNull() & F.col("__s").isNotNull()
-    kept = [f"{STORED_PREFIX}{n}" for n in names] + [STORED_ROW] if keep_stored else []
-    return joined.select(*keys, *extra, *kept, (~(both & same)).alias(CHANGED))
+    return joined.select(*keys, *extra, (~(both & same)).alias(CHANGED))
 
 
 def all_new(fresh: DataFrame, spec: RollupSpec) -> DataFrame:

@@ -30,8 +30,6 @@ from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.compare import (
     CHANGED,
-    STORED_PREFIX,
-    STORED_ROW,
     all_new,
     cell_changes,
     cell_changes_arrow,
@@ -257,15 +255,7 @@ class Engine:
         parts = [partials_arrow(rows, whole, None, spec, source)] if whole or not named else []
         if named:
             parts.append(partials_arrow(rows, named, cell_keys(cells), spec, source))
-        out = pa.concat_tables(parts)
-        stored = data_schema(spec)
-        typed = pa.schema(
-            [
-                stored.field(n) if n in stored.names else out.schema.field(n)
-                for n in out.column_names
-            ]
-        )
-        return out.cast(typed), versions
+        return _typed(pa.concat_tables(parts), spec), versions
 
     def source_rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
         """How many rows the source files that may hold `cells`' source rows contain, by their
@@ -371,20 +361,30 @@ class Engine:
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
         cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
         folded buckets whose cells are all unchanged) and what the comparison found. A job of a
-        few named cells runs on the driver: their source row groups read with delta-rs and
-        aggregated with Arrow (`driver_partials`), compared with the stored ones; a larger job
-        stays on Spark, where the rows are
-        cached until `Recomputed.release`. A rollup source is read at snapshot `below` when
-        given; a job of a few named cells takes its stored rows from `stored` when given (the
-        caller read them). Refuses (`RawRowsRetainedError`) cells whose raw rows retention
-        removed."""
+        few named cells (at most `DRIVER_CELLS`) runs on the driver: their source row groups
+        read with delta-rs and aggregated with Arrow (`driver_partials`). A job of more named
+        cells (at most `CHANGE_CELLS`) aggregates them on Spark and brings their fresh partials
+        to the driver. Either is compared there with the stored rows of its cells (taken from
+        `stored` when given: the caller read them), and keeps them for the level above
+        (`Recomputed.before`). Other jobs (buckets for every entity, more cells) stay on Spark,
+        where the rows are cached until `Recomputed.release`. A rollup source is read at
+        snapshot `below` when given. Refuses (`RawRowsRetainedError`) cells whose raw rows
+        retention removed."""
         self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
-        if cells.named is not None and cells.named <= DRIVER_CELLS:
-            rows, versions = self.driver_partials(spec, cells, raw_table, below)
+        if cells.named is not None and cells.named <= CHANGE_CELLS:
+            # Named cells: their fresh partials are at most `CHANGE_CELLS` rows, compared with
+            # the stored ones on the driver (the level above is handed both).
+            if cells.named <= DRIVER_CELLS:
+                rows, versions = self.driver_partials(spec, cells, raw_table, below)
+            else:
+                fresh, versions = self.partials(spark, spec, cells, raw_table, below)
+                rows = _typed(fresh.toArrow(), spec)
             if stored is None:
                 own = self.rollups.snapshot(spec)
-                read = self.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
+                read = self.rollups.read_arrow(
+                    spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+                )
                 stored = Stored(read, own.reflects)
             mine = stored.rows.join(cell_keys(cells), KEYS, join_type="inner")
             compared = cell_changes_arrow(rows, mine, spec).to_pylist()
@@ -410,14 +410,10 @@ class Engine:
             )
         fresh, versions = self.partials(spark, spec, cells, raw_table, below)
         fresh = fresh.persist()
-        own = self.rollups.snapshot(spec)
-        # A job of named cells hands the level above its changed cells' old and new partials.
-        handed = cells.named is not None and cells.named <= CHANGE_CELLS
         if held:
+            own = self.rollups.snapshot(spec)
             stored_df = self.rollups.read_spark(spark, spec, spans, cells.entities, own)
-            compared_df = cell_changes(
-                fresh, _within(spark, stored_df, cells), spec, keep_stored=handed
-            ).persist()
+            compared_df = cell_changes(fresh, _within(spark, stored_df, cells), spec).persist()
         else:
             # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.
             compared_df = all_new(fresh, spec)
@@ -452,20 +448,9 @@ class Engine:
                 settled_only=settled_only,
             )
             rows = _within(spark, fresh, found.cells).drop(SOURCE_ROWS)
-            before = after = None
-            if handed and found.cells and found.cells.named is not None:
-                old = (
-                    _stored_of(spark, compared_df, found.cells, spec)
-                    if held
-                    else _partials_schema(spec).empty_table()  # nothing was stored
-                )
-                before = Stored(old, own.reflects)
-                after = rows.toArrow()
         finally:
             compared_df.unpersist()
-        return Recomputed(
-            rows, found, versions, release=fresh.unpersist, before=before, after=after
-        )
+        return Recomputed(rows, found, versions, release=fresh.unpersist)
 
 
 @dataclass(frozen=True)
@@ -554,27 +539,19 @@ class Recomputed:
     change_rows: int = 0  # source change rows consumed (applied as deltas)
     cells_applied: int = 0  # cells corrected from changes (changed or not)
     before: Stored | None = None  # the old partials of a job of named cells
-    after: pa.Table | None = None  # the changed cells' new partials, when `rows` is on Spark
 
 
-def _partials_schema(spec: RollupSpec) -> pa.Schema:
-    """(bucket_start, entity_id) and the stored partials of `spec`."""
+def _typed(partials: pa.Table, spec: RollupSpec) -> pa.Table:
+    """Fresh partials cast to the types the rollup stores (other columns as they are)."""
     stored = data_schema(spec)
-    return pa.schema([stored.field(n) for n in [*KEYS, *(sc.name for sc in spec.stored_columns)]])
-
-
-def _stored_of(
-    spark: SparkSession, compared: DataFrame, cells: Cells, spec: RollupSpec
-) -> pa.Table:
-    """The stored rows of `cells` (named cells) from a comparison that kept them
-    (`cell_changes(..., keep_stored=True)`), on the driver."""
-    _, named = _targets(spark, cells)
-    assert named is not None, "named cells only"
-    names = [sc.name for sc in spec.stored_columns]
-    picked = compared.where(F.col(STORED_ROW).isNotNull()).join(
-        F.broadcast(named.select(*KEYS)), KEYS
+    return partials.cast(
+        pa.schema(
+            [
+                stored.field(n) if n in stored.names else partials.schema.field(n)
+                for n in partials.column_names
+            ]
+        )
     )
-    return picked.select(*KEYS, *[F.col(f"{STORED_PREFIX}{n}").alias(n) for n in names]).toArrow()
 
 
 def _found(

@@ -105,8 +105,9 @@ def correct(
     version = table.version()
     spans = merge_windows(list(cells.windows))
     own = engine.rollups.snapshot(spec)
-    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
-    stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
+    stored_rows = engine.rollups.read_arrow(
+        spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+    )
     stored = _stored_cells(stored_rows, spec, source.name, version)
     by_start = {w.start: w for w in cells.windows}
     keys: list[CellKey] = [(e, w.start) for w, scope in cells for e in sorted(scope or ())]
@@ -253,8 +254,9 @@ def _from_below(
     keys: list[CellKey] = [(e, w.start) for w, scope in cells for e in sorted(scope or ())]
     spans = merge_windows(list(cells.windows))
     own = engine.rollups.snapshot(spec)
-    stored_rows = engine.rollups.read_arrow(spec, spans, cells.entities, own, cells=cells)
-    stored_rows = stored_rows.join(cell_keys(cells), KEYS, join_type="inner")
+    stored_rows = engine.rollups.read_arrow(
+        spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+    )
     names = [sc.name for sc in spec.stored_columns]
     stored: dict[CellKey, dict] = {}
     states: dict[CellKey, Reflected | None] = {}

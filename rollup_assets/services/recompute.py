@@ -251,7 +251,7 @@ def run_recompute(
         _check_still_ours(engine, spec, running)
         flipped = engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
         checkpoint("after_flip")
-        after = result.rows if isinstance(result.rows, pa.Table) else result.after
+        after = result.rows if isinstance(result.rows, pa.Table) else None  # rows on the driver
         change = (
             LevelChange.of(spec, result.before, after, changed, generation, version)
             if result.before is not None and after is not None
