@@ -83,7 +83,7 @@ def job_row(job: Job) -> dict:
         "rollup": job.rollup,
         "trigger": job.trigger.value,
         "state": job.state.value,
-        "windows": encode_windows(job.windows),
+        "windows": _encoded_windows(tuple(job.windows)),
         "entities": None if job.entities is None else json.dumps(sorted(job.entities)),
         "generation": job.generation,
         "windows_processed": job.windows_processed,
@@ -100,7 +100,7 @@ def job_row(job: Job) -> dict:
         "finished_at": job.finished_at,
         "duration_ms": job.duration_ms,
         "recorded_at": datetime.now(UTC),
-        "cells": None if job.cells is None else encode_cells(job.cells),
+        "cells": None if job.cells is None else _encoded_cells(job.cells),
         "technique": job.technique,
         "source_rows": job.source_rows,
         "cells_changed": job.cells_changed,
@@ -123,6 +123,7 @@ def encode_cells(cells: Cells) -> str:
     )
 
 
+@functools.lru_cache(maxsize=32)
 def decode_cells(text: str | None) -> Cells | None:
     if not text:
         return None
@@ -134,10 +135,23 @@ def decode_cells(text: str | None) -> Cells | None:
     return Cells(tuple(sorted(by_window.items(), key=lambda item: item[0])))
 
 
+# A job is recorded at each of its states with the same windows and cells, and read back once
+# per record: the last few encodings and decodings are kept (they are immutable).
+@functools.lru_cache(maxsize=32)
+def _encoded_cells(cells: Cells) -> str:
+    return encode_cells(cells)
+
+
+@functools.lru_cache(maxsize=32)
+def _encoded_windows(windows: tuple[Window, ...]) -> str:
+    return encode_windows(windows)
+
+
 def encode_windows(windows: Iterable[Window]) -> str:
     return json.dumps([[iso_utc(w.start), iso_utc(w.end)] for w in merge_windows(list(windows))])
 
 
+@functools.lru_cache(maxsize=32)
 def decode_windows(text: str | None) -> tuple[Window, ...]:
     if not text:
         return ()
