@@ -27,7 +27,7 @@ from rollup_assets.model.specs import (
     TimeRangeArchiveSpec,
     key_columns,
 )
-from rollup_assets.model.windows import EPOCH, iso_utc
+from rollup_assets.model.windows import EPOCH, iso_utc, micros
 
 _OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
 _TRUE = {"true", "t", "1", "yes"}
@@ -124,7 +124,7 @@ class BatchConverter:
         first: tuple[int, RollupSpec, int] | None = None  # (row, rollup, boundary in µs)
         for rollup in spec.first_levels:
             bounds = np.array(
-                [_micros(t) for t in Bucketing.of(rollup).boundaries_near(days)], dtype=np.int64
+                [micros(t) for t in Bucketing.of(rollup).boundaries_near(days)], dtype=np.int64
             )
             if len(bounds) == 0:
                 continue
@@ -325,10 +325,6 @@ def with_stored_operands(
     fill_computed(spec, columns, batch.num_rows)
     merged = pa.table({name: columns[name] for name in batch.schema.names}, schema=batch.schema)
     return merged.combine_chunks().to_batches()[0]
-
-
-def _micros(t: dt.datetime) -> int:
-    return (t - EPOCH) // dt.timedelta(microseconds=1)
 
 
 def _first_uncastable(col: pa.ChunkedArray, target: pa.DataType) -> int:

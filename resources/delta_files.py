@@ -7,13 +7,15 @@ transaction. Every file, wherever it is written, is described once (`describe_fi
 committed with `add_action`.
 """
 
+import bisect
 import datetime as dt
 import json
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -238,6 +240,30 @@ def build_file_writer(
 Targets = Sequence[tuple[Window, frozenset[str] | None]]  # (bucket or span, entities or all)
 
 
+class TargetIndex:
+    """`Targets` ordered by start, to find those overlapping a row group's time range without
+    going through all of them (a recompute of thousands of scattered cells reads every row
+    group of hundreds of files against them). Build it once for the files of one read."""
+
+    def __init__(self, targets: Targets) -> None:
+        self.targets = sorted(targets, key=lambda t: t[0].start)
+        self._starts = [w.start for w, _ in self.targets]
+        self._longest = max((w.end - w.start for w, _ in self.targets), default=dt.timedelta(0))
+
+    def overlapping(
+        self, lo: dt.datetime | None, hi: dt.datetime | None
+    ) -> Iterable[tuple[Window, frozenset[str] | None]]:
+        """The targets whose window overlaps [lo, hi] (every target when a bound is unknown)."""
+        if lo is None or hi is None:
+            return self.targets
+        try:
+            first = bisect.bisect_left(self._starts, lo - self._longest)
+        except OverflowError:  # a target without a finite start
+            first = 0
+        last = bisect.bisect_right(self._starts, hi)
+        return (t for t in self.targets[first:last] if t[0].start <= hi and lo < t[0].end)
+
+
 def targets_of(spans: Sequence[Window] | None, entities: frozenset[str] | None) -> Targets | None:
     """Every span for the same entities (None: no limit at all)."""
     if not spans and entities is None:
@@ -260,12 +286,12 @@ def read_row_groups(
     path: str,
     columns: Sequence[str] | None,
     time_column: str,
-    targets: Targets | None,
+    targets: Targets | TargetIndex | None,
 ) -> pa.Table:
     """The rows of the table's file at `path` (its `columns`); with `targets`, only the row
     groups whose statistics say they may hold a row of one target: `time_column` in its window
     and `entity_id` among its entities (files are sorted by entity, in row groups). Rows are
-    not filtered further."""
+    not filtered further. A caller reading many files passes a `TargetIndex` built once."""
     fs, root = filesystem_for(table_uri, storage_options)
     with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
         cols = list(columns) if columns is not None else None
@@ -273,10 +299,11 @@ def read_row_groups(
             return pq.read_table(fh, columns=cols)
         pf = pq.ParquetFile(fh)
         meta = pf.metadata
+        index = targets if isinstance(targets, TargetIndex) else TargetIndex(targets)
         groups = [
             i
             for i in range(meta.num_row_groups)
-            if _may_hold(meta.row_group(i), time_column, targets)
+            if _may_hold(meta.row_group(i), time_column, index)
         ]
         if len(groups) == meta.num_row_groups:
             return pf.read(columns=cols)
@@ -285,7 +312,15 @@ def read_row_groups(
         return pf.read_row_groups(groups, columns=cols)
 
 
-def _may_hold(group: pq.RowGroupMetaData, time_column: str, targets: Targets) -> bool:
+def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:
+    """The rows of `rows` whose columns `names` match a row of `keys`, in a copy of their own:
+    a join's output can share buffers the size of its whole input, and a read that narrows
+    hundreds of files this way would keep every file's buffers alive."""
+    kept = rows.join(keys, list(names), join_type="left semi").select(rows.column_names)
+    return kept.take(pa.array(np.arange(kept.num_rows)))
+
+
+def _may_hold(group: pq.RowGroupMetaData, time_column: str, targets: TargetIndex) -> bool:
     """Could a row group hold a row of one of `targets`, by its statistics?"""
     stats = {}
     for j in range(group.num_columns):
@@ -305,9 +340,7 @@ def _may_hold(group: pq.RowGroupMetaData, time_column: str, targets: Targets) ->
             lo, hi = lo.decode("utf-8", "replace"), hi.decode("utf-8", "replace")
         if isinstance(lo, str) and isinstance(hi, str):
             e_lo, e_hi = lo, hi
-    for w, entities in targets:
-        if t_lo is not None and t_hi is not None and not (w.start <= t_hi and t_lo < w.end):
-            continue
+    for _, entities in targets.overlapping(t_lo, t_hi):
         if entities is None or e_lo is None or e_hi is None:
             return True
         if any(e_lo <= e <= e_hi for e in entities):

@@ -20,7 +20,7 @@ import json
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,9 +34,8 @@ from resources.warehouse import filesystem_for
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import EPOCH, Window, micros
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
 # What each task returns per file: the written file, and per bucket (start in microseconds
 # since the epoch) the cells written and the source rows behind them, as JSON.
@@ -114,12 +113,8 @@ def plan_parts(
     return tuple(out)
 
 
-def _micros(t: datetime) -> int:
-    return (t - EPOCH) // timedelta(microseconds=1)
-
-
-def _instant(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
+def _instant(since_epoch: int) -> datetime:
+    return EPOCH + timedelta(microseconds=since_epoch)
 
 
 def _source_columns(fill: Fill) -> pa.Schema:
@@ -192,7 +187,7 @@ def _fill_task(
                     [(SOURCE_ROWS, "count"), (SOURCE_ROWS, "sum")]
                 )
                 tally = [
-                    [_micros(s), c, r]
+                    [micros(s), c, r]
                     for s, c, r in zip(
                         counts["bucket_start"].to_pylist(),
                         counts[f"{SOURCE_ROWS}_count"].to_pylist(),
@@ -232,8 +227,8 @@ def run_fill(
         {
             "part": [p.part for p in fill.parts],
             "paths": [list(p.paths) for p in fill.parts],
-            "starts": [[_micros(w.start) for w in p.buckets] for p in fill.parts],
-            "ends": [[_micros(w.end) for w in p.buckets] for p in fill.parts],
+            "starts": [[micros(w.start) for w in p.buckets] for p in fill.parts],
+            "ends": [[micros(w.end) for w in p.buckets] for p in fill.parts],
         }
     )
     slots = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)

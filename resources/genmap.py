@@ -9,7 +9,7 @@ Delta commit: that commit is the moment readers switch to the new generation.
 """
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,7 @@ from resources.delta_tables import (
 )
 from resources.warehouse import filesystem_for
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.windows import micros
 
 TS = pa.timestamp("us", tz="UTC")
 GENMAP_SCHEMA = pa.schema(
@@ -117,25 +118,18 @@ def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
         if lo is None or hi is None or newest is None:
             out.append(f)
             continue
-        i = int(np.searchsorted(starts, _micros(lo), side="left"))
-        j = int(np.searchsorted(starts, _micros(hi), side="right")) - 1
+        i = int(np.searchsorted(starts, micros(lo), side="left"))
+        j = int(np.searchsorted(starts, micros(hi), side="right")) - 1
         covered = (
             i <= j
-            and starts[i] == _micros(lo)
-            and starts[j] == _micros(hi)
+            and starts[i] == micros(lo)
+            and starts[j] == micros(hi)
             and gaps[j] == gaps[i]
             and gens[i : j + 1].min() > newest
         )
         if not covered:
             out.append(f)
     return out
-
-
-def _micros(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:

@@ -22,7 +22,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from resources.batch_conversion import with_stored_operands
 from resources.batches import BatchReader, BatchSummary
-from resources.delta_files import ROW_GROUP_ROWS, Targets, read_row_groups, targets_of
+from resources.delta_files import (
+    ROW_GROUP_ROWS,
+    TargetIndex,
+    Targets,
+    read_row_groups,
+    rows_with_keys,
+    targets_of,
+)
 from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
@@ -625,7 +632,8 @@ class RawStore:
         if table is None:
             return schema.empty_table(), None
         files = self.files_for(table, spec, spans, entities)
-        targets = list(cells) if cells is not None else targets_of(spans, entities)
+        listed = list(cells) if cells is not None else targets_of(spans, entities)
+        targets = None if listed is None else TargetIndex(listed)
         parts = [self._read_file(spec, f, targets) for f in files]
         data = pa.concat_tables(
             [p.select(schema.names).cast(schema) for p in parts] or [schema.empty_table()]
@@ -659,13 +667,9 @@ class RawStore:
             pa.schema([schema.field(k) for k in key_names])
         )
 
-        def read(f: dict, targets: Targets | None) -> pa.Table:
+        def read(f: dict, targets: TargetIndex | None) -> pa.Table:
             data = self._read_file(spec, f, targets, schema.names)
-            return (
-                data.select(schema.names)
-                .cast(schema)
-                .join(wanted_keys, key_names, join_type="left semi")
-            )
+            return rows_with_keys(data.select(schema.names).cast(schema), wanted_keys, key_names)
 
         keys = (
             pa.table(
@@ -702,14 +706,14 @@ class RawStore:
             entities=cells.entities,
             day_column=DAY_COLUMN,
         )
-        targets = list(cells)
+        targets = TargetIndex(list(cells))
         return pa.concat_tables([read(f, targets) for f in wanted] or [schema.empty_table()])
 
     def _read_file(
         self,
         spec: SourceSpec,
         f: dict,
-        targets: Targets | None,
+        targets: Targets | TargetIndex | None,
         columns: Sequence[str] | None = None,
     ) -> pa.Table:
         """The row groups of one data file that may hold rows of `targets` (every stored

@@ -26,7 +26,14 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer, targets_of
+from resources.delta_files import (
+    WRITTEN_FILES_DDL,
+    TargetIndex,
+    add_action,
+    build_file_writer,
+    rows_with_keys,
+    targets_of,
+)
 from resources.delta_tables import (
     CommitPlan,
     commit_history,
@@ -285,17 +292,16 @@ class RollupStore(RollupTable):
 
         def read(f: dict) -> pa.Table:
             data = self._read_file(spec, f, schema.names, targets).cast(schema)
+            if keys is not None and targets is not None:
+                return _cells_only(data, keys, targets)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
                 mask = em if mask is None else pc.and_(mask, em)
-            data = data if mask is None else data.filter(mask)
-            if keys is None:
-                return data
-            kept = data.join(keys, keys.column_names, join_type="left semi")
-            return kept.select(data.column_names)
+            return data if mask is None else data.filter(mask)
 
-        targets = list(cells) if cells is not None else targets_of(spans, entities)
+        listed = list(cells) if cells is not None else targets_of(spans, entities)
+        targets = None if listed is None else TargetIndex(listed)
         files = live_files(
             self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
         )
@@ -478,3 +484,17 @@ class RollupStore(RollupTable):
             return CommitPlan(adds=[*written.adds, *rewritten], removes=removes)
 
         return self.commit(spec, plan, metadata)
+
+
+def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
+    """The rows of the cells `keys` (bucket_start, entity_id; also indexed as `cells`). A file
+    holds few of the cells' entities in its time range: rows are narrowed to those first, so
+    the exact match runs on about the cells' own rows."""
+    if rows.num_rows == 0:
+        return rows
+    lo, hi = pc.min_max(rows["bucket_start"]).values()
+    near = {e for _, scope in cells.overlapping(lo.as_py(), hi.as_py()) for e in scope or ()}
+    if not near:
+        return rows.slice(0, 0)
+    rows = rows.filter(pc.is_in(rows["entity_id"], value_set=pa.array(sorted(near), pa.string())))
+    return rows_with_keys(rows, keys, keys.column_names)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -22,6 +23,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from resources.delta_files import (
     ROW_GROUP_ROWS,
+    TargetIndex,
     Targets,
     add_action,
     read_row_groups,
@@ -46,7 +48,7 @@ from resources.genmap import (
 from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
 from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import Window, merge_windows, micros
 
 log = logging.getLogger(__name__)
 # A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and
@@ -56,14 +58,19 @@ SWEEP_MIN_ROWS = 4_096
 
 
 def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) -> pa.ChunkedArray:
-    """Mask: does each bucket start fall in one of `windows`?"""
-    mask = pc.fill_null(pa.nulls(len(starts), pa.bool_()), False)
-    for w in merge_windows(list(windows)):
-        inside = pc.and_(
-            pc.greater_equal(starts, pa.scalar(w.start, TS)), pc.less(starts, pa.scalar(w.end, TS))
-        )
-        mask = pc.or_(mask, inside)
-    return mask
+    """Mask: does each bucket start fall in one of `windows`? (Null for a null start.) One
+    binary search per row over the merged windows, however many there are."""
+    merged = merge_windows(list(windows))
+    values = pc.cast(starts, TS)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    at = pc.fill_null(values.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+    lo = np.array([micros(w.start) for w in merged], dtype=np.int64)
+    hi = np.array([micros(w.end) for w in merged], dtype=np.int64)
+    i = np.searchsorted(lo, at, side="right") - 1
+    inside = (i >= 0) & (at < hi[np.clip(i, 0, None)]) if len(merged) else i >= 0
+    nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+    return pa.chunked_array([pa.array(inside, pa.bool_(), mask=nulls)])
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class RollupTable:
         spec: RollupSpec,
         f: dict,
         columns: Sequence[str] | None = None,
-        targets: Targets | None = None,
+        targets: Targets | TargetIndex | None = None,
     ) -> pa.Table:
         """The file's rows (its `columns`); with `targets`, only the row groups whose statistics
         say they may hold rows of them (`delta_files.read_row_groups`)."""

@@ -16,7 +16,6 @@ max input holding a NaN is flagged per cell and the cell's max set to NaN.
 """
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -24,17 +23,12 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.model.specs import ENTITY_COLUMN, AggregateFunction, ArchiveSpec, RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, micros
 
 TS = pa.timestamp("us", tz="UTC")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
-
-
-def _micros(t: datetime) -> int:
-    return (t - EPOCH) // timedelta(microseconds=1)
 
 
 def partials_arrow(
@@ -63,8 +57,8 @@ def partials_arrow(
         inputs.setdefault((column, how), f"__in{len(inputs)}")
         plan.append((sc, inputs[(column, how)]))
     ordered = sorted(windows)
-    starts = np.array([_micros(w.start) for w in ordered], dtype=np.int64)
-    ends = np.array([_micros(w.end) for w in ordered], dtype=np.int64)
+    starts = np.array([micros(w.start) for w in ordered], dtype=np.int64)
+    ends = np.array([micros(w.end) for w in ordered], dtype=np.int64)
     ts = rows[source.time_column].cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
     idx = np.searchsorted(starts, ts, side="right") - 1
     inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0

@@ -4,11 +4,16 @@ All instants passed in and out are aware `datetime`s in UTC; windows are half-op
 """
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from rollup_assets.model.errors import InvalidTimeRangeError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(t: datetime) -> int:
+    """Microseconds since the Unix epoch: an instant as Arrow stores a `timestamp[us]`."""
+    return (t - EPOCH) // timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, order=True)

@@ -4,10 +4,12 @@ stored rows it compares with."""
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.delta_files import _may_hold, targets_of
+from resources.delta_files import TargetIndex, _may_hold, rows_with_keys, targets_of
+from resources.rollup_table import in_windows
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.spec_loader import load_catalog
@@ -71,7 +73,7 @@ def test_row_groups_are_pruned_by_bucket_and_entity_statistics(tmp_path: Path) -
     def held(spans, entities) -> list[bool]:
         targets = targets_of(spans, entities)
         assert targets is not None
-        return [_may_hold(g, "bucket_start", targets) for g in groups]
+        return [_may_hold(g, "bucket_start", TargetIndex(targets)) for g in groups]
 
     assert held(hour, frozenset({"m15"})) == [False, True, False, False]
     assert held(hour, None) == [True] * 4
@@ -87,7 +89,59 @@ def test_row_groups_are_pruned_by_bucket_and_entity_statistics(tmp_path: Path) -
         True,
     ]
     cells = [(Window(T0, T0 + H), frozenset({"m05"})), (later[0], frozenset({"m33"}))]
-    assert [_may_hold(g, "bucket_start", cells) for g in groups] == [True, False, False, False]
+    index = TargetIndex(cells)
+    assert [_may_hold(g, "bucket_start", index) for g in groups] == [True, False, False, False]
+    # Thousands of cells elsewhere in time change nothing; a long window reaching back does.
+    far = [(Window(T0 + k * H, T0 + (k + 1) * H), frozenset({"m15"})) for k in range(10, 5000)]
+    index = TargetIndex([*cells, *far])
+    assert [_may_hold(g, "bucket_start", index) for g in groups] == [True, False, False, False]
+    week = (Window(T0 - 7 * 24 * H, T0 + H), frozenset({"m25"}))
+    index = TargetIndex([*cells, *far, week])
+    assert [_may_hold(g, "bucket_start", index) for g in groups] == [True, False, True, False]
+
+
+def test_index_of_targets_finds_exactly_the_overlapping_ones() -> None:
+    rng = np.random.default_rng(3)
+    targets = []
+    for _ in range(300):
+        start = T0 + int(rng.integers(0, 500)) * H
+        targets.append((Window(start, start + int(rng.integers(1, 48)) * H), None))
+    targets.append((Window(datetime.min.replace(tzinfo=UTC), T0 - 100 * H), None))
+    index = TargetIndex(targets)
+    for _ in range(200):
+        lo = T0 + int(rng.integers(-200, 600)) * H
+        hi = lo + int(rng.integers(0, 30)) * H
+        expected = sorted((w.start, w.end) for w, _ in targets if w.start <= hi and lo < w.end)
+        got = sorted((w.start, w.end) for w, _ in index.overlapping(lo, hi))
+        assert got == expected
+    assert len(list(index.overlapping(None, hi))) == len(targets)
+
+
+def test_in_windows_matches_a_row_by_row_check() -> None:
+    rng = np.random.default_rng(5)
+    windows = [
+        Window(T0 + int(a) * H, T0 + int(a + b) * H)
+        for a, b in zip(rng.integers(0, 400, 60), rng.integers(1, 20, 60), strict=True)
+    ]
+    instants = [
+        T0 + int(k) * H + timedelta(minutes=int(m))
+        for k, m in zip(rng.integers(-10, 430, 2000), rng.integers(0, 60, 2000), strict=True)
+    ]
+    starts = pa.chunked_array(
+        [pa.array(instants[:1000], TS), pa.array([*instants[1000:], None], TS)]
+    )
+    mask = in_windows(starts, windows).to_pylist()
+    expected = [any(w.start <= t < w.end for w in windows) for t in instants]
+    assert mask == [*expected, None]
+    assert in_windows(pa.array(instants[:3], TS), []).to_pylist() == [False] * 3
+
+
+def test_rows_with_keys_keep_no_buffer_of_the_rows_they_drop() -> None:
+    rows = partials([(f"m{i:03d}", i % 24, float(i)) for i in range(20_000)])
+    keys = rows.select(["bucket_start", "entity_id"]).slice(100, 3)
+    kept = rows_with_keys(rows, keys, ["bucket_start", "entity_id"])
+    assert sorted(kept["entity_id"].to_pylist()) == ["m100", "m101", "m102"]
+    assert kept.get_total_buffer_size() < rows.get_total_buffer_size() / 100
 
 
 def test_floating_point_partials_equal_up_to_rounding_are_unchanged() -> None:
