@@ -24,6 +24,7 @@ from types import FrameType
 import psutil
 import pyarrow as pa
 
+import rollup_assets.services.engine as engine_module
 import rollup_assets.services.surface as surface_module
 from resources.fill import Fill
 from resources.raw_store import RawStore
@@ -233,8 +234,9 @@ class SparkEventLog:
 class DriverReads:
     """Counts the rows read outside Spark's scans (installed once): every rollup-table,
     raw-table and surface-table file the driver reads (row groups read, before filtering), every
-    change file a correction reads from the change feed, and the source rows a first fill's
-    tasks decode (`resources.fill`, reported back by its tasks)."""
+    change file a correction reads from the change feed, and the source rows the tasks of a
+    first fill or of a job's named cells decode (`resources.fill`, reported back by its
+    tasks)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []
@@ -284,6 +286,13 @@ class DriverReads:
             self._record(f"{fill.source.name} (first fill tasks)", written.rows_read)
             return written
 
+        run_partials = engine_module.run_partials
+
+        def counted_run_partials(spark: object, fill: Fill, cells: pa.Table):
+            rows, read = run_partials(spark, fill, cells)  # type: ignore[arg-type]
+            self._record(f"{fill.source.name} (partials tasks)", read)
+            return rows, read
+
         read_arrow = RollupStore.read_arrow
         surface_file = surface_module.read_row_groups
 
@@ -304,7 +313,9 @@ class DriverReads:
             "read_arrow": read_arrow,
             "surface": surface_file,
             "write_fill": write_fill,
+            "run_partials": run_partials,
         }
+        engine_module.run_partials = counted_run_partials  # type: ignore[assignment]
         RollupStore.write_fill = counted_write_fill  # type: ignore[method-assign]
         surface_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
         RollupStore.read_arrow = asked_read_arrow  # type: ignore[method-assign]
@@ -320,6 +331,7 @@ class DriverReads:
             RollupStore.read_arrow = self._originals["read_arrow"]  # type: ignore[method-assign]
             surface_module.read_row_groups = self._originals["surface"]
             RollupStore.write_fill = self._originals["write_fill"]  # type: ignore[method-assign]
+            engine_module.run_partials = self._originals["run_partials"]
             self._originals = {}
 
     def rows_between(self, start: float, end: float) -> int:

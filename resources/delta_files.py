@@ -300,16 +300,19 @@ def read_row_groups(
         pf = pq.ParquetFile(fh)
         meta = pf.metadata
         index = targets if isinstance(targets, TargetIndex) else TargetIndex(targets)
-        groups = [
-            i
-            for i in range(meta.num_row_groups)
-            if _may_hold(meta.row_group(i), time_column, index)
-        ]
+        groups = row_groups_for(meta, time_column, index)
         if len(groups) == meta.num_row_groups:
             return pf.read(columns=cols)
         if not groups:
             return pf.schema_arrow.empty_table().select(cols or pf.schema_arrow.names)
         return pf.read_row_groups(groups, columns=cols)
+
+
+def row_groups_for(meta: pq.FileMetaData, time_column: str, targets: TargetIndex) -> list[int]:
+    """The row groups of a file whose statistics say they may hold a row of one of `targets`."""
+    return [
+        i for i in range(meta.num_row_groups) if _may_hold(meta.row_group(i), time_column, targets)
+    ]
 
 
 def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:

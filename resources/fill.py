@@ -19,14 +19,23 @@ source rows: all a first fill needs to know to flip and record the job.
 import json
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 
-from resources.delta_files import WRITTEN_FILES_SCHEMA, add_action, partition_dir, write_file
+from resources.delta_files import (
+    WRITTEN_FILES_SCHEMA,
+    TargetIndex,
+    add_action,
+    partition_dir,
+    row_groups_for,
+    write_file,
+)
 from resources.genmap import active_mask
 from resources.rollup_table import Written
 from resources.schemas import PART_COLUMN, archive_data_schema, data_schema, part_values
@@ -74,9 +83,10 @@ class FillPart:
 
 @dataclass(frozen=True)
 class Fill:
-    """A first fill of `spec` from `source` (the table at `source_uri`). `pointers` are the
-    source rollup's pointers at the snapshot whose files `parts` name (None: a raw source);
-    `versions` the source versions read."""
+    """Buckets of `spec` by storage partition, with the files of `source` (the table at
+    `source_uri`) each may draw from: a first fill (`run_fill`), or named cells aggregated the
+    same way (`run_partials`). `pointers` are the source rollup's pointers at the snapshot
+    whose files `parts` name (None: a raw source); `versions` the source versions read."""
 
     spec: RollupSpec
     source: ArchiveSpec
@@ -85,6 +95,7 @@ class Fill:
     versions: dict[str, int]
     parts: tuple[FillPart, ...]
     pointers: pa.Table | None = None
+    sizes: dict[str, int | None] = field(default_factory=dict)  # source rows per file path
 
     @property
     def buckets(self) -> int:
@@ -132,22 +143,29 @@ def _source_columns(fill: Fill) -> pa.Schema:
 
 
 def fill_rows(
-    fill: Fill, paths: Sequence[str], buckets: Sequence[Window]
+    fill: Fill, paths: Sequence[str], buckets: Sequence[Window], cells: pa.Table | None = None
 ) -> tuple[pa.Table | None, int]:
-    """The partials of `buckets` (every entity) from the source files at `paths`, sorted by
-    entity and bucket, with `SOURCE_ROWS` (None when they hold no row of them), and how many
-    source rows were decoded."""
+    """The partials of `buckets` (every entity; with `cells`, of those named cells only:
+    bucket_start, entity_id) from the source files at `paths`, sorted by entity and bucket,
+    with `SOURCE_ROWS` (None when they hold no row of them), and how many source rows were
+    decoded (with `cells`, only the row groups that may hold them are)."""
     fs, root = filesystem_for(fill.source_uri, fill.storage_options)
     wanted = _source_columns(fill)
+    time_column = "bucket_start" if isinstance(fill.source, RollupSpec) else fill.source.time_column
+    targets = None if cells is None else _targets(buckets, cells)
     parts = []
     for path in paths:
         with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
             pf = pq.ParquetFile(fh)
             present = [n for n in wanted.names if n in pf.schema_arrow.names]
-            data = pf.read(columns=present)
-        for field in wanted:  # a column the file predates reads as null, as on Spark
-            if field.name not in present:
-                data = data.append_column(field.name, pa.nulls(data.num_rows, field.type))
+            if targets is None:
+                data = pf.read(columns=present)
+            else:
+                groups = row_groups_for(pf.metadata, time_column, targets)
+                data = pf.read_row_groups(groups, columns=present)
+        for column in wanted:  # a column the file predates reads as null, as on Spark
+            if column.name not in present:
+                data = data.append_column(column.name, pa.nulls(data.num_rows, column.type))
         parts.append(data.select(wanted.names).cast(wanted))
     if not parts:
         return None, 0
@@ -155,7 +173,7 @@ def fill_rows(
     decoded = rows.num_rows
     if fill.pointers is not None:
         rows = rows.filter(active_mask(rows, fill.pointers))
-    out = partials_arrow(rows, list(buckets), None, fill.spec, fill.source)
+    out = partials_arrow(rows, list(buckets), cells, fill.spec, fill.source)
     if out.num_rows == 0:
         return None, decoded
     return out.sort_by([(ENTITY_COLUMN, "ascending"), ("bucket_start", "ascending")]), decoded
@@ -235,7 +253,7 @@ def run_fill(
     tasks = max(1, min(len(fill.parts), 2 * slots))
     frame = spark.createDataFrame(parts).repartition(tasks)
     # The tasks get their partitions as rows: the function ships without them.
-    task = _fill_task(replace(fill, parts=()), table_uri, options, stamp)
+    task = _fill_task(replace(fill, parts=(), sizes={}), table_uri, options, stamp)
     rows = frame.mapInArrow(task, FILLED_DDL).collect()
     files = [r for r in rows if r["path"]]
     counts: dict[datetime, tuple[int, int]] = {}
@@ -249,3 +267,97 @@ def run_fill(
         counts,
         sum(int(r["rows_read"]) for r in rows),
     )
+
+
+def _targets(buckets: Sequence[Window], cells: pa.Table) -> TargetIndex:
+    """The named `cells` (bucket_start, entity_id) of `buckets`, for row-group pruning."""
+    by_start = {w.start: w for w in buckets}
+    named: dict[Window, set[str]] = {}
+    for start, entity in zip(
+        cells["bucket_start"].to_pylist(), cells[ENTITY_COLUMN].to_pylist(), strict=True
+    ):
+        named.setdefault(by_start[start], set()).add(entity)
+    return TargetIndex([(w, frozenset(ids)) for w, ids in named.items()])
+
+
+def partials_schema(spec: RollupSpec) -> pa.Schema:
+    """What `run_partials` returns: the cell keys and bounds, the stored partials and
+    `SOURCE_ROWS`."""
+    stored = data_schema(spec)
+    names = [ENTITY_COLUMN, "bucket_start", "bucket_end", *(sc.name for sc in spec.stored_columns)]
+    return pa.schema([stored.field(n) for n in names]).append(pa.field(SOURCE_ROWS, pa.int64()))
+
+
+def _partials_task(
+    fill: Fill,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A `mapInArrow` function over rows (part, paths, starts, ends, entities): the partials
+    of each partition's named cells (`partials_schema` and `READ`), and one row without an
+    entity carrying how many source rows it decoded."""
+    out_schema = partials_schema(fill.spec).append(pa.field(READ, pa.int64()))
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for rb in batches:
+            columns = (rb.column(n).to_pylist() for n in ("paths", "starts", "ends", "entities"))
+            read, out = 0, []
+            for paths, starts, ends, entities in zip(*columns, strict=True):
+                buckets = [
+                    Window(_instant(a), _instant(b)) for a, b in zip(starts, ends, strict=True)
+                ]
+                named = [
+                    (w.start, e) for w, ids in zip(buckets, entities, strict=True) for e in ids
+                ]
+                cells = pa.table(
+                    {
+                        "bucket_start": pa.array([t for t, _ in named], TS),
+                        ENTITY_COLUMN: pa.array([e for _, e in named], pa.string()),
+                    }
+                )
+                rows, decoded = fill_rows(fill, paths, buckets, cells)
+                read += decoded
+                if rows is not None:
+                    rows = rows.append_column(READ, pa.array([0] * rows.num_rows, pa.int64()))
+                    out.append(rows.select(out_schema.names).cast(out_schema))
+            tally = {n: [None] for n in out_schema.names} | {READ: [read]}
+            out.append(pa.table(tally, schema=out_schema))
+            yield from pa.concat_tables(out).to_batches()
+
+    return run
+
+
+READ = "__rows_read"
+
+
+def run_partials(spark: SparkSession, fill: Fill, cells: pa.Table) -> tuple[pa.Table, int]:
+    """The partials of the named `cells` (bucket_start, entity_id) of `fill`'s buckets, each
+    storage partition aggregated in a Spark task as a first fill does, but brought back to the
+    driver (they are a job's named cells) rather than written; and how many source rows the
+    tasks decoded. Only the row groups that may hold the cells are read."""
+    schema = partials_schema(fill.spec)
+    if not fill.parts:
+        return schema.empty_table(), 0
+    by_start: dict[datetime, list[str]] = {}
+    for start, entity in zip(
+        cells["bucket_start"].to_pylist(), cells[ENTITY_COLUMN].to_pylist(), strict=True
+    ):
+        by_start.setdefault(start, []).append(entity)
+    parts = pa.table(
+        {
+            "part": [p.part for p in fill.parts],
+            "paths": [list(p.paths) for p in fill.parts],
+            "starts": [[micros(w.start) for w in p.buckets] for p in fill.parts],
+            "ends": [[micros(w.end) for w in p.buckets] for p in fill.parts],
+            "entities": [
+                [sorted(by_start.get(w.start, ())) for w in p.buckets] for p in fill.parts
+            ],
+        }
+    )
+    slots = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    tasks = max(1, min(len(fill.parts), 2 * slots))
+    frame = spark.createDataFrame(parts).repartition(tasks)
+    out_schema = schema.append(pa.field(READ, pa.int64()))
+    task = _partials_task(replace(fill, parts=(), sizes={}))
+    got = frame.mapInArrow(task, from_arrow_schema(out_schema)).toArrow()
+    read = int(pc.sum(got[READ]).as_py() or 0)
+    rows = got.filter(pc.is_valid(got[ENTITY_COLUMN])).drop_columns([READ])
+    return rows.cast(schema), read

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from resources.archive_states import ArchiveStateStore
 from resources.delta_tables import file_actions, prune_files
-from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, plan_parts
+from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, partials_schema, plan_parts, run_partials
 from resources.genmap import live_files
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
@@ -257,6 +257,26 @@ class Engine:
             parts.append(partials_arrow(rows, named, cell_keys(cells), spec, source))
         return _typed(pa.concat_tables(parts), spec), versions
 
+    def _partials_in_tasks(
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        cells: Cells,
+        raw_table: DeltaTable | None,
+        below: Snapshot | None,
+    ) -> tuple[pa.Table, dict[str, int]]:
+        """`driver_partials` of named cells, aggregated in Spark tasks, one storage partition
+        each (`resources.fill.run_partials`: the row groups that may hold the partition's
+        cells, read and aggregated with Arrow, no shuffle), the partials brought to the
+        driver."""
+        plan = self._by_partition(spec, cells, raw_table, below)
+        if plan is None:  # the source has no table: no cell has a row
+            source = self.catalog.archive(spec.source)
+            versions = below.lineage(source) if isinstance(source, RollupSpec) and below else {}
+            return partials_schema(spec).empty_table(), versions
+        rows, _ = run_partials(spark, plan, cell_keys(cells))
+        return _typed(rows, spec), plan.versions
+
     def source_rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
         """How many rows the source files that may hold `cells`' source rows contain, by their
         statistics (an upper bound of what `driver_partials` decodes); None when a file does not
@@ -293,15 +313,38 @@ class Engine:
         partition in memory). None otherwise: the whole job takes the general path."""
         if not cells or any(scope is not None for _, scope in cells):
             return None
+        fill = self._by_partition(spec, cells, raw_table, None)
+        if fill is None:
+            return None
+        for part in fill.parts:
+            counted = [fill.sizes.get(p) for p in part.paths]
+            if not all(isinstance(n, int) for n in counted):
+                return None
+            if sum(int(n) for n in counted if n is not None) > MAX_FILL_SOURCE_ROWS:
+                return None
+        return fill
+
+    def _by_partition(
+        self,
+        spec: RollupSpec,
+        cells: Cells,
+        raw_table: DeltaTable | None,
+        below: Snapshot | None,
+    ) -> Fill | None:
+        """The buckets of `cells` by storage partition of `spec`, each with the source files
+        that may hold their rows (a raw source at `raw_table`, a rollup source at `below` or its
+        current snapshot), for Spark tasks to aggregate one partition each
+        (`resources.fill`); None when the source has no table."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         pointers = None
         if isinstance(source, RollupSpec):
-            snap = self.rollups.snapshot(source)
+            snap = below or self.rollups.snapshot(source)
             if snap.table is None:
                 return None
             live = live_files(
-                self.rollups.overlapping(file_actions(snap.table), spans, None), snap.pointers
+                self.rollups.overlapping(file_actions(snap.table), spans, cells.entities),
+                snap.pointers,
             )
             versions = snap.lineage(source)
             uri, options = self.rollups.uri(source), self.rollups.options
@@ -311,7 +354,7 @@ class Engine:
             table = raw_table or self.raw.table(source)
             if table is None:
                 return None
-            live = self.raw.files_for(table, source, spans, None)
+            live = self.raw.files_for(table, source, spans, cells.entities)
             versions = {source.name: table.version()}
             uri, options = self.raw.uri(source), self.raw.options
             time_column, day_column = source.time_column, DAY_COLUMN
@@ -319,17 +362,15 @@ class Engine:
 
         def files_for(span: Window) -> list[dict]:
             return prune_files(
-                live, time_column=time_column, spans=[span], entities=None, day_column=day_column
+                live,
+                time_column=time_column,
+                spans=[span],
+                entities=cells.entities,
+                day_column=day_column,
             )
 
         parts = plan_parts(spec, cells.windows, files_for)
-        for part in parts:
-            counted = [sizes[p] for p in part.paths]
-            if not all(isinstance(n, int) for n in counted):
-                return None
-            if sum(int(n) for n in counted if n is not None) > MAX_FILL_SOURCE_ROWS:
-                return None
-        return Fill(spec, source, uri, options, versions, parts, pointers)
+        return Fill(spec, source, uri, options, versions, parts, pointers, sizes)
 
     def buckets_to_fold(
         self, spec: RollupSpec, closed_before: datetime | None = None
@@ -378,8 +419,7 @@ class Engine:
             if cells.named <= DRIVER_CELLS:
                 rows, versions = self.driver_partials(spec, cells, raw_table, below)
             else:
-                fresh, versions = self.partials(spark, spec, cells, raw_table, below)
-                rows = _typed(fresh.toArrow(), spec)
+                rows, versions = self._partials_in_tasks(spark, spec, cells, raw_table, below)
             if stored is None:
                 own = self.rollups.snapshot(spec)
                 read = self.rollups.read_arrow(

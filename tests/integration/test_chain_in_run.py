@@ -64,11 +64,13 @@ def chain_jobs(world: World, since: datetime) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("where", ["driver", "spark"])
+@pytest.mark.parametrize("where", ["driver", "tasks"])
 def test_one_run_carries_a_correction_through_every_level(
     world: World, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    if where == "spark":  # the hourly cell is recomputed on Spark, which hands its change up too
+    if (
+        where == "tasks"
+    ):  # the hourly cell is aggregated in Spark tasks, which hand its change up too
         for module in ("engine", "incremental"):
             monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
     setup_chain(world)

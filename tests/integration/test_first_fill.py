@@ -75,6 +75,24 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
     )
     assert_same_partials(sorted_like(got, here), want.filter(keep))
 
+    # Named cells aggregated in Spark tasks, one storage partition each (a job of more cells
+    # than the driver aggregates), alike: two entities on different buckets.
+    other = got["entity_id"][got.num_rows - 1].as_py()
+    pairs = [(w, entity) for w in buckets[::2]] + [(w, other) for w in buckets[::3]]
+    named = Cells.from_pairs(pairs)
+    tasks, versions = world.engine._partials_in_tasks(spark, spec, named, None, None)
+    assert versions == {
+        "energy_raw": world.engine.raw.table(world.catalog.archive("energy_raw")).version()
+    }
+    wanted = {(w.start, e) for w, e in pairs}
+    picked = [
+        (t, e) in wanted
+        for t, e in zip(
+            want["bucket_start"].to_pylist(), want["entity_id"].to_pylist(), strict=True
+        )
+    ]
+    assert_same_partials(sorted_like(got, tasks), want.filter(pa.array(picked)))
+
     # A second backfill of the same range finds rows stored: it compares, and nothing changed.
     world.backfill(day_spans(SPANS))
     again = first_level_jobs(world)
