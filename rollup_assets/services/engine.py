@@ -65,18 +65,20 @@ log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")
 # A job naming at most this many cells runs on the driver: aggregated from the row groups holding
 # its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
-# past a few thousand, their row groups are most of each table, which Spark's executors read
-# faster and without filling the driver's memory. Larger recomputes, and recomputes with buckets
-# for every entity, run on Spark (the forward lane's small ones excepted: `DRIVER_SOURCE_ROWS`).
+# past a few thousand, their source row groups are most of each table, which Spark's tasks read
+# side by side (`CHANGE_CELLS`). Recomputes with buckets for every entity run on Spark (the
+# forward lane's small ones excepted: `DRIVER_SOURCE_ROWS`).
 DRIVER_CELLS = 2_000
 # The forward lane aggregates its buckets (every entity) on the driver when the source files they
 # may draw from hold at most this many rows (by the files' statistics): the open buckets and the
 # few that just closed, where a Spark job would cost more than its data. A lane that closes a
 # long stretch at once (after a pause) runs on Spark.
 DRIVER_SOURCE_ROWS = 2_000_000
-# A recompute of at most this many named cells keeps its changed cells' old and new partials
-# (on the driver, on Spark too) for the level above to correct its cells from in the same run
-# (`LevelChange`); the level above reads its own stored cells, not the level below.
+# A recompute of more named cells than `DRIVER_CELLS`, up to this many, aggregates them in Spark
+# tasks (one storage partition each) and compares them on the driver, where their fresh partials
+# (this many rows at most) and stored ones are; either way it keeps its changed cells' old and new
+# partials for the level above to correct its cells from in the same run (`LevelChange`); the
+# level above reads its own stored cells, not the level below. Larger jobs stay on Spark.
 CHANGE_CELLS = 50_000
 
 
