@@ -495,6 +495,6 @@ def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
     lo, hi = pc.min_max(rows["bucket_start"]).values()
     near = {e for _, scope in cells.overlapping(lo.as_py(), hi.as_py()) for e in scope or ()}
     if not near:
-        return rows.slice(0, 0)
+        return rows.schema.empty_table()  # not a slice: it would keep the file's buffers
     rows = rows.filter(pc.is_in(rows["entity_id"], value_set=pa.array(sorted(near), pa.string())))
     return rows_with_keys(rows, keys, keys.column_names)

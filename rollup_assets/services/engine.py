@@ -272,9 +272,12 @@ class Engine:
         cells, read and aggregated with Arrow, no shuffle), the partials brought to the
         driver."""
         plan = self._by_partition(spec, cells, raw_table, below)
-        if plan is None:  # the source has no table: no cell has a row
+        if plan is None:  # the source has no table: no cell has a row (as `driver_partials`)
             source = self.catalog.archive(spec.source)
-            versions = below.lineage(source) if isinstance(source, RollupSpec) and below else {}
+            if isinstance(source, RollupSpec):
+                versions = (below or self.rollups.snapshot(source)).lineage(source)
+            else:
+                versions = {source.name: _v(None)}
             return partials_schema(spec).empty_table(), versions
         rows, _ = run_partials(spark, plan, cell_keys(cells))
         return _typed(rows, spec), plan.versions

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from resources.delta_files import TargetIndex, _may_hold, rows_with_keys, targets_of
+from resources.rollup_store import _cells_only
 from resources.rollup_table import in_windows
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
@@ -152,3 +153,22 @@ def test_floating_point_partials_equal_up_to_rounding_are_unchanged() -> None:
     out = cell_changes_arrow(fresh, stored, HOURLY)
     changed = {r["entity_id"]: r[CHANGED] for r in out.to_pylist()}
     assert total != 1.0 and changed == {"rounded": False, "moved": True}
+
+
+def test_a_read_narrowed_to_cells_keeps_their_rows_only() -> None:
+    rows = partials([(f"m{i:03d}", i % 24, float(i)) for i in range(2_000)])
+    wanted = [(T0 + 5 * H, "m005"), (T0 + 7 * H, "m031"), (T0 + 30 * H, "m999")]
+    keys = pa.table(
+        {
+            "bucket_start": pa.array([t for t, _ in wanted], TS),
+            "entity_id": pa.array([e for _, e in wanted], pa.string()),
+        }
+    )
+    index = TargetIndex([(Window(t, t + H), frozenset({e})) for t, e in wanted])
+    kept = _cells_only(rows, keys, index)
+    assert sorted(kept["entity_id"].to_pylist()) == ["m005", "m031"]
+    assert kept.get_total_buffer_size() < rows.get_total_buffer_size() / 100
+    # No cell in the rows' time range: nothing kept, and none of their buffers either.
+    later = TargetIndex([(Window(T0 + 30 * H, T0 + 31 * H), frozenset({"m005"}))])
+    none = _cells_only(rows, keys, later)
+    assert none.num_rows == 0 and none.get_total_buffer_size() < 64
