@@ -14,6 +14,7 @@ real-time read shows what is stored there, as a plain read does.
 """
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 import pyarrow as pa
@@ -31,6 +32,9 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows
 
 _END_OF_TIME = as_utc(FAR_FUTURE)
+# Aggregates the live buckets of a read while it reads the stored ones (its own pool: the stored
+# read uses the rollup store's readers).
+_LIVE = ThreadPoolExecutor(max_workers=2, thread_name_prefix="live")
 
 
 def partial_schema(spec: RollupSpec) -> pa.Schema:
@@ -109,21 +113,30 @@ def realtime_arrow(
     ents = frozenset(entities) if entities else None
     if ents is None:
         # The stored buckets of every entity from the surface while it is current (as a query
-        # reads them), the rest aggregated now.
+        # reads them), the rest aggregated now, side by side (both mostly read and decode
+        # Parquet, which releases the GIL).
         state = engine.require_activated(spec)
         window, cut = span(start, end), live_from(spec, state)
         below = Window(window.start, min(window.end, cut))
+        above = Window(max(window.start, cut), window.end)
+        fresh = (
+            _LIVE.submit(_aggregated, engine, spec, above, None)
+            if above.start < above.end
+            else None
+        )
         stored = (
             current_rows(engine, spec, engine.rollups.snapshot(spec), below)
             if below.start < below.end
             else None
         )
         if stored is not None:
-            live = []
-            if max(window.start, cut) < window.end:
-                fresh = _aggregated(engine, spec, Window(max(window.start, cut), window.end), None)
-                live = [logical_arrow(fresh, spec).cast(stored.schema)]
+            live = (
+                [] if fresh is None else [logical_arrow(fresh.result(), spec).cast(stored.schema)]
+            )
             return pa.concat_tables([stored, *live])
+        if fresh is not None:
+            fresh.cancel()
+            fresh.exception()  # let it finish (or not start) before reading again
     rows = realtime_partials(engine, spec, start, end, ents)
     return logical_arrow(rows, spec)
 
