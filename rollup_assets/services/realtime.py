@@ -14,7 +14,7 @@ real-time read shows what is stored there, as a plain read does.
 """
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta
 
 import pyarrow as pa
@@ -134,9 +134,8 @@ def realtime_arrow(
                 [] if fresh is None else [logical_arrow(fresh.result(), spec).cast(stored.schema)]
             )
             return pa.concat_tables([stored, *live])
-        if fresh is not None:
-            fresh.cancel()
-            fresh.exception()  # let it finish (or not start) before reading again
+        if fresh is not None and not fresh.cancel():
+            wait([fresh])  # it started: let it finish before reading again
     rows = realtime_partials(engine, spec, start, end, ents)
     return logical_arrow(rows, spec)
 

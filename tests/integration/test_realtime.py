@@ -2,6 +2,9 @@
 refreshed before newer rows arrived, and ones that ended but are not closed yet) are aggregated
 from the source at every level, and equal the pandas oracle of the raw rows."""
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -38,6 +41,15 @@ def readings(start: datetime, end: datetime, value: float = 1.0) -> pa.Table:
         ]
         t += timedelta(minutes=15)
     return pa.Table.from_pylist(rows)
+
+
+class _Done:
+    """An executor that runs what it is given at once (its futures are done when returned)."""
+
+    def submit(self, fn: Callable[..., object], *args: object) -> Future:
+        done: Future = Future()
+        done.set_result(fn(*args))
+        return done
 
 
 def test_realtime_reads_equal_the_oracle_above_the_watermark(
@@ -88,6 +100,18 @@ def test_realtime_reads_equal_the_oracle_above_the_watermark(
     monkeypatch.setattr(realtime, "current_rows", lambda *a: None)
     for name, rows in surfaced.items():
         assert realtime_arrow(world.engine, name).equals(rows), name
+    # The live part, started ahead of a stored read that finds no current surface, is cancelled
+    # when it has not started yet and waited for when it has: the same rows either way.
+    blocked, busy = threading.Event(), ThreadPoolExecutor(max_workers=1)
+    busy.submit(blocked.wait)  # its only worker is taken: the live part waits in the queue
+    try:
+        monkeypatch.setattr(realtime, "_LIVE", busy)
+        assert realtime_arrow(world.engine, "energy_hourly").equals(surfaced["energy_hourly"])
+    finally:
+        blocked.set()
+        busy.shutdown()
+    monkeypatch.setattr(realtime, "_LIVE", _Done())
+    assert realtime_arrow(world.engine, "energy_hourly").equals(surfaced["energy_hourly"])
 
     # A time range and an entity filter reach across the watermark.
     part = realtime_arrow(world.engine, "energy_hourly", mark - H, mark + 2 * H, entities=["m2"])
