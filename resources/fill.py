@@ -37,11 +37,12 @@ from resources.delta_files import (
     write_file,
 )
 from resources.genmap import active_mask
-from resources.rollup_table import Written
+from resources.rollup_table import Written, cell_keys
 from resources.schemas import PART_COLUMN, archive_data_schema, data_schema, part_values
 from resources.warehouse import filesystem_for
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import EPOCH, Window, micros
 
@@ -143,16 +144,16 @@ def _source_columns(fill: Fill) -> pa.Schema:
 
 
 def fill_rows(
-    fill: Fill, paths: Sequence[str], buckets: Sequence[Window], cells: pa.Table | None = None
+    fill: Fill, paths: Sequence[str], buckets: Sequence[Window], cells: Cells | None = None
 ) -> tuple[pa.Table | None, int]:
-    """The partials of `buckets` (every entity; with `cells`, of those named cells only:
-    bucket_start, entity_id) from the source files at `paths`, sorted by entity and bucket,
-    with `SOURCE_ROWS` (None when they hold no row of them), and how many source rows were
-    decoded (with `cells`, only the row groups that may hold them are)."""
+    """The partials of `buckets` (every entity; with `cells`, of those named cells of them
+    only) from the source files at `paths`, sorted by entity and bucket, with `SOURCE_ROWS`
+    (None when they hold no row of them), and how many source rows were decoded (with `cells`,
+    only the row groups that may hold them are)."""
     fs, root = filesystem_for(fill.source_uri, fill.storage_options)
     wanted = _source_columns(fill)
     time_column = "bucket_start" if isinstance(fill.source, RollupSpec) else fill.source.time_column
-    targets = None if cells is None else _targets(buckets, cells)
+    targets = None if cells is None else TargetIndex(list(cells))
     parts = []
     for path in paths:
         with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
@@ -173,7 +174,8 @@ def fill_rows(
     decoded = rows.num_rows
     if fill.pointers is not None:
         rows = rows.filter(active_mask(rows, fill.pointers))
-    out = partials_arrow(rows, list(buckets), cells, fill.spec, fill.source)
+    keys = None if cells is None else cell_keys(cells)
+    out = partials_arrow(rows, list(buckets), keys, fill.spec, fill.source)
     if out.num_rows == 0:
         return None, decoded
     return out.sort_by([(ENTITY_COLUMN, "ascending"), ("bucket_start", "ascending")]), decoded
@@ -269,17 +271,6 @@ def run_fill(
     )
 
 
-def _targets(buckets: Sequence[Window], cells: pa.Table) -> TargetIndex:
-    """The named `cells` (bucket_start, entity_id) of `buckets`, for row-group pruning."""
-    by_start = {w.start: w for w in buckets}
-    named: dict[Window, set[str]] = {}
-    for start, entity in zip(
-        cells["bucket_start"].to_pylist(), cells[ENTITY_COLUMN].to_pylist(), strict=True
-    ):
-        named.setdefault(by_start[start], set()).add(entity)
-    return TargetIndex([(w, frozenset(ids)) for w, ids in named.items()])
-
-
 def partials_schema(spec: RollupSpec) -> pa.Schema:
     """What `run_partials` returns: the cell keys and bounds, the stored partials and
     `SOURCE_ROWS`."""
@@ -304,14 +295,10 @@ def _partials_task(
                 buckets = [
                     Window(_instant(a), _instant(b)) for a, b in zip(starts, ends, strict=True)
                 ]
-                named = [
-                    (w.start, e) for w, ids in zip(buckets, entities, strict=True) for e in ids
-                ]
-                cells = pa.table(
-                    {
-                        "bucket_start": pa.array([t for t, _ in named], TS),
-                        ENTITY_COLUMN: pa.array([e for _, e in named], pa.string()),
-                    }
+                cells = Cells(
+                    tuple(
+                        (w, frozenset(ids)) for w, ids in zip(buckets, entities, strict=True) if ids
+                    )
                 )
                 rows, decoded = fill_rows(fill, paths, buckets, cells)
                 read += decoded
@@ -328,28 +315,22 @@ def _partials_task(
 READ = "__rows_read"
 
 
-def run_partials(spark: SparkSession, fill: Fill, cells: pa.Table) -> tuple[pa.Table, int]:
-    """The partials of the named `cells` (bucket_start, entity_id) of `fill`'s buckets, each
+def run_partials(spark: SparkSession, fill: Fill, cells: Cells) -> tuple[pa.Table, int]:
+    """The partials of the named `cells` of `fill`'s buckets, each
     storage partition aggregated in a Spark task as a first fill does, but brought back to the
     driver (they are a job's named cells) rather than written; and how many source rows the
     tasks decoded. Only the row groups that may hold the cells are read."""
     schema = partials_schema(fill.spec)
     if not fill.parts:
         return schema.empty_table(), 0
-    by_start: dict[datetime, list[str]] = {}
-    for start, entity in zip(
-        cells["bucket_start"].to_pylist(), cells[ENTITY_COLUMN].to_pylist(), strict=True
-    ):
-        by_start.setdefault(start, []).append(entity)
+    by_start = {w.start: sorted(scope or ()) for w, scope in cells}
     parts = pa.table(
         {
             "part": [p.part for p in fill.parts],
             "paths": [list(p.paths) for p in fill.parts],
             "starts": [[micros(w.start) for w in p.buckets] for p in fill.parts],
             "ends": [[micros(w.end) for w in p.buckets] for p in fill.parts],
-            "entities": [
-                [sorted(by_start.get(w.start, ())) for w in p.buckets] for p in fill.parts
-            ],
+            "entities": [[by_start.get(w.start, []) for w in p.buckets] for p in fill.parts],
         }
     )
     slots = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)

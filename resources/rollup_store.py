@@ -52,7 +52,7 @@ from resources.genmap import (
     resolve_active_spark,
     write_pointer_table,
 )
-from resources.rollup_table import RollupTable, Written, in_windows
+from resources.rollup_table import RollupTable, Written, cell_keys, in_windows
 from resources.schemas import (
     PART_COLUMN,
     data_schema,
@@ -274,13 +274,13 @@ class RollupStore(RollupTable):
         snapshot: Snapshot | None = None,
         columns: Sequence[str] | None = None,
         cells: Cells | None = None,
-        keys: pa.Table | None = None,
+        exact: bool = False,
     ) -> pa.Table:
         """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
         `generation` is added: the active generation is resolved from it). With `cells`, only
         the row groups that may hold those cells are read (a few cells cost a row group each,
-        not the cross product of their buckets and entities); rows of other cells may remain.
-        With `keys` (bucket_start, entity_id: cells of this rollup), each file keeps only the
+        not the cross product of their buckets and entities); rows of other cells may remain,
+        unless `exact` (`cells` are named cells of this rollup): then each file keeps only the
         rows of those cells, so the driver never holds more than their rows."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
@@ -302,6 +302,7 @@ class RollupStore(RollupTable):
 
         listed = list(cells) if cells is not None else targets_of(spans, entities)
         targets = None if listed is None else TargetIndex(listed)
+        keys = cell_keys(cells) if exact and cells is not None else None
         files = live_files(
             self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
         )

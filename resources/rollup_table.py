@@ -47,6 +47,7 @@ from resources.genmap import (
 )
 from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
 from resources.warehouse import Warehouse, filesystem_for
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows, micros
 
@@ -71,6 +72,17 @@ def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) ->
     inside = (i >= 0) & (at < hi[np.clip(i, 0, None)]) if len(merged) else i >= 0
     nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
     return pa.chunked_array([pa.array(inside, pa.bool_(), mask=nulls)])
+
+
+def cell_keys(cells: Cells) -> pa.Table:
+    """The named cells of `cells` as (bucket_start, entity_id) rows."""
+    named = [(w.start, e) for w, scope in cells for e in sorted(scope or ())]
+    return pa.table(
+        {
+            "bucket_start": pa.array([start for start, _ in named], TS),
+            "entity_id": pa.array([e for _, e in named], pa.string()),
+        }
+    )
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from resources.genmap import live_files
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
 from resources.rollup_store import Reflected, RollupStore, Snapshot
-from resources.rollup_table import in_windows
+from resources.rollup_table import cell_keys, in_windows
 from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
@@ -279,8 +279,8 @@ class Engine:
             else:
                 versions = {source.name: _v(None)}
             return partials_schema(spec).empty_table(), versions
-        rows, _ = run_partials(spark, plan, cell_keys(cells))
-        return _typed(rows, spec), plan.versions
+        rows, _ = run_partials(spark, plan, cells)
+        return rows, plan.versions
 
     def source_rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
         """How many rows the source files that may hold `cells`' source rows contain, by their
@@ -428,7 +428,7 @@ class Engine:
             if stored is None:
                 own = self.rollups.snapshot(spec)
                 read = self.rollups.read_arrow(
-                    spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+                    spec, spans, cells.entities, own, cells=cells, exact=True
                 )
                 stored = Stored(read, own.reflects)
             mine = stored.rows.join(cell_keys(cells), KEYS, join_type="inner")
@@ -664,17 +664,6 @@ def filled(cells: Cells, counts: dict[datetime, tuple[int, int]]) -> CellOutcome
 
 
 KEYS = ["bucket_start", ENTITY_COLUMN]
-
-
-def cell_keys(cells: Cells) -> pa.Table:
-    """The named cells of `cells` as (bucket_start, entity_id) rows."""
-    named = [(w.start, e) for w, scope in cells for e in sorted(scope or ())]
-    return pa.table(
-        {
-            "bucket_start": pa.array([start for start, _ in named], TS),
-            ENTITY_COLUMN: pa.array([e for _, e in named], pa.string()),
-        }
-    )
 
 
 def _within(spark: SparkSession, frame: DataFrame, cells: Cells) -> DataFrame:

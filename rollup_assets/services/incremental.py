@@ -60,7 +60,6 @@ from rollup_assets.services.engine import (
     LevelChange,
     Recomputed,
     Stored,
-    cell_keys,
 )
 from rollup_assets.services.surface import Changed, changed_cells
 
@@ -106,7 +105,7 @@ def correct(
     spans = merge_windows(list(cells.windows))
     own = engine.rollups.snapshot(spec)
     stored_rows = engine.rollups.read_arrow(
-        spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+        spec, spans, cells.entities, own, cells=cells, exact=True
     )
     stored = _stored_cells(stored_rows, spec, source.name, version)
     by_start = {w.start: w for w in cells.windows}
@@ -255,7 +254,7 @@ def _from_below(
     spans = merge_windows(list(cells.windows))
     own = engine.rollups.snapshot(spec)
     stored_rows = engine.rollups.read_arrow(
-        spec, spans, cells.entities, own, cells=cells, keys=cell_keys(cells)
+        spec, spans, cells.entities, own, cells=cells, exact=True
     )
     names = [sc.name for sc in spec.stored_columns]
     stored: dict[CellKey, dict] = {}
