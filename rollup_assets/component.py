@@ -24,6 +24,7 @@ import dagster as dg
 from pydantic import Field
 
 from rollup_assets.assembly import build_definitions
+from rollup_assets.faults import arm
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.orchestration.resources import WarehouseResource
@@ -63,9 +64,7 @@ class RollupChain(dg.Component, dg.Model, dg.Resolvable):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         settings = Settings.from_env()
-        warehouse = WarehouseResource(
-            root=self.warehouse or settings.warehouse,
-            generation_retention_hours=settings.generation_retention_hours,
-        )
+        arm(settings.fault)
+        warehouse = WarehouseResource.from_settings(settings, self.warehouse)
         catalog = self.catalog(origin=str(context.path))
         return build_definitions(catalog, warehouse, settings=settings)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rollup_assets.faults import Fault
+
 DEFAULT_WAREHOUSE = "./warehouse"
 DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
 # How long rows of a superseded generation stay before a sweep deletes them (as-of reads and
@@ -55,6 +57,12 @@ class Settings:
     tenant: str | None = None
     # Hours a superseded generation is kept before the sweep deletes its rows (0: at once).
     generation_retention_hours: int = DEFAULT_GENERATION_RETENTION_HOURS
+    # Failed work: how many attempts in all, and the wait before the first retry (each next
+    # wait three times longer).
+    retry_attempts: int = 5
+    retry_backoff_seconds: int = 10
+    # A fault point this process is armed with (`rollup_assets.faults`; tests and drills).
+    fault: Fault | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -87,6 +95,9 @@ class Settings:
             generation_retention_hours=_int(
                 env, "ROLLUPS_GENERATION_RETENTION_HOURS", DEFAULT_GENERATION_RETENTION_HOURS
             ),
+            retry_attempts=_int(env, "ROLLUPS_RETRY_ATTEMPTS", 5, minimum=1),
+            retry_backoff_seconds=_int(env, "ROLLUPS_RETRY_BACKOFF_SECONDS", 10),
+            fault=_fault(env),
         )
 
     @property
@@ -115,6 +126,22 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise SettingsError(f"{name}={text!r} must be at least {minimum}")
     return value
+
+
+def _fault(env: Mapping[str, str]) -> Fault | None:
+    point = (env.get("ROLLUPS_FAULT") or "").strip()
+    if not point:
+        return None
+    release = env.get("ROLLUPS_FAULT_RELEASE")
+    try:
+        return Fault(
+            point,
+            (env.get("ROLLUPS_FAULT_ACTION") or "kill").strip(),
+            (env.get("ROLLUPS_FAULT_ROLLUP") or "").strip() or None,
+            Path(release) if release else None,
+        )
+    except ValueError as exc:
+        raise SettingsError(f"ROLLUPS_FAULT: {exc}") from None
 
 
 def _instant(text: str | None) -> datetime | None:

@@ -7,13 +7,14 @@ accept `--format json` (and `csv`/`table` where rows are tabular).
 
 import sys
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cache, wraps
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from rollup_assets.cli.format import render
+from rollup_assets.faults import arm
 from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError, TenantError
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.settings import Settings, SettingsError
@@ -56,7 +57,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @cache
 def settings() -> Settings:
-    return Settings.from_env()
+    configured = Settings.from_env()
+    arm(configured.fault)  # a drill or crash test arms this process at its edge
+    return configured
 
 
 @cache
@@ -134,10 +137,7 @@ def engine() -> "Engine":
     from rollup_assets.services.engine import Engine
 
     base = Warehouse(settings().warehouse)
-    retention = timedelta(hours=settings().generation_retention_hours)
-    return Engine(
-        catalog(), tenant_warehouse(base, catalog(), tenant()), generation_retention=retention
-    )
+    return Engine.from_settings(catalog(), tenant_warehouse(base, catalog(), tenant()), settings())
 
 
 def ops() -> "Operations":

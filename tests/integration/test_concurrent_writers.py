@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import rollup_assets.services.recompute as recompute
 import sensors.definitions as sensor_defs
+from rollup_assets import faults
 from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.windows import Window
@@ -153,22 +153,21 @@ class Cues:
 
 
 def install_cues(monkeypatch: pytest.MonkeyPatch, cues: Cues) -> None:
-    original = recompute.checkpoint
+    original = sensor_defs.checkpoint
 
-    def at_run_point(point: str) -> None:
-        original(point)
-        # The run's rollup is the `spec` local of run_recompute, the caller.
-        spec = sys._getframe(1).f_locals.get("spec")
-        cues.reached(point, getattr(spec, "name", None))
+    def at_run_point(point: str, rollup: str | None) -> None:
+        if point != "sensor_planned":
+            cues.reached(point, rollup)
 
-    def at_sensor_point(point: str) -> None:
-        original(point)
+    def at_sensor_point(point: str, archive: str | None = None) -> None:
+        original(point, archive)
         # Only a tick that detected new commits has a cursor move to lose: cue the wave there.
         detection = sys._getframe(1).f_locals.get("detection")
         if detection is not None and detection.jobs:
             cues.reached(point, None)
 
-    monkeypatch.setattr(recompute, "checkpoint", at_run_point)
+    # For the whole test: every point a run reaches is heard (the list is restored after it).
+    monkeypatch.setattr(faults, "_hooks", [at_run_point])
     monkeypatch.setattr(sensor_defs, "checkpoint", at_sensor_point)
 
 

@@ -9,8 +9,9 @@ import pyarrow.compute as pc
 import pytest
 
 from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.jobs import JobState
 from rollup_assets.model.windows import Window
-from tests.conftest import World, days
+from tests.conftest import World, days, fault_at
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
 FIRST = date(2025, 6, 1)
@@ -106,16 +107,14 @@ def test_a_run_that_dies_before_the_flip_changes_nothing(
     before = world.query("energy_hourly")
     world.ingest(corrected_hour(), source="Manual")
 
-    monkeypatch.setenv("ROLLUPS_FAULT", "after_commit")
-    monkeypatch.setenv("ROLLUPS_FAULT_ACTION", "raise")
-    run = world.materialize("energy_hourly", HOUR, HOUR)
+    with fault_at("after_commit"):
+        run = world.materialize("energy_hourly", HOUR, HOUR)
     assert not run.success and "after_commit" in (run.error or "")
     # The new generation's rows are committed but unreferenced: readers still see the old values.
     assert world.query("energy_hourly").equals(before)
     dead_gens = generations_in(world, HOUR_START, "meter-0001")
     assert len(dead_gens) == 2
 
-    monkeypatch.delenv("ROLLUPS_FAULT")
     run = world.materialize("energy_hourly", HOUR, HOUR)
     assert run.success, run.error
     after = world.query("energy_hourly")
@@ -126,5 +125,8 @@ def test_a_run_that_dies_before_the_flip_changes_nothing(
     assert len(gens) == 1 and min(gens) > max(dead_gens)
     assert generations_in(world, HOUR_START) == {min(dead_gens), *gens}
     jobs = world.engine.ledger.history("energy_hourly")
-    assert [j.state.value for j in jobs[:2]] == ["Completed", "Failed"]
-    assert "after_commit" in (jobs[1].error or "")
+    failed = [j for j in jobs if j.state is JobState.FAILED]
+    assert len(failed) == 1 and "after_commit" in (failed[0].error or "")
+    # The failed run's work was queued again as its second attempt (the fault fired once).
+    [retry] = [j for j in jobs if j.attempt == 2]
+    assert retry.state is JobState.PENDING and f"retried as {retry.job_id}" in failed[0].error

@@ -7,7 +7,6 @@ recompute flips its pointers. The new generation's rows must survive, or its buc
 for readers at the flip.
 """
 
-import sys
 import threading
 from datetime import UTC, date, datetime, timedelta
 
@@ -16,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 import rollup_assets.services.maintenance as maintenance
-import rollup_assets.services.recompute as recompute
+from rollup_assets import faults
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.services.maintenance import maintain
@@ -57,17 +56,12 @@ def test_maintenance_between_a_recompute_commit_and_its_flip_keeps_the_new_rows(
             committed.wait(WAIT_S)
         return result
 
-    checkpoint = recompute.checkpoint
-
-    def commit_then_let_maintenance_sweep(point: str) -> None:
-        checkpoint(point)
-        spec = sys._getframe(1).f_locals.get("spec")  # run_recompute's rollup
-        if point == "after_commit" and spec.name == "energy_hourly" and not committed.is_set():
+    def commit_then_let_maintenance_sweep(point: str, archive: str | None) -> None:
+        if point == "after_commit" and archive == "energy_hourly" and not committed.is_set():
             committed.set()
             maintained.wait(WAIT_S)
 
     monkeypatch.setattr(maintenance, "read_pointers", read_then_let_the_recompute_commit)
-    monkeypatch.setattr(recompute, "checkpoint", commit_then_let_maintenance_sweep)
     report = []
 
     def run_maintenance() -> None:
@@ -79,7 +73,8 @@ def test_maintenance_between_a_recompute_commit_and_its_flip_keeps_the_new_rows(
     thread = threading.Thread(target=run_maintenance)
     thread.start()
     assert maintenance_read.wait(WAIT_S)
-    world.tick(NOW, sensors=("retroactive_write_sensor",))
+    with faults.hooked(commit_then_let_maintenance_sweep):
+        world.tick(NOW, sensors=("retroactive_write_sensor",))
     thread.join(WAIT_S)
     assert committed.is_set() and report, "the interleaving did not happen"
 

@@ -44,8 +44,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import rollup_assets.services.recompute as recompute
 from resources.genmap import read_pointers
+from rollup_assets import faults
 from rollup_assets.demo.sample_data import SCHEMA
 from rollup_assets.model.jobs import ChangeSource, JobState
 from rollup_assets.model.states import ArchiveStatus
@@ -315,24 +315,20 @@ class Rollups(RuleBasedStateMachine):
     def kill_then_recover(self, point: str, points: list[tuple[int, float]]) -> None:
         """A late write whose recompute dies at `point`; the next tick recovers it."""
         self.upsert([("m2", START + timedelta(minutes=15 * s + 3), v) for s, v in points], "late")
-        original = recompute.checkpoint
         fired: list[str] = []
 
-        def die_at(reached: str) -> None:
+        def die_at(reached: str, archive: str | None) -> None:
             if reached == point and not fired:
                 fired.append(reached)
                 raise Killed(point)
-            original(reached)
 
-        recompute.checkpoint = die_at  # type: ignore[assignment]
         try:
-            tick_until_quiet(self.world.defs, self.world.instance, NOW)
+            with faults.hooked(die_at):
+                tick_until_quiet(self.world.defs, self.world.instance, NOW)
         except Killed:
             # The process died at the point (when Dagster did not record it as a failed run
             # itself): the recovery follows below.
             assert fired == [point]
-        finally:
-            recompute.checkpoint = original  # type: ignore[assignment]
         # The process is gone: what the sensor's dead-run reaper does, done here.
         for record in self.world.instance.get_run_records(
             filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])

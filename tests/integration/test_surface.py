@@ -28,7 +28,7 @@ from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish, reflected
-from tests.conftest import World, days
+from tests.conftest import World, days, fault_at
 from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare, compare_all, oracle
 
@@ -179,12 +179,10 @@ def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that
     old_raw = world.raw()
     world.ingest(correction(CORRECTED, 30.0))
     hourly = world.catalog.rollup("energy_hourly")
-    monkeypatch.setenv("ROLLUPS_FAULT", "during_sweep")  # flipped and recorded, not published
-    monkeypatch.setenv("ROLLUPS_FAULT_ACTION", "raise")
     key = "2025-03-30-03:00"  # Vienna local hour holding the DST-day correction
-    run = world.materialize("energy_hourly", key, key)
+    with fault_at("during_sweep"):  # flipped and recorded, not published
+        run = world.materialize("energy_hourly", key, key)
     assert not run.success
-    monkeypatch.delenv("ROLLUPS_FAULT")
 
     # Flipped but not published: the surface still shows the previous state, whole.
     snap = world.engine.rollups.snapshot(hourly)
@@ -287,12 +285,10 @@ def test_forward_lane_dying_before_its_publish_is_repaired(
         pc.less(ts, pa.scalar(NOW + timedelta(hours=2), TS)),
     )
     world.ingest(batch.filter(fresh))
-    monkeypatch.setenv("ROLLUPS_FAULT", "after_forward")
-    monkeypatch.setenv("ROLLUPS_FAULT_ACTION", "raise")
     later = NOW + timedelta(hours=3)
-    report = tick(world.defs, world.instance, later)
+    with fault_at("after_forward"):
+        report = tick(world.defs, world.instance, later)
     assert any(not r.success for r in report.runs)
-    monkeypatch.delenv("ROLLUPS_FAULT")
 
     # The forward rows are committed, the surface was not published: it lags, whole.
     assert world.query("energy_hourly").num_rows > 0
