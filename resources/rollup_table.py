@@ -2,11 +2,12 @@
 
 A rollup table holds rows of every generation. Rows leave it only by a file rewrite: each file
 holding rows to drop is removed and its other rows are written to a new file, all in one commit
-(readers keep their snapshot meanwhile). A sweep drops what a flip superseded (never before the
-flip, and not while the generation retention has not passed since the flip: as-of reads and
-rollbacks find the superseded rows meanwhile); a reclaim drops generations no pointer references
-(left by runs that died before their flip); a rewind drops recomputed rows after a watermark it
-moves back.
+(readers keep their snapshot meanwhile). What may go is one rule (`model.keeping`): a sweep drops
+what a flip superseded (never before the flip, and not while a pointer of the cell is younger
+than the generation retention: as-of reads and rollbacks find the superseded rows meanwhile); a
+reclaim drops generations that were never flipped (left by runs that died before their flip); a
+rewind drops recomputed rows after a watermark it moves back, once it has dropped their pointers
+(moving the rollup's fence).
 """
 
 import logging
@@ -48,6 +49,7 @@ from resources.genmap import (
 from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
 from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows, micros
 
@@ -103,8 +105,8 @@ class RollupTable:
     ) -> None:
         self.warehouse = warehouse
         self.options = warehouse.storage_options
-        # A superseded row stays while a pointer covering its cell is younger than this.
-        self.generation_retention = generation_retention
+        # Which superseded rows stay (a pointer of their cell younger than the retention).
+        self.keeping = Keeping(generation_retention)
 
     def uri(self, spec: RollupSpec) -> str:
         return self.warehouse.rollup_path(spec.name)
@@ -198,8 +200,8 @@ class RollupTable:
         """
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
         recent = None
-        if self.generation_retention > timedelta(0):
-            cutoff = datetime.now(UTC) - self.generation_retention
+        if self.keeping.keeps:
+            cutoff = self.keeping.cutoff(datetime.now(UTC))
             recent = flipped_since(pointers, cutoff)
             inside = pc.fill_null(in_windows(pointers["bucket_start"], buckets), False)
             older = pointers.filter(
@@ -249,49 +251,57 @@ class RollupTable:
         return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
 
     def reclaim(
-        self, spec: RollupSpec, up_to: int | None = None, keep: frozenset[int] = frozenset()
+        self, spec: RollupSpec, *, flipped: frozenset[int], up_to: int | None = None
     ) -> int:
-        """Delete rows of generations no pointer references (left by runs that died before the
-        flip), except those in `keep` (generations that were flipped: superseded ones are the
-        sweep's, after the generation retention). With `up_to`, only generations up to it: see
-        `sweep`. Without it, call it only while holding the rollup's writer slot (a recompute
-        does, before it writes)."""
+        """Delete rows of generations that were never flipped (left by runs that died before
+        their flip) and that no pointer names: `flipped` holds every generation a job of the
+        rollup flipped, however long ago (superseded ones are the sweep's, under the retention
+        rule). With `up_to`, only generations up to it: see `sweep`. Without it, call it only
+        while holding the rollup's writer slot (a recompute does, before it writes)."""
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        live = {0, *pc.unique(pointers["generation"]).to_pylist(), *keep}
-        live_arr = pa.array(sorted(live), pa.int64())
+        named = {*pc.unique(pointers["generation"]).to_pylist(), *flipped}
+
+        def gone(g: int) -> bool:
+            return Keeping.reclaimable(g, named) and (up_to is None or g <= up_to)
 
         def select(files: list[dict]) -> list[dict]:
             return [
                 f
                 for f in files
                 if f.get("min.generation") is None
-                or any(
-                    g not in live and (up_to is None or g <= up_to)
-                    for g in range(f["min.generation"], f["max.generation"] + 1)
-                )
+                or any(gone(g) for g in range(f["min.generation"], f["max.generation"] + 1))
             ]
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            return _at_most(
-                pc.invert(pc.is_in(rows["generation"], value_set=live_arr)), rows, up_to
-            )
+            present = pc.unique(rows["generation"]).to_pylist()
+            doomed = pa.array(sorted(g for g in present if g is not None and gone(g)), pa.int64())
+            return pc.is_in(rows["generation"], value_set=doomed)
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "reclaim"})
 
-    def rewind(self, spec: RollupSpec, boundary: datetime) -> int:
-        """Drop pointers of buckets starting at/after `boundary`, then their generation>0 rows.
-
-        Destructive: until the forward lane re-aggregates, readers see the old generation-0 rows.
-        Returns the number of rows deleted.
-        """
+    def drop_pointers_from(
+        self, spec: RollupSpec, boundary: datetime, *, job_id: str
+    ) -> int | None:
+        """A rewind's first effect: drop the pointers of buckets starting at/after `boundary` in
+        one commit that moves the rollup's fence (a recompute that read it before cannot flip
+        there any more). Returns the pointer table's version (None: the rollup has none)."""
+        if open_table(self.genmap_uri(spec), self.options) is None:
+            return None
         b = pa.scalar(boundary, TS)
-        if open_table(self.genmap_uri(spec), self.options) is not None:
-            write_pointer_table(
-                self.genmap_uri(spec),
-                lambda cur: cur.filter(pc.less(cur["bucket_start"], b)),
-                metadata={"rollups.operation": "rewind"},
-                storage_options=self.options,
-            )
+        return write_pointer_table(
+            self.genmap_uri(spec),
+            lambda cur: cur.filter(pc.less(cur["bucket_start"], b)),
+            metadata={"rollups.operation": "rewind", "rollups.job_id": job_id},
+            storage_options=self.options,
+            move=True,
+        )
+
+    def delete_recomputed_from(self, spec: RollupSpec, boundary: datetime) -> int:
+        """A rewind's second effect: delete every row of a generation above 0 in buckets
+        starting at/after `boundary` (their pointers are gone; until the forward lane
+        aggregates the range again, readers see its generation-0 rows). Returns the rows
+        deleted."""
+        b = pa.scalar(boundary, TS)
 
         def select(files: list[dict]) -> list[dict]:
             return [

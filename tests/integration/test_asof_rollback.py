@@ -208,11 +208,11 @@ def retention_keeps_then_sweeps(world: World) -> Job:
     job = corrected(world, 4.0)
     active = world.query(HOURLY).num_rows
     superseded = physical_rows(world, HOURLY) - active
-    # The rows of rolled-back generations are reclaimed by the next recompute (nothing can
-    # bring them back); every other superseded row stays, and now the meter's 24 hours in SPAN
-    # this correction replaced.
-    assert generation_rows(world, HOURLY, undone_gens) == 0
-    assert superseded == kept_before - undone_rows + 24
+    # The rows of rolled-back generations stay like every superseded row (an as-of read of the
+    # time between their flip and the rollback reads them; a reclaim never deletes a generation
+    # that was flipped), and so do the meter's 24 hours in SPAN this correction replaced.
+    assert generation_rows(world, HOURLY, undone_gens) == undone_rows
+    assert superseded == kept_before + 24
 
     maintain(world.engine, now=NOW)
     assert physical_rows(world, HOURLY) - active == superseded
