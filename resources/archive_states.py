@@ -33,6 +33,7 @@ STATE_SCHEMA = pa.schema(
         ("fingerprint", pa.string()),
         ("activated_at", TS),
         ("retained_from", TS),
+        ("intent", pa.string()),
         ("reason", pa.string()),
         ("changed_by", pa.string()),
         ("changed_at", TS),

@@ -6,6 +6,14 @@ i.e. max(global pointer, entity pointer), and 0 when no pointer covers it (the f
 Generations only grow, so "newest" is "largest"; `active_mask` (Arrow) and `resolve_active_spark`
 (Spark) are the two readings of that rule. Flipping rewrites the (small) pointer table in one
 Delta commit: that commit is the moment readers switch to the new generation.
+
+The pointer table also carries the rollup's *fence*: a number (a Delta app transaction,
+`FENCE_APP`) that every action invalidating work in flight moves (a rewind, a rollback,
+retention, a disable). An action that installs pointers reads the fence before it reads anything
+it relies on and commits with `expect=` that value: every commit of the pointer table replaces
+its one file, so two commits always conflict and the retried one sees the other's fence. A
+stale action fails its commit (`FenceMovedError`) instead of installing pointers to rows that
+another action removed.
 """
 
 from collections.abc import Callable
@@ -29,6 +37,7 @@ from resources.delta_tables import (
 )
 from resources.warehouse import filesystem_for
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.model.windows import micros
 
 TS = pa.timestamp("us", tz="UTC")
@@ -45,12 +54,23 @@ GENMAP_SCHEMA = pa.schema(
 )
 
 
+# The app id of the pointer table's fence (see the module docstring).
+FENCE_APP = "rollups.fence"
+
+
 def _conform(table: DeltaTable) -> pa.Table:
     return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
 
 
+def fence_of(table: DeltaTable | None) -> int | None:
+    """The fence of a pointer table snapshot (None: there is no table; 0: never moved)."""
+    return None if table is None else table.transaction_version(FENCE_APP) or 0
+
+
 # Every read of a rollup reads its pointers; an unchanged pointer table is served from memory.
-_POINTERS: LatestCache[pa.Table] = LatestCache(_conform)
+_POINTERS: LatestCache[tuple[pa.Table, int | None]] = LatestCache(
+    lambda t: (_conform(t), fence_of(t))
+)
 
 
 def read_pointers(
@@ -60,7 +80,14 @@ def read_pointers(
     latest = _POINTERS.get(uri, storage_options)
     if latest is None:
         return GENMAP_SCHEMA.empty_table(), None
-    return latest
+    (pointers, _), version = latest
+    return pointers, version
+
+
+def read_fence(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The fence of the pointer table at `uri` now (None: no table yet)."""
+    latest = _POINTERS.get(uri, storage_options)
+    return None if latest is None else latest[0][1]
 
 
 def read_pointers_at(
@@ -246,22 +273,40 @@ def flipped_pointers(
     return pa.concat_tables([kept, new])
 
 
+# `write_pointer_table(expect=ANY)`: the commit does not depend on the fence.
+ANY = -1
+
+
 def write_pointer_table(
     uri: str,
     change: Callable[[pa.Table], pa.Table],
     *,
     metadata: dict[str, str],
     storage_options: dict[str, str] | None = None,
+    expect: int | None = ANY,
+    move: bool = False,
 ) -> int:
-    """Replace the whole pointer table with `change(current)` in one commit (retried)."""
+    """Replace the whole pointer table with `change(current)` in one commit (retried on a
+    conflict, `change` then applied to the fresh table). With `expect` (a fence read earlier,
+    None for "no table yet"), the commit is a compare-and-set: it raises FenceMovedError,
+    committing nothing, when the fence is no longer that value. With `move`, the commit moves
+    the fence on: whoever read it before fails its own commit."""
     fs, root = filesystem_for(uri, storage_options)
 
     def plan(snapshot: DeltaTable | None) -> CommitPlan:
+        fence = fence_of(snapshot)
+        if expect != ANY and fence != expect:
+            raise FenceMovedError(
+                f"{metadata.get('rollups.operation', 'commit')} of {uri}: the pointer table's "
+                f"fence moved from {expect} to {fence} since it was read (a rewind, rollback, "
+                "retention or disable came in between); nothing was committed"
+            )
         current = _conform(snapshot) if snapshot is not None else GENMAP_SCHEMA.empty_table()
         new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
         add = add_action(write_file(fs, root, "", new, row_group_rows=None))
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
-        return CommitPlan(adds=[add], removes=removes)
+        moved = [(FENCE_APP, (fence or 0) + 1)] if move else []
+        return CommitPlan(adds=[add], removes=removes, app_transactions=moved)
 
     return commit(
         uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options

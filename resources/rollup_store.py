@@ -47,6 +47,7 @@ from resources.genmap import (
     active_mask,
     flipped_pointers,
     live_files,
+    read_fence,
     read_pointers,
     read_pointers_at,
     resolve_active_spark,
@@ -209,8 +210,11 @@ class RollupStore(RollupTable):
         *,
         job_id: str,
         undoes: str,
+        fence: int | None,
     ) -> int:
-        """A rollback's atomic commit point: the pointer table becomes `change(current)`."""
+        """A rollback's atomic commit point: the pointer table becomes `change(current)`, if its
+        fence is still `fence`; the commit moves the fence (a recompute in flight computed from
+        what the rollback changed: it must not flip)."""
         return write_pointer_table(
             self.genmap_uri(spec),
             change,
@@ -220,6 +224,28 @@ class RollupStore(RollupTable):
                 "rollups.undoes": undoes,
             },
             storage_options=self.options,
+            expect=fence,
+            move=True,
+        )
+
+    def fence(self, spec: RollupSpec) -> int | None:
+        """The rollup's fence now (`resources.genmap`): read it before reading anything a
+        pointer commit relies on, and hand it to that commit."""
+        return read_fence(self.genmap_uri(spec), self.options)
+
+    def move_fence(self, spec: RollupSpec, why: str, *, job_id: str = "") -> int:
+        """Move the rollup's fence without changing a pointer: every action that read it before
+        fails its pointer commit (a disable, a delete, recovering an interrupted rollback)."""
+        return write_pointer_table(
+            self.genmap_uri(spec),
+            lambda current: current,
+            metadata={
+                "rollups.operation": "fence",
+                "rollups.reason": why,
+                "rollups.job_id": job_id,
+            },
+            storage_options=self.options,
+            move=True,
         )
 
     def flipped_jobs(self, spec: RollupSpec) -> frozenset[str]:
@@ -438,8 +464,10 @@ class RollupStore(RollupTable):
         *,
         job_id: str,
         run_id: str,
+        fence: int | None,
     ) -> int:
-        """The atomic commit point: `generation` becomes active on `cells`."""
+        """The atomic commit point: `generation` becomes active on `cells`, if the rollup's
+        fence is still `fence` (read before the job read anything; else FenceMovedError)."""
         return write_pointer_table(
             self.genmap_uri(spec),
             lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id),
@@ -449,6 +477,7 @@ class RollupStore(RollupTable):
                 "rollups.job_id": job_id,
             },
             storage_options=self.options,
+            expect=fence,
         )
 
     def replace_forward(

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.delta_tables import open_table
+from resources.genmap import read_pointers
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
@@ -118,6 +119,39 @@ def inactive_rows(
     if windows is not None:
         active = active.filter(pc.is_in(active["bucket_start"], value_set=starts))
     return rows.num_rows - active.num_rows
+
+
+def dangling_pointers(engine: Engine, spec: RollupSpec, raw: pd.DataFrame) -> list[str]:
+    """Pointers naming a generation that has no row for a cell the raw data gives a value (a cell
+    readers cannot see although they should): an entity pointer's own cell, every cell of a
+    bucket pointer's bucket. A cell whose source rows are all gone may rightly have none."""
+    pointers, _ = read_pointers(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options)
+    if not pointers.num_rows:
+        return []
+    expected = oracle(raw, spec)
+    cells = {
+        (pd.Timestamp(b).to_pydatetime(), e)
+        for b, e in zip(expected["bucket_start"], expected["entity_id"], strict=True)
+    }
+    rows = stored_rows(engine, spec)
+    have = set(
+        zip(
+            rows["bucket_start"].to_pylist(),
+            rows["entity_id"].to_pylist(),
+            rows["generation"].to_pylist(),
+            strict=True,
+        )
+    )
+    newest: dict[tuple, int] = {}
+    for p in pointers.to_pylist():
+        key = (p["bucket_start"], p["entity_id"])
+        newest[key] = max(newest.get(key, 0), p["generation"])
+    problems = []
+    for b, e in sorted(cells):
+        g = max(newest.get((b, e), 0), newest.get((b, None), 0))
+        if g and (b, e, g) not in have:
+            problems.append(f"{spec.name}: cell {e} at {b} points at generation {g}: no rows")
+    return problems
 
 
 def generation_rows(engine: Engine, spec: RollupSpec, generation: int) -> int:

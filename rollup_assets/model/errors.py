@@ -84,6 +84,12 @@ class RecomputeAbortedError(RollupsError):
     """A recompute stopped before its pointer flip; readers still see the previous values."""
 
 
+class FenceMovedError(RollupsError):
+    """An action that changes a rollup's pointers lost the race to another one (a rewind, a
+    rollback, retention, a disable) that moved the pointer table's fence after this one read it:
+    nothing was committed, and what it read may no longer hold."""
+
+
 class BackupError(RollupsError):
     """A backup cannot be taken or restored; the message names what and where."""
 

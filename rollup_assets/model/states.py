@@ -29,6 +29,8 @@ class ArchiveState:
     activated_at: datetime | None = None
     # Raw and time-range archives: retention has dropped every UTC day before this midnight.
     retained_from: datetime | None = None
+    # An operator action of several commits under way (`model.intents`), encoded; None: none.
+    intent: str | None = None
     reason: str = "declared"
     changed_by: str = ""
     changed_at: datetime | None = None

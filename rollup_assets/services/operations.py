@@ -9,7 +9,6 @@ import logging
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     InvalidArchiveStateTransitionError,
@@ -25,8 +24,9 @@ from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprin
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, as_utc
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.recovery import finish_interrupted
+from rollup_assets.services.rewind import rewind
 from rollup_assets.services.rollback import RollbackOutcome, rollback
-from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,10 @@ class Operations:
             reason="disable",
             actor=self.actor,
         )
+        spec = self.catalog.archive(name)
+        if isinstance(spec, RollupSpec):
+            # A recompute in flight must not flip now that its work is queued again.
+            self.engine.rollups.move_fence(spec, "disable")
         self._requeue_running(name, "archive was disabled")
         return state
 
@@ -244,31 +248,14 @@ class Operations:
         )
 
     def rewind(self, name: str, to: datetime) -> tuple[ArchiveState, int]:
-        """Move the watermark back to bucket boundary `to`. Destructive: `RollupStore.rewind`."""
-        spec = self.catalog.rollup(name)
-        to = as_utc(to)
-        state = self.engine.require_activated(spec)
-        if not Bucketing.of(spec).is_boundary(to) or to < first_bucket_start(spec):
-            raise InvalidTimeRangeError(
-                f"rewind target {to.isoformat()} is not a bucket boundary of '{name}' "
-                "at or after its first partition"
-            )
-        if state.watermark is None or to > state.watermark:
-            raise InvalidTimeRangeError(
-                f"rewind moves the watermark back; {to.isoformat()} is after the current watermark "
-                f"{state.watermark.isoformat() if state.watermark else 'none'}"
-            )
-        # The forward lane aggregates the rewound range again from its source.
-        self.engine.require_source_rows(spec, [Window(to, state.watermark)])
-        deleted = self.engine.rollups.rewind(spec, to)
-        publish(self.engine, spec)  # plain readers of the surface see the rewound rows too
-        new = self.engine.states.update(
-            name,
-            lambda s: replace(s, watermark=to, claimed_until=None),
-            reason=f"rewind to {to.isoformat()} (dropped {deleted} recomputed row(s))",
-            actor=self.actor,
-        )
-        return new, deleted
+        """Move the watermark of rollup `name` back to bucket boundary `to` (`services.rewind`):
+        the new state and the recomputed rows deleted."""
+        return rewind(self.engine, name, to, actor=self.actor)
+
+    def finish_interrupted(self, name: str) -> str | None:
+        """Finish the action an interrupted process left on archive `name` (`services.recovery`):
+        what was finished, or None when nothing was left."""
+        return finish_interrupted(self.engine, name, actor=self.actor)
 
     def rollback(self, name: str, job_id: str) -> RollbackOutcome:
         """Give the cells recompute job `job_id` changed back the generation it replaced, in one

@@ -1,22 +1,32 @@
 """Rollback: give the cells a recompute job changed back the generation it replaced.
 
 A recompute flips its cells to a new generation in one pointer commit; the generations it
-superseded stay in the row table for the generation retention (the sweep leaves them). A
-rollback reads the pointer table as it was just before that flip, restores those pointers on
-exactly the job's cells in one pointer commit (the moment readers switch back), and records
-itself as a completed `Rollback` job naming the job it undid, together with the chain
-propagation jobs its cells cause one level up: the levels above are recomputed like after any
-change. Then it publishes the rollup's surface table, as a recompute does after its flip.
+superseded stay in the row table for the generation retention (`model.keeping`). A rollback reads
+the pointer table as it was just before that flip and restores those pointers on exactly the
+job's cells in one pointer commit (the moment readers switch back), then records itself as a
+completed `Rollback` job naming the job it undid, together with the chain propagation jobs its
+cells cause one level up: the levels above are recomputed like after any change. Then it
+publishes the rollup's surface table, as a recompute does after its flip.
+
+It is fenced and records its intent first: it reads the rollup's fence before anything else,
+records itself as a Swapping `Rollback` job, and commits the pointers only if the fence has not
+moved (the commit moves it on, so a recompute that read the rows the rollback changes cannot
+flip afterwards). A rollback interrupted between its intent and its completion is recovered by
+running it again or by the sensor (`recover_rollback`): the fence is moved first, so the
+interrupted process can no longer commit, then the pointer table's log tells whether its commit
+landed: if it did, the rollback is completed as it would have completed itself; if not, it
+failed, having changed nothing.
 
 It refuses, changing nothing, when it cannot restore exactly what readers saw before the flip:
-an unknown job, a job that flipped nothing, a flip older than the generation retention or whose
-superseded rows were swept, cells a later job changed again, a job already rolled back, a
-rollup with a recompute in flight or frozen over those cells.
+an unknown job, a job that flipped nothing, a flip older than the generation retention allows
+(checked again at the commit) or whose superseded rows are gone, cells a later job changed
+again, a job already rolled back, a rollup with a recompute in flight or frozen over those
+cells, or another action that moved the fence meanwhile.
 """
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,18 +38,17 @@ from resources.genmap import (
     restored_pointers,
 )
 from resources.rollup_store import Snapshot
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.durations import format_duration
-from rollup_assets.model.errors import RollbackRefusedError
+from rollup_assets.model.errors import FenceMovedError, RollbackRefusedError
 from rollup_assets.model.jobs import Job, JobState, Trigger, new_job_id
-from rollup_assets.model.placement import job_scope
+from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
-
-# How far from the retention's edge a rollback stays (at most a tenth of the retention).
-ROLLBACK_MARGIN = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -69,10 +78,19 @@ def rollback(
     t0 = time.monotonic()
     started = now or datetime.now(UTC)
     spec = engine.catalog.rollup(rollup)
+    what = f"rollback of job {job_id} of '{spec.name}'"
+    # A rollback of this job that an earlier process left unfinished: finish it first (its
+    # effect may have landed without its record: then that is this command's outcome).
+    for left in engine.ledger.snapshot().for_rollup(spec.name):
+        if left.undoes == job_id and left.state is JobState.SWAPPING:
+            recovered = recover_rollback(engine, spec, left, why=f"{what} run again")
+            if recovered is not None:
+                return recovered
+    # The fence first: an action that moves it after this makes the commit below fail.
+    fence = engine.rollups.fence(spec)
     state = engine.require_activated(spec)
     snap = engine.ledger.snapshot()
     job = snap.jobs.get(job_id)
-    what = f"rollback of job {job_id} of '{spec.name}'"
     if job is None or job.rollup != spec.name:
         raise RollbackRefusedError(f"{what}: no such job of '{spec.name}' in the ledger")
     if job.trigger is Trigger.ROLLBACK:
@@ -98,11 +116,11 @@ def rollback(
             "retry when it has finished"
         )
     retention = engine.generation_retention
+    keeping = engine.keeping
     # A sweep removes the replaced rows once the job's pointers are older than the retention,
-    # and a rollback holds no writer slot: it keeps a margin from that edge.
-    usable = retention - min(ROLLBACK_MARGIN, retention / 10)
+    # and a rollback holds no writer slot: it keeps a margin from that edge (`model.keeping`).
     flipped_at = job.finished_at or job.created_at
-    if started - flipped_at > usable:
+    if not keeping.may_roll_back(flipped_at, started):
         raise RollbackRefusedError(
             f"{what}: it flipped at {iso_utc(flipped_at)}, longer ago than the generation "
             f"retention ({format_duration(retention)}, ROLLUPS_GENERATION_RETENTION_HOURS): the "
@@ -127,7 +145,7 @@ def rollback(
             f"{what}: its flip (pointer table version {flip_version}) holds none of its pointers"
         )
     oldest = min(flipped["flipped_at"].to_pylist())
-    if started - oldest > usable:
+    if not keeping.may_roll_back(oldest, started):
         raise RollbackRefusedError(
             f"{what}: its pointers were flipped at {iso_utc(oldest)}, too close to or past the "
             f"generation retention ({format_duration(retention)}): the sweep may be removing the "
@@ -166,34 +184,33 @@ def rollback(
         )
 
     generation = job.generation
-    rollback_id = new_job_id()
+    generations = tuple(sorted(set(seen["generation"].to_pylist())))
 
     def change(latest: pa.Table) -> pa.Table:
-        # Another writer may have flipped since the check above: check again on what is current.
+        # Another writer may have flipped since the check above: check again on what is
+        # current, and again that the sweep cannot have reached the rows given back.
         _require_unchanged(what, latest, flipped, generation)
+        if not keeping.may_roll_back(oldest, datetime.now(UTC)):
+            raise RollbackRefusedError(
+                f"{what}: its pointers, flipped at {iso_utc(oldest)}, reached the edge of the "
+                f"generation retention ({format_duration(retention)}) during the rollback"
+            )
         return restored_pointers(latest, before, flipped, started)
 
-    version = store.restore_pointers(spec, change, job_id=rollback_id, undoes=job_id)
-    generations = tuple(sorted(set(seen["generation"].to_pylist())))
     windows, entities, exact = job_scope(cells)
-    finished = datetime.now(UTC)
-    done = Job(
+    intent = Job(
         rollup=spec.name,
         trigger=Trigger.ROLLBACK,
         windows=windows,
         entities=entities,
         cells=exact,
-        state=JobState.COMPLETED,
-        job_id=rollback_id,
-        windows_processed=len(cells),
+        state=JobState.SWAPPING,
+        job_id=new_job_id(),
         rows_processed=back.num_rows,
         source_archive=spec.name,
-        source_version=version,
         run_id=run_id or None,
         created_at=started,
         started_at=started,
-        finished_at=finished,
-        duration_ms=int((time.monotonic() - t0) * 1000),
         technique="rollback",
         plan=(
             f"undid job {job_id}: generation {job.generation} replaced by generation(s) "
@@ -201,12 +218,99 @@ def rollback(
         ),
         undoes=job_id,
     )
+    engine.ledger.record([intent])
+    checkpoint("rollback_intent", spec.name)
+    try:
+        version = engine.rollups.restore_pointers(
+            spec, change, job_id=intent.job_id, undoes=job_id, fence=fence
+        )
+    except BaseException as exc:
+        engine.ledger.record(
+            [intent.next(state=JobState.FAILED, error=str(exc), finished_at=datetime.now(UTC))]
+        )
+        if isinstance(exc, FenceMovedError):
+            raise RollbackRefusedError(
+                f"{what}: another action changed '{spec.name}' while the rollback checked it "
+                "(a recompute's flip, a rewind, retention or a disable); nothing was changed: "
+                "run it again"
+            ) from None
+        raise
+    checkpoint("rollback_commit", spec.name)
+    return _complete(engine, spec, intent, job, version, generations, t0)
+
+
+def _complete(
+    engine: Engine,
+    spec: RollupSpec,
+    intent: Job,
+    undone: Job,
+    version: int,
+    generations: tuple[int, ...],
+    t0: float,
+) -> RollbackOutcome:
+    """Record a rollback whose pointer commit landed (at `version`) as completed, with the jobs
+    its cells cause one level up, and publish the surface."""
+    cells = cells_of(spec, intent)
+    done = intent.next(
+        state=JobState.COMPLETED,
+        windows_processed=len(cells),
+        source_version=version,
+        finished_at=datetime.now(UTC),
+        duration_ms=int((time.monotonic() - t0) * 1000),
+    )
     # No row-table commit carries the change (the rows were already there): the jobs above name
     # no source version, so nothing reads a commit's rows as theirs (held writes list no count).
     propagated = propagation_jobs(engine.catalog, spec, cells, None, engine.states.all())
     engine.ledger.record([done, *propagated])
     publish(engine, spec)  # plain readers of the surface table see the restored values too
-    return RollbackOutcome(done, job, cells, generations, version, propagated)
+    return RollbackOutcome(done, undone, cells, generations, version, propagated)
+
+
+def recover_rollback(
+    engine: Engine, spec: RollupSpec, intent: Job, *, why: str
+) -> RollbackOutcome | None:
+    """Finish rollback `intent` (Swapping) that a process left unfinished: move the fence so
+    that process can no longer commit, then complete the rollback if its pointer commit landed
+    (its outcome), or record it failed, having changed nothing (None)."""
+    t0 = time.monotonic()
+    engine.rollups.move_fence(spec, f"recover rollback {intent.job_id}", job_id=intent.job_id)
+    version = engine.rollups.committed_by(spec, intent.job_id, "rollback")
+    current = engine.ledger.job(intent.job_id)
+    if current is None or current.state is not JobState.SWAPPING:
+        return None  # finished meanwhile by whoever else found it
+    if version is None:
+        engine.ledger.record(
+            [
+                current.next(
+                    state=JobState.FAILED,
+                    error=f"interrupted before its pointer commit; nothing was changed ({why})",
+                    finished_at=datetime.now(UTC),
+                )
+            ]
+        )
+        return None
+    undone = engine.ledger.job(intent.undoes or "")
+    assert undone is not None, intent
+    return _complete(
+        engine, spec, current, undone, version, _active_after(engine, spec, current, version), t0
+    )
+
+
+def _active_after(engine: Engine, spec: RollupSpec, job: Job, version: int) -> tuple[int, ...]:
+    """The generations active on `job`'s cells in the pointer table at `version` (0 where no
+    pointer covers a cell)."""
+    restored = engine.rollups.pointers_at(spec, version).to_pylist()
+    found = set()
+    for window, scope in cells_of(spec, job):
+        for entity in sorted(scope) if scope is not None else [None]:
+            covering = [
+                p["generation"]
+                for p in restored
+                if p["bucket_start"] == window.start
+                and (p["entity_id"] is None or p["entity_id"] == entity)
+            ]
+            found.add(max(covering, default=0))
+    return tuple(sorted(found))
 
 
 def _cells(flipped: pa.Table) -> Cells:

@@ -108,7 +108,9 @@ def _recompute(
     )
     assert written.adds and written.rows > 0
     store.commit_generation(spec, written, {"rollups.operation": "test"})
-    store.flip(spec, Cells.of(buckets), generation, job_id="test", run_id="test")
+    store.flip(
+        spec, Cells.of(buckets), generation, job_id="test", run_id="test", fence=store.fence(spec)
+    )
     return buckets, store.sweep(spec, buckets, None)
 
 

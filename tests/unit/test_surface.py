@@ -107,7 +107,9 @@ def correct(
     scoped = Cells(
         tuple((w, None if whole else frozenset(es)) for w, es in sorted(by_window.items()))
     )
-    store.flip(spec, scoped, generation, job_id=f"job-{generation}", run_id="r")
+    store.flip(
+        spec, scoped, generation, job_id=f"job-{generation}", run_id="r", fence=store.fence(spec)
+    )
 
 
 def base() -> dict[Cell, float]:
@@ -268,7 +270,9 @@ def test_a_rewind_publishes_the_forward_rows_it_brings_back(engine, spec) -> Non
     correct(engine, spec, fixes)
     publish(engine, spec)
     assert surface_rows(engine, spec) == expected(spec, {**cells, **fixes})
-    engine.rollups.rewind(spec, WINDOWS[2].start)  # drops the pointers from the third day on
+    # A rewind's two effects: the pointers from the third day on go, then their rows.
+    engine.rollups.drop_pointers_from(spec, WINDOWS[2].start, job_id="rewind")
+    engine.rollups.delete_recomputed_from(spec, WINDOWS[2].start)
     done = publish(engine, spec)
     assert not done.rebuilt and done.spans == 1
     rewound = {**cells, ("meter-a", WINDOWS[0]): 1.5}  # the later fix is gone, generation 0 back
