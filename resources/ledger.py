@@ -71,6 +71,11 @@ LEDGER_SCHEMA = pa.schema(
         ("cells_applied", pa.int64()),
         # Rollback job rows: the job whose flip it undid.
         ("undoes", pa.string()),
+        # Job rows: which attempt at the work, when a retry may start, and whether the work was
+        # given up (its last attempt failed).
+        ("attempt", pa.int64()),
+        ("not_before", TS),
+        ("gave_up", pa.bool_()),
     ]
 )
 
@@ -109,6 +114,9 @@ def job_row(job: Job) -> dict:
         "change_rows": job.change_rows,
         "cells_applied": job.cells_applied,
         "undoes": job.undoes,
+        "attempt": job.attempt,
+        "not_before": job.not_before,
+        "gave_up": job.gave_up,
     }
 
 
@@ -200,6 +208,9 @@ def _job_from_row(row: dict) -> Job:
         change_rows=row.get("change_rows"),
         cells_applied=row.get("cells_applied"),
         undoes=row.get("undoes"),
+        attempt=row.get("attempt") or 1,
+        not_before=row.get("not_before"),
+        gave_up=bool(row.get("gave_up")),
     )
 
 

@@ -52,11 +52,7 @@ def warehouse_resources(catalog: Catalog, base: WarehouseResource) -> dict[str, 
         return {Scope().warehouse_key: base}
     roots = tenant_warehouses(base.get(), catalog)
     return {
-        Scope(name).warehouse_key: WarehouseResource(
-            root=wh.root,
-            storage_options=dict(base.storage_options),
-            generation_retention_hours=base.generation_retention_hours,
-        )
+        Scope(name).warehouse_key: base.model_copy(update={"root": wh.root})
         for name, wh in roots.items()
     }
 
@@ -72,9 +68,7 @@ def build_definitions(
     declared, each tenant gets its own copy of everything, prefixed by its name and bound to
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
     settings = settings or Settings.from_env()
-    base = warehouse or WarehouseResource(
-        root=settings.warehouse, generation_retention_hours=settings.generation_retention_hours
-    )
+    base = warehouse or WarehouseResource.from_settings(settings)
     return dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],
         dg.Definitions(

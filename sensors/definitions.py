@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.jobs import JobState, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
@@ -28,8 +29,8 @@ from rollup_assets.orchestration.runs import DagsterRunLookup, launcher_host
 from rollup_assets.orchestration.tags import RunIntent, partition_range_tags
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.health import health
+from rollup_assets.services.recovery import recover
 from rollup_assets.services.surface import publish
 from rollup_assets.settings import DetectionLimits
 from sensors.detection import DEFAULT_LIMITS, detect
@@ -83,6 +84,9 @@ def _health_events(
             else "none",
             "last_recompute_failure_reason": h.last_recompute_failure_reason or "none",
             "last_rollback": h.last_rollback or "none",
+            "jobs_given_up": h.jobs_given_up,
+            "last_given_up": h.last_given_up or "none",
+            "action_under_way": h.action_under_way or "none",
         }
         digest = hashlib.sha1(json.dumps(plain, default=str, sort_keys=True).encode()).hexdigest()[
             :16
@@ -162,7 +166,10 @@ def build_sensors(
         warehouse, clock = resources(context)
         ensure_pools(context.instance, catalog, scope)
         engine = warehouse.engine(catalog)
-        feed = ChangeFeed(engine.raw, limits.max_cdf_rows)
+        # Operator actions a dead process left half done are finished before anything else.
+        for note in recover(engine, actor="retroactive_write_sensor"):
+            context.log.warning(note)
+        feed = ChangeFeed(engine.raw, limits.max_cdf_rows, engine.removed_spans)
         detection = detect(catalog, engine.states.all(), engine.ledger.snapshot(), feed, limits)
         checkpoint("sensor_planned")
         if detection.jobs or detection.cursors or detection.forget:
@@ -182,6 +189,7 @@ def build_sensors(
             lookup,
             _flipped_jobs(engine),
             limits.entity_scope_limit,
+            engine.retry,
         )
         engine.ledger.record(plan.events)
         for job in plan.sweeps:

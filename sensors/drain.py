@@ -3,7 +3,9 @@
 Per rollup, each tick:
   * a job whose Dagster runs all ended while it was still open died mid-way: if its pointers were
     already flipped it is completed (and its dependents queued, its superseded rows swept);
-    otherwise it is failed and its buckets are queued again;
+    otherwise it is failed and its buckets are queued again as its next attempt (after a
+    backoff; after the last attempt it ends Failed for good). A pending retry waits out its
+    backoff;
   * nothing is launched while a recompute of the rollup is in flight, or while the rollup is not
     activated (pending work waits);
   * nothing is launched either when every pending job was queued by chain propagation while a
@@ -22,9 +24,9 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
+from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, RetryPolicy, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of, job_scope, place
-from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.propagation import completed_after_flip
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -61,12 +63,18 @@ def plan_drain(
     runs: RunLookup,
     flipped: Collection[str] = frozenset(),
     entity_scope_limit: int = 32,
+    policy: RetryPolicy | None = None,
+    now: datetime | None = None,
 ) -> DrainPlan:
     """What to launch, record and sweep this tick. `flipped` holds the ids of jobs whose pointers
-    are in their rollup's pointer table (a dead job among them had flipped before it died)."""
+    are in their rollup's pointer table (a dead job among them had flipped before it died).
+    `now` is the wall clock (a retry waits out its backoff by it); `policy` how often failed
+    work is tried again."""
     plan = DrainPlan()
+    policy = policy or RetryPolicy()
+    now = now or datetime.now(UTC)
     settled = {
-        spec.name: _settle(catalog, spec, snapshot, runs, states, flipped, plan)
+        spec.name: _settle(catalog, spec, snapshot, runs, states, flipped, plan, policy, now)
         for spec in catalog.rollups.values()
     }
     for spec in catalog.rollups.values():
@@ -80,6 +88,16 @@ def plan_drain(
             if j.rollup == spec.name and j.state is JobState.PENDING and j not in pending
         ]
         if busy or not pending:
+            continue
+        due = [j for j in pending if j.due(now)]
+        if len(due) < len(pending):
+            first = min(j.not_before for j in pending if j.not_before and not j.due(now))
+            plan.notes.append(
+                f"{spec.name}: {len(pending) - len(due)} job(s) retry after their backoff "
+                f"(next at {first.isoformat()})"
+            )
+        pending = due
+        if not pending:
             continue
         since = _carried_since(spec, snapshot, runs)
         if since is not None and all(
@@ -122,13 +140,20 @@ def _settle(
     states: dict[str, ArchiveState],
     flipped: Collection[str],
     plan: DrainPlan,
+    policy: RetryPolicy,
+    now: datetime,
 ) -> tuple[list[Job], bool]:
-    """Recover dead jobs; return the pending jobs and whether a recompute is in flight."""
+    """Recover dead jobs (a dead job's work is queued again as its next attempt, `policy`
+    permitting); return the pending jobs and whether a recompute is in flight."""
     pending: list[Job] = []
     busy = False
-    now = datetime.now(UTC)
     for job in snapshot.for_rollup(spec.name):
         if job.state.terminal or job.trigger.lane is Lane.FORWARD:
+            continue
+        if job.trigger is Trigger.ROLLBACK:
+            # An operator's rollback runs in its own process, not a Dagster run; one it left
+            # unfinished is finished or undone by `services.rollback.recover_rollbacks`.
+            busy = True
             continue
         # A job a run took over in its own chain has no run launched for it: its owner counts.
         owner = job.run_id if job.state.active else None
@@ -141,32 +166,28 @@ def _settle(
             continue
         last_run = launched[-1][0] if launched else job.run_id
         if job.state is JobState.SWAPPING and job.job_id in flipped:
-            done = job.next(
-                state=JobState.COMPLETED,
-                finished_at=now,
-                windows_processed=len(buckets_in(spec, list(job.windows))),
-                error=f"completed on recovery: run {last_run} ended after the flip",
+            events = completed_after_flip(
+                catalog,
+                spec,
+                job,
+                states,
+                f"completed on recovery: run {last_run} ended after the flip",
+                now,
             )
-            plan.events += [
-                done,
-                *propagation_jobs(catalog, spec, cells_of(spec, job), None, states),
-            ]
-            plan.sweeps.append(done)
+            plan.events += events
+            plan.sweeps.append(events[0])
             plan.notes.append(
                 f"{spec.name}: job {job.job_id} had flipped before its run ended; completed it"
             )
             continue
-        failed = job.next(
-            state=JobState.FAILED,
-            finished_at=now,
-            error=job.error or f"run {last_run} ended before the job completed ({job.state.value})",
-        )
-        retry = job.again()
-        plan.events += [failed, retry]
-        pending.append(retry)
+        why = job.error or f"run {last_run} ended before the job completed ({job.state.value})"
+        events = job.fail(why, policy=policy, now=now)
+        plan.events += events
+        retried = [e for e in events if e.state is JobState.PENDING]
+        pending += retried
         plan.notes.append(
             f"{spec.name}: job {job.job_id} died ({job.state.value}); "
-            f"queued again as {retry.job_id}"
+            + (f"queued again as {retried[0].job_id}" if retried else events[0].error or "")
         )
     return pending, busy
 

@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -13,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from resources.warehouse import Warehouse
+from rollup_assets import faults
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.bucketing import first_bucket_start
-from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.jobs import ChangeSource, RetryPolicy
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog, RollupSpec
@@ -143,12 +145,20 @@ def world_of(
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     # Superseded generations are swept at once here (what most tests check); the tests of the
     # generation retention build their own world with one (`world_of(..., retention_hours=...)`).
-    resource = WarehouseResource(root=str(wh), generation_retention_hours=retention_hours)
+    # Failed work is retried at once (the backoff has tests of its own).
+    resource = WarehouseResource(
+        root=str(wh), generation_retention_hours=retention_hours, retry_backoff_seconds=0
+    )
     defs = build_definitions(catalog, resource)
     retention = timedelta(hours=retention_hours)
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, catalog)
-        engine = Engine(catalog, Warehouse(str(wh)), generation_retention=retention)
+        engine = Engine(
+            catalog,
+            Warehouse(str(wh)),
+            generation_retention=retention,
+            retry=RetryPolicy(backoff=timedelta(0)),
+        )
         yield World(tmp_path, catalog, engine, defs, instance)
 
 
@@ -180,3 +190,14 @@ def meter_readings(spans: list[tuple[date, int]], meters: int, seed: int) -> pa.
             for d in days(first, n)
         ]
     )
+
+
+@contextmanager
+def fault_at(point: str, action: str = "raise", archive: str | None = None) -> Iterator[None]:
+    """This process armed with a fault at `point` (`rollup_assets.faults`) while the context is
+    open: it fires the first time the point is reached (for `archive`, when given)."""
+    faults.arm(faults.Fault(point, action, archive))
+    try:
+        yield
+    finally:
+        faults.arm(None)

@@ -189,7 +189,10 @@ def lineage(rollup: str, bucket: str, entity: str, fmt: str) -> None:
 @tenant_option
 @handle_errors
 def status(rollup: str | None, fmt: str) -> None:
-    """Health of one rollup or of every archive."""
+    """Health of one rollup or of every archive: status, watermark, pending and held work, the
+    last success and failure, work given up after its last attempt, and any action (a rewind,
+    a column change) under way or left unfinished."""
+    from rollup_assets.model.intents import Intent
     from rollup_assets.services.health import health
 
     names = [catalog().rollup(rollup).name] if rollup else list(catalog().rollups)
@@ -209,7 +212,15 @@ def status(rollup: str | None, fmt: str) -> None:
     if not rollup:
         for n in [*catalog().raw, *catalog().time_range]:
             s = states.get(n)
-            rows.insert(0, {"archive": n, "status": s.status.value if s else "Created"})
+            intent = Intent.decode(s.intent) if s else None
+            rows.insert(
+                0,
+                {
+                    "archive": n,
+                    "status": s.status.value if s else "Created",
+                    "action_under_way": intent.describe() if intent else None,
+                },
+            )
     echo_data(rows, fmt)
 
 
@@ -233,21 +244,28 @@ def status(rollup: str | None, fmt: str) -> None:
 @tenant_option
 @handle_errors
 def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
-    """Apply raw retention, then checkpoint, compact, sweep and vacuum every table.
+    """Finish interrupted actions, apply raw retention, then sweep, compact, vacuum and
+    checkpoint every table.
 
     Retention: an activated raw or time-range archive whose spec declares `retention` loses its
     UTC days older than now - retention, once every first-level rollup reading it has
     aggregated them. The rollups keep their values (a retention delete is not a correction).
-    Exits 1 if an archive's retention failed (the others are still applied).
+    Actions an interrupted process left half done (a rewind, a column change, a rollback) are
+    finished first. Each table's compaction, vacuum and checkpoint runs on its own, retried
+    when it loses a commit race; exits 1 if an archive's retention or a step of a table failed
+    (the others are still applied, and each failure is printed).
     """
     from rollup_assets.services.maintenance import maintain as run
 
     at = parse_instant(now, "--now") if now else settings().now
     report = run(engine(), now=at, retention_hours=retention_hours)
-    echo_data({k: v for k, v in asdict(report).items() if k not in ("details", "retention")}, fmt)
+    shown = {"details", "retention", "failures"}
+    echo_data({k: v for k, v in asdict(report).items() if k not in shown}, fmt)
     for outcome in report.retention:
         click.echo(outcome.describe(), err=fmt != "table")
-    if report.retention_failures:
+    for failure in report.failures:
+        click.echo(f"failed: {failure}", err=True)
+    if report.retention_failures or report.failures:
         raise SystemExit(1)
 
 

@@ -86,19 +86,13 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     click.echo(f"  ({note})")
     ensure_home(settings)
     out.mkdir(parents=True, exist_ok=True)
-    resource = WarehouseResource(
-        root=warehouse.root, generation_retention_hours=settings.generation_retention_hours
-    )
+    resource = WarehouseResource.from_settings(settings, warehouse.root)
     defs = build_definitions(catalog, resource, settings=settings)
     instance = dg.DagsterInstance.get()
     ensure_pools(instance, catalog)
     # The story, not every event of every run (unless ROLLUPS_RUN_LOG_LEVEL says otherwise).
     log_level = settings.run_log_level or "WARNING"
-    engine = Engine(
-        catalog,
-        warehouse,
-        generation_retention=timedelta(hours=settings.generation_retention_hours),
-    )
+    engine = Engine.from_settings(catalog, warehouse, settings)
     story = Story(catalog, engine, defs, instance, out, meters, days, log_level)
     story.say("starting a local Spark session (one JVM for every run of this demo)", dim=True)
     build_session(

@@ -9,7 +9,7 @@ import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from rollup_assets.model.cells import Cells
@@ -73,6 +73,21 @@ def new_job_id() -> str:
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """How often failed work is tried again: at most `attempts` runs in all, the n-th retry
+    waiting `backoff * factor**(n-1)` after the failure (wall-clock time: a transient storage
+    error needs real time to pass, whatever instant the forward lane's clock is pinned at)."""
+
+    attempts: int = 5
+    backoff: timedelta = timedelta(seconds=10)
+    factor: int = 3
+
+    def delay(self, attempt: int) -> timedelta:
+        """How long the retry after failed attempt number `attempt` (1-based) waits."""
+        return self.backoff * self.factor ** max(0, attempt - 1)
+
+
+@dataclass(frozen=True)
 class Job:
     rollup: str
     trigger: Trigger
@@ -111,6 +126,12 @@ class Job:
     cells_applied: int | None = None
     # A rollback: the id of the job whose flip it undid.
     undoes: str | None = None
+    # Which run of this work it is (1: the first), and the earliest instant (UTC, wall clock) a
+    # retry may start: failed work is queued again with a backoff (`RetryPolicy`).
+    attempt: int = 1
+    not_before: datetime | None = None
+    # Failed with its last attempt spent: its work is queued by nobody (health shows it).
+    gave_up: bool = False
 
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""
@@ -130,6 +151,46 @@ class Job:
             change_source=self.change_source,
             cells=self.cells,
         )
+
+    def fail(
+        self,
+        error: str,
+        *,
+        policy: RetryPolicy,
+        now: datetime | None = None,
+        windows: tuple[Window, ...] | None = None,
+        permanent: bool = False,
+    ) -> list["Job"]:
+        """The events that end this job Failed with `error` and queue its work (or `windows` of
+        it; none when empty) again as the next attempt, after `policy`'s backoff. Once the
+        policy's last attempt is spent, or at once for a `permanent` failure (one no retry can
+        mend, such as work over raw rows retention removed), the job ends Failed for good
+        (`gave_up`)."""
+        now = now or datetime.now(UTC)
+        if windows == ():
+            return [self.next(state=JobState.FAILED, error=error, finished_at=now)]
+        if permanent or self.attempt >= policy.attempts:
+            why = "not retried" if permanent else f"gave up after {self.attempt} attempt(s)"
+            failed = self.next(
+                state=JobState.FAILED, error=f"{why}: {error}", finished_at=now, gave_up=True
+            )
+            return [failed]
+        retry = dataclasses.replace(
+            self.again(windows),
+            attempt=self.attempt + 1,
+            not_before=now + policy.delay(self.attempt),
+        )
+        failed = self.next(
+            state=JobState.FAILED,
+            error=f"{error} (attempt {self.attempt} of {policy.attempts}; retried as "
+            f"{retry.job_id})",
+            finished_at=now,
+        )
+        return [failed, retry]
+
+    def due(self, now: datetime) -> bool:
+        """May this (pending) job run at wall-clock instant `now` (its backoff has passed)?"""
+        return self.not_before is None or self.not_before <= now
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Chain propagation: a level that changed makes the containing cells of the next level dirty."""
 
+from datetime import UTC, datetime
+
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import ChangeKind, Job, Trigger
-from rollup_assets.model.placement import buckets_in, job_scope
+from rollup_assets.model.jobs import ChangeKind, Job, JobState, Trigger
+from rollup_assets.model.placement import buckets_in, cells_of, job_scope
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 
@@ -48,3 +50,24 @@ def propagation_jobs(
             )
         )
     return jobs
+
+
+def completed_after_flip(
+    catalog: Catalog,
+    spec: RollupSpec,
+    job: Job,
+    states: dict[str, ArchiveState],
+    why: str,
+    now: datetime | None = None,
+) -> list[Job]:
+    """The events of a job whose flip landed but whose run ended before recording it (a crash,
+    or a failure after the flip): it is completed, and the levels above are queued for its cells
+    as its own completion would have queued them. Queuing them again is never wrong; missing
+    them would leave the levels above behind with no work queued."""
+    done = job.next(
+        state=JobState.COMPLETED,
+        finished_at=now or datetime.now(UTC),
+        windows_processed=len(buckets_in(spec, list(job.windows))),
+        error=why,
+    )
+    return [done, *propagation_jobs(catalog, spec, cells_of(spec, job), None, states)]

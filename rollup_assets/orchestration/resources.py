@@ -13,10 +13,11 @@ from pyspark.sql import SparkSession
 from resources.spark import LazySession, active_session, apply_required_conf, build_session
 from resources.spark_server import usable_url
 from resources.warehouse import Warehouse
+from rollup_assets.model.jobs import RetryPolicy
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.services.engine import Engine
-from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS
+from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 
 def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
@@ -129,7 +130,27 @@ class WarehouseResource(dg.ConfigurableResource):
         "(as-of reads and rollbacks work within it); 0 deletes them at once.",
     )
 
+    retry_attempts: int = Field(
+        default=5,
+        description="Runs failed work gets in all before it ends Failed for good.",
+    )
+    retry_backoff_seconds: int = Field(
+        default=10,
+        description="Seconds a retry of failed work waits (each next retry three times longer).",
+    )
+
     _engines: dict[int, Engine] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, root: str | None = None) -> "WarehouseResource":
+        """The warehouse resource of a process configured by `settings` (at `root`, when the
+        root comes from elsewhere: a component's attributes, a tenant's warehouse)."""
+        return cls(
+            root=root or settings.warehouse,
+            generation_retention_hours=settings.generation_retention_hours,
+            retry_attempts=settings.retry_attempts,
+            retry_backoff_seconds=settings.retry_backoff_seconds,
+        )
 
     def get(self) -> Warehouse:
         return Warehouse(self.root, dict(self.storage_options))
@@ -142,6 +163,10 @@ class WarehouseResource(dg.ConfigurableResource):
                 catalog,
                 self.get(),
                 generation_retention=timedelta(hours=self.generation_retention_hours),
+                retry=RetryPolicy(
+                    attempts=self.retry_attempts,
+                    backoff=timedelta(seconds=self.retry_backoff_seconds),
+                ),
             )
         return engine
 

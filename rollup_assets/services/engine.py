@@ -8,7 +8,7 @@ Dagster resource provides it to runs and sensors, and the CLI and the tests buil
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -47,7 +47,8 @@ from rollup_assets.model.errors import (
     ArchiveSchemaImmutableError,
     RawRowsRetainedError,
 )
-from rollup_assets.model.jobs import Job, JobState
+from rollup_assets.model.jobs import Job, JobState, RetryPolicy
+from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.retention import BEGINNING, describe_removed, removed_within
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -59,7 +60,7 @@ from rollup_assets.model.specs import (
 )
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS
+from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")
@@ -105,15 +106,32 @@ class Engine:
         warehouse: Warehouse,
         *,
         generation_retention: timedelta = timedelta(hours=DEFAULT_GENERATION_RETENTION_HOURS),
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.catalog = catalog
         self.warehouse = warehouse
         self.raw = RawStore(warehouse)
         # Superseded generations stay this long before a sweep deletes their rows.
         self.generation_retention = generation_retention
+        self.keeping = Keeping(generation_retention)
+        # How often failed work is queued again, and after how long.
+        self.retry = retry or RetryPolicy()
         self.rollups = RollupStore(warehouse, generation_retention)
         self.states = ArchiveStateStore(warehouse)
         self.ledger = Ledger(warehouse)
+
+    @classmethod
+    def from_settings(cls, catalog: Catalog, warehouse: Warehouse, settings: Settings) -> "Engine":
+        """The engine a process configured by `settings` uses over `warehouse`."""
+        return cls(
+            catalog,
+            warehouse,
+            generation_retention=timedelta(hours=settings.generation_retention_hours),
+            retry=RetryPolicy(
+                attempts=settings.retry_attempts,
+                backoff=timedelta(seconds=settings.retry_backoff_seconds),
+            ),
+        )
 
     # -- guards ------------------------------------------------------------------------------
 
@@ -152,23 +170,18 @@ class Engine:
         )
 
     def flipped_generations(self, spec: RollupSpec) -> frozenset[int]:
-        """The generations `spec` jobs flipped within the generation retention and that no
-        rollback undid, which a reclaim leaves to the sweep: once superseded, their rows stay
-        for the retention (a rollback of the job after theirs needs them). Empty without a
-        retention (a reclaim then deletes every generation no pointer names)."""
-        if self.generation_retention <= timedelta(0):
-            return frozenset()
-        jobs = self.ledger.snapshot().for_rollup(spec.name)
-        undone = {j.undoes for j in jobs if j.undoes and j.state is JobState.COMPLETED}
-        since = datetime.now(UTC) - self.generation_retention
+        """Every generation a job of `spec` flipped, however long ago (undone by a rollback or
+        not): a reclaim never deletes them; once superseded, their rows are the sweep's, under
+        the retention rule (`model.keeping`). A job that died after its flip and before its
+        record counts too (Swapping: the drain completes it)."""
         return frozenset(
             j.generation
-            for j in jobs
-            if j.generation is not None
-            and j.state is JobState.COMPLETED
-            and j.windows_processed
-            and j.job_id not in undone
-            and (j.finished_at or j.created_at) >= since
+            for j in self.ledger.snapshot().for_rollup(spec.name)
+            if j.generation
+            and (
+                (j.state is JobState.COMPLETED and j.windows_processed)
+                or j.state is JobState.SWAPPING
+            )
         )
 
     def removed_spans(self, source: ArchiveSpec) -> list[Window]:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
 from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
@@ -30,7 +31,6 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import DRIVER_SOURCE_ROWS, Engine, RunOutcome
-from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
@@ -99,18 +99,7 @@ def run_forward(
         return RunOutcome(done, [], note=note)
 
     old_watermark = state.watermark
-    if closed:
-        claim = closed[-1].end
-        engine.states.update(
-            spec.name,
-            lambda s: (
-                replace(s, claimed_until=claim)
-                if s.consumed_until is None or s.consumed_until < claim
-                else None
-            ),
-            reason=f"forward claims buckets up to {claim.isoformat()}",
-            actor=run_id,
-        )
+    claim = closed[-1].end if closed else None
     what = f"closing {len(closed)} bucket(s)" if closed else ""
     if refresh:
         what += (" and " if what else "") + (
@@ -118,10 +107,22 @@ def run_forward(
             if len(refresh) == 1
             else f"refreshing {len(refresh)} open buckets"
         )
-    say(f"{spec.name}: forward {what}")
-    if progress is not None:
-        progress(spec.name, 0, len(buckets))
     try:
+        if claim is not None:
+            engine.states.update(
+                spec.name,
+                lambda s: (
+                    replace(s, claimed_until=claim)
+                    if s.consumed_until is None or s.consumed_until < claim
+                    else None
+                ),
+                reason=f"forward claims buckets up to {claim.isoformat()}",
+                actor=run_id,
+            )
+            checkpoint("after_claim", spec.name)
+        say(f"{spec.name}: forward {what}")
+        if progress is not None:
+            progress(spec.name, 0, len(buckets))
         publish(engine, spec)  # repair a surface an earlier run left behind its rows
         cells = Cells.of(buckets)
         bound = engine.source_rows_at_most(spec, cells)
@@ -152,7 +153,9 @@ def run_forward(
                 "dagster.run_id": run_id,
             },
         )
-    except Exception as exc:
+    except BaseException as exc:
+        # Dagster stops a run with a BaseException: record the failure and let go of the claim
+        # whatever ended the run (the forward sensor plans the buckets again from the watermark).
         engine.ledger.record(
             [
                 job.next(
@@ -162,6 +165,8 @@ def run_forward(
                 )
             ]
         )
+        if claim is not None:
+            _release_claim(engine, spec, claim, run_id)
         raise
     duration = int((time.monotonic() - t0) * 1000)
     src = next(iter(versions.items()))
@@ -185,10 +190,21 @@ def run_forward(
             reason=f"forward closed {len(closed)} bucket(s) up to {new_mark.isoformat()}",
             actor=run_id,
         )
-    checkpoint("after_forward")
+    checkpoint("after_forward", spec.name)
     publish(engine, spec)  # after the ledger: a failure here leaves a lag to repair, no lost work
     if progress is not None:
         progress(spec.name, len(buckets), len(buckets))
     return RunOutcome(
         done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
+    )
+
+
+def _release_claim(engine: Engine, spec: RollupSpec, claim: datetime, run_id: str) -> None:
+    """Take back a failed forward run's claim, unless something moved it since (a newer claim,
+    a rewind): writes up to it stop counting as retroactive, as before the run."""
+    engine.states.update(
+        spec.name,
+        lambda s: replace(s, claimed_until=None) if s.claimed_until == claim else None,
+        reason=f"forward run {run_id} failed; its claim up to {claim.isoformat()} released",
+        actor=run_id,
     )

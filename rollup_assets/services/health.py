@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from rollup_assets.model.intents import Intent
 from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import Catalog
@@ -31,6 +32,12 @@ class Health:
     held_ranges: list[Window] = field(default_factory=list)
     # The newest rollback: "<rollback job> undid <job> at <time>" (None: never rolled back).
     last_rollback: str | None = None
+    # Work whose last attempt failed (queued by nobody now): how many jobs, and the newest as
+    # "<job> at <time>: <reason>".
+    jobs_given_up: int = 0
+    last_given_up: str | None = None
+    # An operator action of several commits under way or left unfinished (`model.intents`).
+    action_under_way: str | None = None
 
 
 def health(
@@ -47,6 +54,8 @@ def health(
     )
     spec = catalog.rollup(name)
     held = [c for c in (held_cells(spec, j, state) for j in pending) if c]
+    given_up = [j for j in failed if j.gave_up]
+    intent = Intent.decode(state.intent)
     return Health(
         archive=name,
         status=state.status.value,
@@ -62,6 +71,13 @@ def health(
         held_writes=len(held),
         held_ranges=merge_windows([w for c in held for w in c.windows]),
         last_rollback=_describe_rollback(snap, name),
+        jobs_given_up=len(given_up),
+        last_given_up=(
+            f"{given_up[-1].job_id} at {iso_utc(given_up[-1].finished_at)}: {given_up[-1].error}"
+            if given_up and given_up[-1].finished_at
+            else None
+        ),
+        action_under_way=intent.describe() if intent else None,
     )
 
 

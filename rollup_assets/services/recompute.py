@@ -7,7 +7,10 @@
              where nothing changed completes here). The changed cells' rows are written and
              committed (still invisible).
 2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
-             pointers to N in one commit - the moment readers switch.
+             pointers to N in one commit - the moment readers switch. The flip is fenced: it
+             commits only if the rollup's fence (read before anything else) has not moved, so a
+             rewind, rollback, retention or disable that came in between makes it fail instead
+             of pointing readers at rows that action removed or computed from what it changed.
 3. Completed, together with the pending jobs the changed cells cause one level up (one ledger
    commit); then sweep the generations the flip superseded.
 
@@ -17,6 +20,11 @@ run left lagging (it died between its flip and its publish).
 
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
+
+A job that fails (any exception, or Dagster stopping the run) is recorded Failed and its work is
+queued again as its next attempt, after a backoff (`Engine.retry`); after the last attempt it
+ends Failed for good, which health and `rollups status` show. A job a rewind stopped is queued
+again for its part before the rewind point (the forward lane aggregates the rest again).
 """
 
 import logging
@@ -29,21 +37,22 @@ from pyspark.sql import SparkSession
 
 from resources.fill import Fill
 from resources.rollup_store import Reflected
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
+    FenceMovedError,
     RecomputeAbortedError,
     RollupsError,
 )
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of, place
 from rollup_assets.model.progress import Progress
-from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, LevelChange, RunOutcome, filled
-from rollup_assets.services.faults import checkpoint
 from rollup_assets.services.incremental import correct
 from rollup_assets.services.surface import Known, publish
 
@@ -106,6 +115,9 @@ def run_recompute(
     (`services.incremental`); it is ignored for any other job."""
     say = log_progress or log.info
     t0 = time.monotonic()
+    # The fence first: whatever moves it after this (a rewind, rollback, retention, disable)
+    # makes this job's flip fail, whatever this job reads from now on.
+    fence = engine.rollups.fence(spec)
     state = engine.states.get(spec.name)
     if state.status is not ArchiveStatus.ACTIVATED:
         reason = (
@@ -115,7 +127,11 @@ def run_recompute(
         failed = job.next(
             state=JobState.FAILED, error=reason, finished_at=datetime.now(UTC), run_id=run_id
         )
-        engine.ledger.record([failed])
+        # Queued work (a pending job the sensor launched) waits for the rollup to be enabled;
+        # a run asked for by hand is refused; a deleted rollup's work is gone.
+        queued = engine.ledger.job(job.job_id) is not None
+        kept = [job.again()] if queued and state.status is not ArchiveStatus.DELETED else []
+        engine.ledger.record([failed, *kept])
         raise ArchiveNotActivatedError(f"'{spec.name}': {reason}")
     engine.require_same_schema(spec, state)
 
@@ -160,7 +176,8 @@ def run_recompute(
     )
     engine.ledger.record([*events, running])
     try:
-        reclaimed = engine.rollups.reclaim(spec, keep=engine.flipped_generations(spec))
+        checkpoint("before_correct", spec.name)
+        reclaimed = engine.rollups.reclaim(spec, flipped=engine.flipped_generations(spec))
         if reclaimed:
             say(
                 f"{spec.name}: reclaimed {reclaimed} row(s) left by an earlier run "
@@ -234,7 +251,7 @@ def run_recompute(
             )
             say(f"{spec.name}: {note}")
             return RunOutcome(done, [], 0, generation, None, versions, duration, note=note)
-        checkpoint("after_write")
+        checkpoint("after_write", spec.name)
         version = engine.rollups.commit_generation(
             spec,
             written,
@@ -245,12 +262,15 @@ def run_recompute(
                 "dagster.run_id": run_id,
             },
         )
-        checkpoint("after_commit")
+        checkpoint("after_commit", spec.name)
         swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows, **counted)
         engine.ledger.record([swapping])
         _check_still_ours(engine, spec, running)
-        flipped = engine.rollups.flip(spec, changed, generation, job_id=job.job_id, run_id=run_id)
-        checkpoint("after_flip")
+        checkpoint("before_flip", spec.name)
+        flipped = engine.rollups.flip(
+            spec, changed, generation, job_id=job.job_id, run_id=run_id, fence=fence
+        )
+        checkpoint("after_flip", spec.name)
         after = result.rows if isinstance(result.rows, pa.Table) else None  # rows on the driver
         change = (
             LevelChange.of(spec, result.before, after, changed, generation, version)
@@ -266,7 +286,7 @@ def run_recompute(
         )
         propagated = propagation_jobs(engine.catalog, spec, changed, version, engine.states.all())
         engine.ledger.record([done, *propagated])
-        checkpoint("during_sweep")
+        checkpoint("during_sweep", spec.name)
         # After the ledger: a publish that fails leaves the job completed and propagated, and
         # its surface lagging for the next publish to repair. The changed cells' rows are the
         # ones just written (unless another commit came in between).
@@ -299,17 +319,45 @@ def run_recompute(
             propagated=propagated,
             change=change,
         )
-    except Exception as exc:
-        current = engine.ledger.job(job.job_id)
-        if current is not None and not current.state.terminal:
-            engine.ledger.record(
-                [
-                    current.next(
-                        state=JobState.FAILED, error=_reason(exc), finished_at=datetime.now(UTC)
-                    )
-                ]
-            )
+    except BaseException as exc:
+        # Dagster stops a run with a BaseException: the job must not stay Running behind it.
+        record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
         raise
+
+
+def record_failure(
+    engine: Engine, spec: RollupSpec, job_id: str, reason: str, *, permanent: bool = False
+) -> None:
+    """End job `job_id` Failed with `reason` and queue its work again as its next attempt
+    (`Job.fail`; not for a `permanent` failure): only its buckets that still end by the
+    watermark (a rewind gave the rest to the forward lane). A job whose flip landed before the
+    failure is completed instead, queuing the levels above as its completion would have. A
+    job someone else ended already (a disable queued its work again, a delete dropped it) is
+    left as it is."""
+    current = engine.ledger.job(job_id)
+    if current is None or current.state.terminal:
+        return
+    if current.state is JobState.SWAPPING and job_id in engine.rollups.flipped_jobs(spec):
+        why = f"completed after its flip, though its run then failed: {reason}"
+        engine.ledger.record(
+            completed_after_flip(engine.catalog, spec, current, engine.states.all(), why)
+        )
+        return
+    mark = engine.states.get(spec.name).watermark
+    kept = tuple(w for w in current.windows if mark is not None and w.end <= mark)
+    again = None if kept == current.windows else kept
+    engine.ledger.record(
+        current.fail(reason, policy=engine.retry, windows=again, permanent=permanent)
+    )
+
+
+def _permanent(exc: BaseException) -> bool:
+    """Can no retry mend this failure? The project's own refusals (work over raw rows retention
+    removed, a changed spec, a rollup not activated) cannot, except a lost race (the fence moved,
+    the job was stopped before its flip), which the next attempt wins."""
+    return isinstance(exc, RollupsError) and not isinstance(
+        exc, FenceMovedError | RecomputeAbortedError
+    )
 
 
 def _check_still_ours(engine: Engine, spec: RollupSpec, job: Job) -> None:

@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch, meter_ids
-from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.jobs import JobState, RetryPolicy, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools, pool_name
@@ -110,8 +110,17 @@ def open_world(root: Path) -> World:
     instance = dg.DagsterInstance.from_config(str(home))
     ensure_pools(instance, catalog)
     # Superseded generations are swept at once (what these tests check after each crash).
-    defs = build_definitions(catalog, WarehouseResource(root=str(wh), generation_retention_hours=0))
-    engine = Engine(catalog, Warehouse(str(wh)), generation_retention=timedelta(0))
+    # A killed job's work is queued again with no backoff, so the next tick recovers it.
+    resource = WarehouseResource(
+        root=str(wh), generation_retention_hours=0, retry_backoff_seconds=0
+    )
+    defs = build_definitions(catalog, resource)
+    engine = Engine(
+        catalog,
+        Warehouse(str(wh)),
+        generation_retention=timedelta(0),
+        retry=RetryPolicy(backoff=timedelta(0)),
+    )
     return World(root, catalog, engine, defs, instance)
 
 
@@ -122,6 +131,7 @@ def env_for(world: World, **extra: str) -> dict[str, str]:
         "ROLLUPS_WAREHOUSE": world.engine.warehouse.root,
         "ROLLUPS_NOW": iso_utc(NOW),
         "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
+        "ROLLUPS_RETRY_BACKOFF_SECONDS": "0",
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         **extra,
     }

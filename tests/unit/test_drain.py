@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import Job, JobState, Lane, Trigger
+from rollup_assets.model.jobs import Job, JobState, Lane, RetryPolicy, Trigger
 from rollup_assets.model.placement import cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
@@ -49,11 +49,27 @@ def hours(*offsets: int) -> tuple[Window, ...]:
     return tuple(Window(T0 + o * H, T0 + (o + 1) * H) for o in offsets)
 
 
+# Retries start at once here; the backoff has tests of its own.
+AT_ONCE = RetryPolicy(attempts=3, backoff=timedelta(0))
+
+
 def plan(
-    drain: DrainState, runs: FakeRuns | None = None, flipped: Collection[str] = frozenset()
+    drain: DrainState,
+    runs: FakeRuns | None = None,
+    flipped: Collection[str] = frozenset(),
+    policy: RetryPolicy = AT_ONCE,
+    now: datetime | None = None,
 ) -> DrainPlan:
     """One drain tick, its events recorded in the ledger as the sensor records them."""
-    p = plan_drain(CATALOG, drain.states, drain.ledger.snapshot(), runs or FakeRuns(), flipped)
+    p = plan_drain(
+        CATALOG,
+        drain.states,
+        drain.ledger.snapshot(),
+        runs or FakeRuns(),
+        flipped,
+        policy=policy,
+        now=now or datetime.now(UTC),
+    )
     drain.ledger.record(p.events)
     return p
 
@@ -267,3 +283,34 @@ def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(drain: Drain
     drain.ledger.record([carried, chained, manual])
     p = plan(drain, FakeRuns({"run-1": [("run-1", False)]}))
     assert [lch.rollup for lch in p.launches] == ["energy_daily"]
+
+
+def test_a_retry_waits_out_its_backoff_then_runs(drain: DrainState) -> None:
+    dead = Job("energy_hourly", Trigger.PERIODIC, hours(4), state=JobState.RUNNING)
+    drain.ledger.record([dead])
+    policy = RetryPolicy(attempts=3, backoff=timedelta(seconds=30))
+    died = datetime(2026, 1, 1, tzinfo=UTC)
+    p = plan(drain, FakeRuns({dead.job_id: [("run-1", True)]}), policy=policy, now=died)
+    assert p.launches == [] and any("backoff" in n for n in p.notes)
+    [retry] = drain.ledger.snapshot().pending("energy_hourly")
+    assert retry.attempt == 2 and retry.not_before == died + timedelta(seconds=30)
+    assert plan(drain, policy=policy, now=died + timedelta(seconds=29)).launches == []
+    [launch] = plan(drain, policy=policy, now=died + timedelta(seconds=30)).launches
+    assert launch.job_id == retry.job_id
+
+
+def test_work_that_keeps_dying_is_given_up_after_its_last_attempt(drain: DrainState) -> None:
+    job = Job("energy_hourly", Trigger.PERIODIC, hours(4), entities=frozenset({"m1"}))
+    drain.ledger.record([job])
+    runs = FakeRuns()
+    for attempt in range(1, AT_ONCE.attempts + 1):
+        [launch] = plan(drain, runs).launches
+        current = drain.ledger.job(launch.job_id)
+        assert current.attempt == attempt
+        drain.ledger.record([current.next(state=JobState.RUNNING)])
+        runs.runs[launch.job_id] = [(f"run-{attempt}", True)]  # the run died
+    assert plan(drain, runs).launches == []
+    assert drain.ledger.snapshot().pending("energy_hourly") == []
+    last = drain.ledger.job(launch.job_id)
+    assert last.state is JobState.FAILED and last.gave_up
+    assert (last.error or "").startswith(f"gave up after {AT_ONCE.attempts} attempt(s)")
