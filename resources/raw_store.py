@@ -4,6 +4,15 @@ A raw table is partitioned by the UTC day of its time column and has the change 
 so the retroactive-write sensor can see every changed row. An ingest is one MERGE commit keyed by
 (entity_id, time): required columns take the incoming value, optional ones keep the existing
 value when the incoming one is null (COALESCE), so several producers can fill one reading.
+
+Retention and ingest are fenced by the table itself: a retention commit records the instant
+every earlier day is dropped before as the version of the app transaction `RETENTION_APP` (its
+microseconds since the epoch), and every attempt of an ingest that may reach such old days
+checks its rows against the value in the snapshot it merges into, and commits under the same
+app id. A retention commit that lands between an attempt's snapshot and its commit makes the
+attempt conflict; the next attempt sees the new instant and refuses the rows, writing nothing.
+Without that, the MERGE retried on a snapshot without the dropped day would insert an updated
+reading as a new one.
 """
 
 import datetime as dt
@@ -16,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
@@ -45,6 +54,7 @@ from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.asof import version_at
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.column_rules import stored_operands
@@ -58,7 +68,7 @@ from rollup_assets.model.specs import (
     TimeRangeArchiveSpec,
     key_columns,
 )
-from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows
+from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows, micros
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
@@ -78,6 +88,11 @@ COMMIT_VERSION = "_commit_version"
 # Commits whose deletes are retention (old rows dropped on purpose): the rollups keep what they
 # aggregated from those rows, so such deletes are nobody's change.
 RETENTION_OPERATION = "retention"
+# The app transaction whose version is the instant retention keeps rows from (microseconds).
+RETENTION_APP = "rollups.retained_from"
+# An ingest reaching days this close to a retention horizon (by the wall clock) commits under
+# `RETENTION_APP`; newer batches cannot race a retention pass and do not serialize on it.
+RETENTION_SLACK = dt.timedelta(days=2)
 
 
 class ChangeFeedGone(Exception):
@@ -283,10 +298,18 @@ class RawStore:
             "rollups.file": Path(path).name,
         }
 
+        fenced = spec.retention is not None and as_utc(summary.min_ts) < (
+            dt.datetime.now(dt.UTC) - spec.retention + RETENTION_SLACK
+        )
+
         def merge() -> tuple[int, dict]:
             table = self.table(spec)
             if table is None:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
+            fence = retained_from(table)
+            _require_retained(spec, summary, fence)
+            checkpoint("merge_attempt", spec.name)
+            txns = [Transaction(RETENTION_APP, table.transaction_version(RETENTION_APP) or 0)]
             batches = reader.chunks()
             if operands:
                 files = file_actions(table) if table.version() >= 0 else []
@@ -303,7 +326,9 @@ class RawStore:
                 source_alias="s",
                 target_alias="t",
                 writer_properties=WriterProperties(max_row_group_size=ROW_GROUP_ROWS),
-                commit_properties=CommitProperties(custom_metadata=metadata),
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata, app_transactions=txns if fenced else None
+                ),
             )
             if updates:
                 merger = merger.when_matched_update(updates=updates, predicate=differs)
@@ -444,20 +469,67 @@ class RawStore:
             "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
             "rollups.retained_from": cut.isoformat(),
         }
-        version, rows = self._delete(spec, f"{DAY_COLUMN} < '{first_kept.isoformat()}'", metadata)
+        version, rows = self._delete(
+            spec,
+            f"{DAY_COLUMN} < '{first_kept.isoformat()}'",
+            metadata,
+            txn=Transaction(RETENTION_APP, micros(cut)),
+        )
         return DroppedDays(spec.name, tuple(days), rows, version)
 
+    def fence_retention(self, spec: SourceSpec, cut: dt.datetime) -> None:
+        """Record in the table that nothing before midnight `cut` is kept, when no day was left
+        to drop (an ingest racing this pass then conflicts, and sees it: see the module)."""
+        table = self.table(spec)
+        if table is None or (retained_from(table) or BEGINNING_OF_TIME) >= cut:
+            return
+
+        def attempt() -> None:
+            current = self.table(spec)
+            assert current is not None
+            if (retained_from(current) or BEGINNING_OF_TIME) >= cut:
+                return
+            current.create_write_transaction(
+                [],
+                mode="append",
+                schema=current.schema(),
+                partition_by=[DAY_COLUMN],
+                commit_properties=CommitProperties(
+                    custom_metadata={
+                        "rollups.operation": RETENTION_OPERATION,
+                        "rollups.min_ts": BEGINNING_OF_TIME.isoformat(),
+                        "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
+                        "rollups.retained_from": cut.isoformat(),
+                    },
+                    app_transactions=[Transaction(RETENTION_APP, micros(cut))],
+                ),
+            )
+
+        with_retries(
+            attempt,
+            retryable=lambda exc: isinstance(exc, CommitFailedError),
+            attempts=MERGE_ATTEMPTS,
+            what=f"retention fence of {spec.name}",
+        )
+
     def _delete(
-        self, spec: SourceSpec, predicate: str, metadata: dict[str, str]
+        self,
+        spec: SourceSpec,
+        predicate: str,
+        metadata: dict[str, str],
+        txn: Transaction | None = None,
     ) -> tuple[int | None, int]:
-        """Delete the rows matching `predicate` in one commit carrying `metadata`: (its version,
-        or None when no row matched, and the rows deleted)."""
+        """Delete the rows matching `predicate` in one commit carrying `metadata` (and `txn`):
+        (its version, or None when no row matched, and the rows deleted)."""
 
         def delete() -> tuple[int | None, int]:
             current = self.table(spec)
             assert current is not None
             metrics = current.delete(
-                predicate, commit_properties=CommitProperties(custom_metadata=metadata)
+                predicate,
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata, app_transactions=[txn] if txn else None
+                ),
             )
             deleted = int(metrics.get("num_deleted_rows", 0) or 0)
             return (current.version() if deleted else None), deleted
@@ -762,6 +834,14 @@ def _validated(
     """The file validated whole, as an ingest does (IngestValidationError otherwise)."""
     reader = BatchReader(spec, path, progress)
     summary = reader.validate()
+    _require_retained(spec, summary, not_before)
+    return reader, summary
+
+
+def _require_retained(
+    spec: SourceSpec, summary: BatchSummary, not_before: dt.datetime | None
+) -> None:
+    """Refuse a batch holding readings before what retention keeps (`not_before`)."""
     if not_before is not None and as_utc(summary.min_ts) < not_before:
         raise IngestValidationError(
             spec.name,
@@ -769,7 +849,17 @@ def _validated(
             f"it holds readings from {as_utc(summary.min_ts).isoformat()}, before "
             f"{not_before.isoformat()}: retention has dropped those days",
         )
-    return reader, summary
+
+
+BEGINNING_OF_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+
+
+def retained_from(table: DeltaTable) -> dt.datetime | None:
+    """The instant a raw table's snapshot keeps rows from (None: retention never dropped)."""
+    at = table.transaction_version(RETENTION_APP)
+    if not at:
+        return None
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=at)
 
 
 @dataclass(frozen=True)

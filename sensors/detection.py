@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.change_feed import Changes
-from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeKind, Job, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in, job_scope
@@ -44,6 +44,10 @@ class ChangeReader(Protocol):
     def table_id(self, spec: SourceSpec) -> str | None:
         """The Delta id of the source's table: a table created again under the same name has
         another id (and counts its versions from 0 again)."""
+        ...
+
+    def removed_spans(self, spec: SourceSpec) -> list[Window]:
+        """The time ranges of the source whose rows retention removed."""
         ...
 
 
@@ -125,6 +129,7 @@ def detect(
         if latest <= cursor:
             continue
         end = min(latest, cursor + limits.max_versions_per_tick)
+        removed = reader.removed_spans(base)
         for version in range(cursor + 1, end + 1):
             changes = reader.changes(base, version)
             versions_read += 1
@@ -133,7 +138,7 @@ def detect(
             rows_classified += changes.rows.num_rows if changes.rows is not None else 0
             dirty = []
             for dep in deps:
-                job = _dirty_job(dep, base.name, changes, states[dep.name], limits)
+                job = _dirty_job(dep, base.name, changes, states[dep.name], limits, removed)
                 if job is not None:
                     jobs.append(job)
                     dirty.append(dep.name)
@@ -169,11 +174,22 @@ def _consumes(state: ArchiveState | None) -> bool:
 
 
 def _dirty_job(
-    dep: RollupSpec, base: str, changes: Changes, state: ArchiveState, limits: DetectionLimits
+    dep: RollupSpec,
+    base: str,
+    changes: Changes,
+    state: ArchiveState,
+    limits: DetectionLimits,
+    removed: list[Window],
 ) -> Job | None:
+    """The job a source commit leaves `dep`: its cells the commit changed before what `dep`
+    consumed, never in a range whose raw rows retention removed (the stored rows are the only
+    record there: nothing can correct them, and a change there is the leftover of a write that
+    raced the retention)."""
     consumed = state.consumed_until
     if consumed is None:
         return None
+    if changes.formula_of is not None:
+        return _reformulated(dep, base, changes, consumed, removed)
     b = Bucketing.of(dep)
     pairs: list[tuple[Window, str | None]] = []
     if changes.rows is not None and changes.rows.num_rows:
@@ -195,7 +211,11 @@ def _dirty_job(
         hi = min(hi, consumed - timedelta(microseconds=1))
         pairs += [(w, entity) for w in b.windows(lo, hi + timedelta(microseconds=1))]
     cells = Cells.from_pairs(pairs, limits.entity_scope_limit)
-    cells = cells.restrict(w for w in buckets_in(dep, list(cells.windows)) if w.start < consumed)
+    cells = cells.restrict(
+        w
+        for w in buckets_in(dep, list(cells.windows))
+        if w.start < consumed and not any(w.overlaps(r) for r in removed)
+    )
     if not cells:
         return None
     windows, entities, exact = job_scope(cells, limits.entity_scope_limit)
@@ -209,4 +229,26 @@ def _dirty_job(
         source_version=changes.version,
         change_kind=ChangeKind.RETROACTIVE_MODIFY,
         change_source=changes.change_source,
+    )
+
+
+def _reformulated(
+    dep: RollupSpec, base: str, changes: Changes, consumed: datetime, removed: list[Window]
+) -> Job | None:
+    """A formula of `base` changed: if `dep` aggregates that column, every bucket it has
+    consumed (whose raw rows retention left) is dirty, for every entity."""
+    if changes.formula_of not in {a.column for a in dep.aggregations}:
+        return None
+    closed = buckets_in(dep, [Window(first_bucket_start(dep), consumed)])
+    kept = tuple(w for w in closed if w.end <= consumed and not any(w.overlaps(r) for r in removed))
+    if not kept:
+        return None
+    return Job(
+        rollup=dep.name,
+        trigger=Trigger.PERIODIC,
+        windows=kept,
+        entities=None,
+        source_archive=base,
+        source_version=changes.version,
+        change_kind=ChangeKind.RETROACTIVE_MODIFY,
     )

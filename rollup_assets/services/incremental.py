@@ -91,6 +91,9 @@ def correct(
         result = engine.recompute(spark, spec, cells, settled_only=True)
         result.technique, result.reason = RECOMPUTE, "fold: buckets rewritten whole if settled"
         return result
+    # Cells whose raw rows retention removed are never corrected, not even from the change feed:
+    # their stored rows are the only record (a change there raced the retention).
+    engine.require_source_rows(spec, list(cells.windows))
     source = engine.catalog.archive(spec.source)
     if isinstance(source, RollupSpec) and below is not None and below.rollup == source.name:
         return _from_below(engine, spark, spec, source, cells, below)

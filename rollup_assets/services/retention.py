@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime
 
 from resources.raw_store import SourceSpec
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.retention import retention_cut, retention_horizon
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import as_utc, iso_utc
@@ -89,7 +90,14 @@ def retain(engine: Engine, spec: SourceSpec, now: datetime) -> RetentionOutcome:
     )
     if state.status is not ArchiveStatus.ACTIVATED or state.retained_from is None:
         return RetentionOutcome(spec.name, state.retained_from, held_by=held_by)
+    checkpoint("retention_state", spec.name)
+    # The state is the intent: a pass that dies here leaves `retained_from` ahead of the table,
+    # and the next pass drops up to it. The drop records the instant in the table, so an ingest
+    # racing it conflicts and sees it (`resources.raw_store`); with no day left to drop, a
+    # commit of its own records it.
     dropped = engine.raw.drop_days_before(spec, state.retained_from)
+    if dropped.version is None:
+        engine.raw.fence_retention(spec, state.retained_from)
     return RetentionOutcome(
         spec.name, state.retained_from, dropped.days, dropped.rows, dropped.version, held_by
     )

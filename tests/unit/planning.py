@@ -20,7 +20,7 @@ from rollup_assets.model.jobs import (
 )
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
-from rollup_assets.model.windows import merge_windows
+from rollup_assets.model.windows import Window, merge_windows
 
 CHANGED_ROWS = pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 
@@ -99,6 +99,10 @@ class MemoryFeed:
         self.commits: dict[str, list[Changes | None]] = {name: [None] for name in sources}
         self.ids: dict[str, str] = {name: f"{name}-1" for name in sources}
         self.read: list[tuple[str, int]] = []  # (source, version) of every `changes` call
+        self.removed: dict[str, list[Window]] = {}  # what retention removed, per source
+
+    def removed_spans(self, spec: RawArchiveSpec | TimeRangeArchiveSpec) -> list[Window]:
+        return self.removed.get(spec.name, [])
 
     def table_id(self, spec: RawArchiveSpec | TimeRangeArchiveSpec) -> str | None:
         return self.ids.get(spec.name) if spec.name in self.commits else None
