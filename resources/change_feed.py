@@ -8,13 +8,14 @@ on purpose, which the rollups keep).
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
 from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
-from resources.raw_columns import COLUMNS_OPERATION
+from resources.raw_columns import COLUMNS_OPERATION, formula_changed
 from resources.raw_store import RETENTION_OPERATION, RawStore
 from resources.rollup_store import RollupStore
 from rollup_assets.model.jobs import ChangeSource
@@ -34,6 +35,8 @@ class Changes:
     ranges: list[tuple[datetime, datetime, str | None]] = field(
         default_factory=list
     )  # min, max, entity
+    # A computed column whose formula the commit changed: every value of it changed.
+    formula_of: str | None = None
 
 
 class SourceLog:
@@ -56,9 +59,19 @@ class SourceLog:
 class ChangeFeed:
     """Reads source commits for change detection (delta-rs only: no Spark)."""
 
-    def __init__(self, raw: RawStore, max_cdf_rows: int) -> None:
+    def __init__(
+        self,
+        raw: RawStore,
+        max_cdf_rows: int,
+        removed: Callable[[SourceSpec], list[Window]] = lambda _spec: [],
+    ) -> None:
         self.raw = raw
         self.max_cdf_rows = max_cdf_rows
+        self._removed = removed
+
+    def removed_spans(self, spec: SourceSpec) -> list[Window]:
+        """The time ranges whose rows retention removed (`Engine.removed_spans`)."""
+        return self._removed(spec)
 
     def latest_version(self, spec: SourceSpec) -> int | None:
         table = self.raw.table(spec)
@@ -84,7 +97,10 @@ def read_changes(
     if info.get("rollups.operation") == RETENTION_OPERATION:
         return None  # rows dropped on purpose: the rollups keep what they aggregated
     if info.get("rollups.operation") == COLUMNS_OPERATION:
-        return None  # formulas changed: the rollups over them are recomputed by the change
+        # The table switched to new formulas: no row is an insert or a delete, but every value
+        # of a re-formulated column changed (an added or removed column changes no rollup).
+        column = formula_changed(info)
+        return None if column is None else Changes(version, None, formula_of=column)
     data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
     data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
     if not data:

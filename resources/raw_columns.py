@@ -8,9 +8,11 @@ computed column leaves the archive as it is until the change is applied.
 Applying a change (`rewrite_columns`) recomputes every computed column of every row under the
 new set of formulas into new files, invisible to readers, and commits them with the new schema
 in one overwrite commit marked `rollups.operation = columns`: a reader sees the old columns and
-values or the new ones, never a mix, and a failure before the commit changes nothing. Change
-detection and the change feed skip that commit (`COLUMNS_OPERATION`); the rollups over a changed
-column are recomputed from their rows instead (`services/columns.py`).
+values or the new ones, never a mix, and a failure before the commit changes nothing. The commit
+records the column, the action, the version the rewrite read and the change's intent
+(`INTENT_KEY`), so an interrupted change can be finished from the log (`switch_commit`). Its rows
+are no row change of the change feed; change detection queues a recompute of the rollups over a
+re-formulated column instead (`formula_changed`).
 
 A concurrent ingest that updates or deletes rows makes the overwrite fail (it removed data the
 overwrite read), and the rewrite runs again; one that only inserts new rows does not, so the
@@ -34,7 +36,7 @@ from resources.batch_conversion import fill_computed
 from resources.delta_tables import file_actions, read_commit, with_retries
 from resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
 from resources.warehouse import filesystem_for
-from rollup_assets.model.column_rules import check_computed_columns
+from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.formulas import parse_formula
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -48,6 +50,10 @@ from rollup_assets.model.specs import (
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
 COLUMNS_OPERATION = "columns"
+# Commit metadata of a columns commit: the version its rewrite read, and the intent it carries
+# out (when the change began, `model.intents`).
+READ_KEY = "rollups.read_version"
+INTENT_KEY = "rollups.intent"
 
 
 def applied_spec(spec: S, table: DeltaTable | None) -> S:
@@ -75,6 +81,7 @@ def rewrite_columns(
     recorded in the commit's metadata. Raises deltalake's CommitFailedError when a concurrent
     commit deleted data it read (the caller runs it again)."""
     read = table.version()
+    change = {**change, READ_KEY: str(read)}
     written = 0
     schema = archive_schema(target)
     names = [f.name for f in schema if f.name != DAY_COLUMN]
@@ -121,6 +128,27 @@ def columns_changed_between(uri: str, options: dict[str, str], after: int, upto:
     )
 
 
+def switch_commit(uri: str, options: dict[str, str], intent: str) -> tuple[int, int, int] | None:
+    """The columns commit that carried out the change begun at `intent` (an ISO instant), if it
+    landed: (the version it read, its own version, the rows it wrote)."""
+    table = DeltaTable(uri, storage_options=options or None)
+    for info in table.history():
+        if info.get("rollups.operation") == COLUMNS_OPERATION and info.get(INTENT_KEY) == intent:
+            metrics = info.get("operationMetrics") or {}
+            rows = int(metrics.get("num_added_rows", 0) or 0)
+            return int(info[READ_KEY]), int(info["version"]), rows
+    return None
+
+
+def formula_changed(info: dict) -> str | None:
+    """The column whose formula a commit (its commit info) changed, if it is such a commit."""
+    if info.get("rollups.operation") != COLUMNS_OPERATION:
+        return None
+    if info.get("rollups.column_action") != ColumnAction.SET_FORMULA.value:
+        return None
+    return info.get("rollups.column")
+
+
 def _info(uri: str, options: dict[str, str], version: int) -> dict:
     actions = read_commit(uri, version, options)
     return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
@@ -159,6 +187,12 @@ def refresh_inserted(
         ingested = [c.name for c in target.columns if not c.is_computed]
         same = " AND ".join([f"t.{DAY_COLUMN} = s.{DAY_COLUMN}"] + [f"t.{k} = s.{k}" for k in keys])
         unchanged = " AND ".join(f"(t.{c} IS NOT DISTINCT FROM s.{c})" for c in ingested)
+        # Run twice (an interrupted change finished later), it rewrites nothing the first did.
+        differs = " OR ".join(
+            f"(t.{c.name} IS DISTINCT FROM s.{c.name})" for c in target.computed_columns
+        )
+        if differs:
+            unchanged = f"({unchanged}) AND ({differs})" if unchanged else f"({differs})"
         lo, hi = pc.min_max(source[keys[1]]).values()
         table.merge(
             source,

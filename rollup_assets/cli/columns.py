@@ -56,7 +56,8 @@ def _change(archive: str, column: str, action: str, fmt: str) -> None:
         "version": result.version,
         "rows_rewritten": result.rows,
         "rows_reingested": result.reingested,
-        "recompute_jobs": ", ".join(f"{j.rollup}:{j.job_id}" for j in result.recomputes),
+        # The sensor's change detection reads the switch commit and queues these, once.
+        "recomputed_by_detection": ", ".join(result.recomputed) or None,
     }
     echo_data([row], fmt)
 

@@ -6,6 +6,7 @@ value columns, other computed columns, or the row's time key (`ts`, or `range_st
 """
 
 import dataclasses
+from enum import StrEnum
 from typing import TypeVar
 
 from rollup_assets.model.errors import SpecError
@@ -20,6 +21,14 @@ from rollup_assets.model.specs import (
 
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
+
+
+class ColumnAction(StrEnum):
+    """A change of one computed column of an activated archive (`services.columns`)."""
+
+    ADD = "add"
+    SET_FORMULA = "set-formula"
+    REMOVE = "remove"
 
 
 def check_computed_columns(spec: S) -> S:

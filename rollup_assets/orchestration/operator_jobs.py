@@ -151,20 +151,20 @@ def build_operator_jobs(catalog: Catalog, scope: Scope = NO_TENANT) -> list[dg.J
             )
             context.log.info(
                 "%s of computed column %s.%s committed at version %d (%d rows rewritten, %d "
-                "re-ingested, %d recompute job(s) queued)",
+                "re-ingested; change detection recomputes %s)",
                 action.value,
                 config.archive,
                 config.column,
                 result.version,
                 result.rows,
                 result.reingested,
-                len(result.recomputes),
+                ", ".join(result.recomputed) or "no rollup",
             )
             context.add_output_metadata(
                 {
                     "version": result.version,
                     "rows_rewritten": result.rows,
-                    "recompute_jobs": [j.job_id for j in result.recomputes],
+                    "recomputed_by_detection": result.recomputed,
                 }
             )
 

@@ -7,40 +7,39 @@ computed with (`resources/raw_columns.py`). A difference is a pending change, sh
 into files readers do not see, then one commit switches the table (a failure leaves the
 previous columns and values). Rows an ingest inserted while the rewrite ran are upserted again
 afterwards (their computed columns only, and only where nothing changed them since), so
-they hold the new values too. A new formula is a change of every first-level
-rollup aggregating the column: a Manual recompute of its closed buckets (those whose raw rows
-retention has not removed) is queued for each, and the chain carries it up.
+they hold the new values too. A new formula is a change of every first-level rollup
+aggregating the column: change detection reads the switch commit and queues a recompute of its
+closed buckets (those whose raw rows retention has not removed), exactly once, with its cursor;
+the chain carries it up.
+
+A change takes two commits (the switch, then the upsert of rows inserted meanwhile), so it
+records its intent in the archive's state first (`model.intents`). An interrupted change is
+finished by running the command again, by `rollups maintain` or by the sensor: if the switch
+landed, the rows inserted meanwhile are upserted and the intent cleared (a retry of the command
+then reports the change, it does not refuse it); if not, the intent is cleared, having changed
+nothing.
 """
 
 import logging
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from enum import StrEnum
+from datetime import UTC, datetime
 
 from deltalake.exceptions import CommitFailedError
 
 from resources.delta_tables import with_retries
-from resources.raw_columns import refresh_inserted, rewrite_columns
-from rollup_assets.model.bucketing import first_bucket_start
-from rollup_assets.model.column_rules import check_computed_columns
+from resources.raw_columns import INTENT_KEY, refresh_inserted, rewrite_columns, switch_commit
+from rollup_assets.faults import checkpoint
+from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.errors import InvalidArchiveOperationError, SpecError
-from rollup_assets.model.jobs import Job
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.intents import Intent, IntentKind, require_no_intent
 from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
-from rollup_assets.model.states import ArchiveStatus
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.states import ArchiveState
+from rollup_assets.model.windows import iso_utc
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.operations import Operations
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 REWRITE_ATTEMPTS = 8
-
-
-class ColumnAction(StrEnum):
-    ADD = "add"
-    SET_FORMULA = "set-formula"
-    REMOVE = "remove"
 
 
 class ColumnChangeError(InvalidArchiveOperationError):
@@ -66,7 +65,8 @@ class ColumnChange:
     version: int  # the commit that switched the table
     rows: int  # rows rewritten
     reingested: int = 0  # rows an ingest inserted during the rewrite, upserted again after it
-    recomputes: list[Job] = field(default_factory=list)
+    # First-level rollups over the column whose closed buckets change detection recomputes.
+    recomputed: list[str] = field(default_factory=list)
 
 
 def source_spec(engine: Engine, archive: str) -> SourceSpec:
@@ -108,16 +108,36 @@ def change_column(
     column: str,
     action: ColumnAction,
     actor: str = "cli",
-    now: datetime | None = None,
 ) -> ColumnChange:
     """Apply the spec's declaration of one computed column to the activated `archive`."""
     spec = source_spec(engine, archive)
     engine.require_activated(spec)
+    left = Intent.decode(engine.states.get(archive).intent)
+    if left is not None and left.kind is IntentKind.COLUMN:
+        # An earlier run of a change was interrupted: finish it; if it was this very change
+        # and its switch landed, that is this command's outcome.
+        finished = finish_column_change(engine, spec, left, actor=actor)
+        if finished is not None and (finished.column, finished.action) == (column, action):
+            return finished
     table = engine.raw.table(spec)
     if table is None:
         raise ColumnChangeError(f"'{archive}' has no table yet; activate it first")
     _target(spec, engine.raw.applied(spec, table), column, action)  # refuse before any work
-    change = {"rollups.column": column, "rollups.column_action": action.value}
+    intent = Intent(
+        IntentKind.COLUMN, {"column": column, "action": action.value}, datetime.now(UTC), actor
+    )
+
+    def begin(s: ArchiveState) -> ArchiveState:
+        require_no_intent(archive, s)
+        return replace(s, intent=intent.encode())
+
+    engine.states.update(archive, begin, reason=f"{action.value} of '{column}' begins", actor=actor)
+    checkpoint("column_intent", archive)
+    change = {
+        "rollups.column": column,
+        "rollups.column_action": action.value,
+        INTENT_KEY: iso_utc(intent.began_at),
+    }
 
     def attempt() -> tuple[int, int, int]:
         # From the snapshot this attempt rewrites: a change another one committed meanwhile
@@ -127,27 +147,75 @@ def change_column(
         target = _target(spec, engine.raw.applied(spec, fresh), column, action)
         return rewrite_columns(fresh, target, change, engine.raw.options)
 
-    read, wrote, rows = with_retries(
-        attempt,
-        retryable=lambda exc: isinstance(exc, CommitFailedError),
-        attempts=REWRITE_ATTEMPTS,
-        what=f"computed column change of {archive}",
-    )
-    result = ColumnChange(archive, column, action, wrote, rows)
+    try:
+        read, wrote, rows = with_retries(
+            attempt,
+            retryable=lambda exc: isinstance(exc, CommitFailedError),
+            attempts=REWRITE_ATTEMPTS,
+            what=f"computed column change of {archive}",
+        )
+    except Exception:
+        _end(engine, spec, intent, "failed before its switch; nothing was changed", actor)
+        raise
+    checkpoint("column_switch", archive)
+    return _after_switch(engine, spec, intent, read, wrote, rows, actor)
+
+
+def _after_switch(
+    engine: Engine,
+    spec: SourceSpec,
+    intent: Intent,
+    read: int,
+    wrote: int,
+    rows: int,
+    actor: str,
+) -> ColumnChange:
+    """The rest of a change whose switch landed at `wrote` (having read `read`): upsert the
+    rows inserted in between with the new formulas, then clear the intent."""
+    column, action = intent.what["column"], ColumnAction(intent.what["action"])
+    result = ColumnChange(spec.name, column, action, wrote, rows)
     result.reingested = refresh_inserted(
         engine.raw.uri(spec), engine.raw.options, engine.raw.applied(spec), read, wrote
     )
     if action is ColumnAction.SET_FORMULA:
-        result.recomputes = _recompute_rollups(engine, spec, column, actor, now)
+        result.recomputed = [
+            r.name
+            for r in engine.catalog.first_levels(spec.name)
+            if column in {a.column for a in r.aggregations}
+        ]
+    _end(engine, spec, intent, f"committed at version {wrote}", actor)
     log.info(
         "'%s': %s of computed column '%s' committed at version %d (%d rows re-ingested)",
-        archive,
+        spec.name,
         action.value,
         column,
         wrote,
         result.reingested,
     )
     return result
+
+
+def finish_column_change(
+    engine: Engine, spec: SourceSpec, intent: Intent, *, actor: str
+) -> ColumnChange | None:
+    """Finish the column change `intent` an interrupted process left on `spec`: what it did,
+    when its switch landed; None when it never did (the intent is cleared, nothing changed)."""
+    switch = switch_commit(engine.raw.uri(spec), engine.raw.options, iso_utc(intent.began_at))
+    if switch is None:
+        _end(engine, spec, intent, "interrupted before its switch; nothing was changed", actor)
+        return None
+    read, wrote, rows = switch
+    return _after_switch(engine, spec, intent, read, wrote, rows, actor)
+
+
+def _end(engine: Engine, spec: SourceSpec, intent: Intent, how: str, actor: str) -> None:
+    encoded = intent.encode()
+    engine.states.update(
+        spec.name,
+        lambda s: replace(s, intent=None) if s.intent == encoded else None,
+        reason=f"{intent.what['action']} of '{intent.what['column']}' {how}",
+        actor=actor,
+    )
 
 
 def _target(spec: SourceSpec, applied: SourceSpec, column: str, action: ColumnAction) -> SourceSpec:
@@ -204,24 +272,3 @@ def _target(spec: SourceSpec, applied: SourceSpec, column: str, action: ColumnAc
         return check_computed_columns(replace(applied, columns=columns))
     except SpecError as exc:
         raise ColumnChangeError(str(exc)) from None
-
-
-def _recompute_rollups(
-    engine: Engine, spec: SourceSpec, column: str, actor: str, now: datetime | None
-) -> list[Job]:
-    """Queue a recompute of every closed bucket of the first-level rollups over `column`."""
-    ops = Operations(engine, actor=actor)
-    removed = engine.removed_spans(spec)
-    jobs = []
-    for rollup in engine.catalog.first_levels(spec.name):
-        if column not in {a.column for a in rollup.aggregations}:
-            continue
-        state = engine.states.get(rollup.name)
-        if state.status is not ArchiveStatus.ACTIVATED or state.watermark is None:
-            continue
-        closed = buckets_in(rollup, [Window(first_bucket_start(rollup), state.watermark)])
-        # Every bucket whose raw rows are all there, in runs of adjacent buckets.
-        kept = [b for b in closed if not any(b.overlaps(r) for r in removed)]
-        for run in merge_windows(kept):
-            jobs.append(ops.request_recompute(rollup.name, run.start, run.end))
-    return jobs

@@ -10,7 +10,7 @@ import yaml
 
 from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
-from rollup_assets.model.jobs import JobState
+from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.services.columns import ColumnAction, change_column
@@ -40,13 +40,14 @@ def test_a_new_formula_is_recomputed_up_the_chain(world: World) -> None:
     )
     changed = parse_catalog(doc, origin="changed")
     engine = Engine(changed, Warehouse(world.engine.raw.warehouse.root))
-    result = change_column(engine, "energy_raw", "current_a", ColumnAction.SET_FORMULA, now=NOW)
-    assert [j.rollup for j in result.recomputes] == ["energy_hourly"]
+    result = change_column(engine, "energy_raw", "current_a", ColumnAction.SET_FORMULA)
+    assert result.recomputed == ["energy_hourly"]
 
     world.tick(NOW)
+    # Change detection read the switch commit and queued the hourly recompute, once.
     jobs = world.engine.ledger.snapshot().for_rollup("energy_hourly")
-    done = [j for j in jobs if j.job_id == result.recomputes[0].job_id]
-    assert done and done[0].state is JobState.COMPLETED
+    done = [j for j in jobs if j.source_version == result.version and j.trigger is Trigger.PERIODIC]
+    assert len(done) == 1 and done[0].state is JobState.COMPLETED
     after = world.query("energy_daily")["current_a_max"].to_pylist()
     assert before and all(b is not None for b in before)
     assert after == pytest.approx([b * 1.5 for b in before], rel=1e-9)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import resources.raw_columns as raw_columns
-from resources.change_feed import read_changes
+from resources.change_feed import ChangeFeed, read_changes
 from resources.raw_store import ChangeFeedGone
 from resources.warehouse import Warehouse
 from rollup_assets.model.errors import RollupSourceMissingError
@@ -28,6 +28,7 @@ from rollup_assets.services.columns import (
 )
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
+from sensors.detection import detect
 
 NOW = datetime(2025, 6, 10, tzinfo=UTC)
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
@@ -286,8 +287,16 @@ def test_a_new_formula_recomputes_every_bucket_whose_raw_rows_are_there(
     old.raw.delete_rows(spec, gone, None, ChangeSource("Manual"), retention=True)
 
     engine = engine_for(tmp_path, catalog({"x": "p * s"}, rollup_over="x", daily=True))
+    feed = ChangeFeed(engine.raw, 1_000_000, engine.removed_spans)
+    seen = detect(engine.catalog, engine.states.all(), engine.ledger.snapshot(), feed)
+    engine.ledger.record(seen.jobs, seen.cursors, tables=seen.tables)
     result = change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
-    windows = sorted(w for job in result.recomputes for w in job.windows)
+    assert result.recomputed == ["meters_hourly"]
+    # Change detection reads the switch commit once and queues the recompute (not the command:
+    # a process dying right after the switch would otherwise leave the rollup behind).
+    found = detect(engine.catalog, engine.states.all(), engine.ledger.snapshot(), feed)
+    assert [j.rollup for j in found.jobs] == ["meters_hourly"]
+    windows = sorted(w for job in found.jobs for w in job.windows)
     watermark = engine.states.get("meters_hourly").watermark
     assert windows[0].start == datetime(2024, 12, 31, 23, tzinfo=UTC)  # local midnight
     assert windows[-1].end == watermark
