@@ -39,9 +39,10 @@ def build_maintenance(
                 "files_compacted": report.files_compacted,
                 "files_vacuumed": report.files_vacuumed,
                 "rows_swept": report.rows_swept,
+                "failures": dg.MetadataValue.json(report.failures),
             }
         )
-        failed = [o.describe() for o in report.retention if o.error]
+        failed = [o.describe() for o in report.retention if o.error] + report.failures
         if failed:
             # The other archives and the upkeep went on; the run still says what failed.
             raise dg.Failure(description="; ".join(failed))

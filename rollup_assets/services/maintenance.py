@@ -1,8 +1,9 @@
 """Table upkeep: raw retention, checkpoints, compaction of small files, full sweeps, pointer
 folding, and vacuum.
 
-First each raw archive's retention drops its UTC days older than its horizon
-(`services.retention`); the rollups keep what they aggregated from them.
+First what interrupted operator actions left is finished (`services.recovery`), then each raw
+archive's retention drops its UTC days older than its horizon (`services.retention`); the
+rollups keep what they aggregated from them.
 
 Every commit adds a log entry and usually a small file; forward refreshes and control writes add
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
@@ -28,25 +29,36 @@ not folded at the first level: their raw rows are gone, so the stored rows are t
 
 Every rollup's surface is published (`services.surface`: built when missing, brought up to date
 when a run died between its commit and its publish) and then kept like the other tables.
+
+Each step of each table runs on its own (`MaintenanceReport.step`): a compaction that loses a
+commit race to an ingest is run again on the newest version, and a step that still fails is
+reported while every other table is still compacted, vacuumed and checkpointed.
 """
 
 import logging
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
-from resources.delta_tables import open_table
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from resources.delta_tables import open_table, with_retries
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import RetentionOutcome, apply_retention
 from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 DEFAULT_RETENTION_HOURS = 168
+# Attempts of one upkeep step of one table that keeps losing commit races to other writers.
+STEP_ATTEMPTS = 5
 
 
 @dataclass
@@ -62,6 +74,24 @@ class MaintenanceReport:
     buckets_to_fold: int = 0  # buckets queued to be rewritten whole (their pointers folded)
     details: list[str] = field(default_factory=list)
     retention: list[RetentionOutcome] = field(default_factory=list)
+    # Steps that failed after their retries ("<table>: <step>: <error>"); the others went on.
+    failures: list[str] = field(default_factory=list)
+
+    def step(self, what: str, action: Callable[[], None]) -> None:
+        """Run one step of upkeep on its own: a lost commit race is run again on the table's
+        newest version (`STEP_ATTEMPTS` in all); a step that still fails is recorded, and
+        maintenance goes on with the next."""
+        try:
+            with_retries(
+                action,
+                retryable=lambda exc: isinstance(exc, CommitFailedError),
+                attempts=STEP_ATTEMPTS,
+                what=what,
+                delay=0.05,
+            )
+        except Exception as exc:
+            log.warning("maintenance: %s failed: %s", what, exc)
+            self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
 
 
 def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
@@ -102,47 +132,32 @@ def maintain(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     enforce_retention: bool = True,
 ) -> MaintenanceReport:
-    """Apply raw retention as of `now` (default: the real clock), then sweep, fold, compact,
-    vacuum (files unreferenced for `retention_hours`, never less than the generation retention)
-    and checkpoint every table."""
+    """Finish what interrupted actions left, apply raw retention as of `now` (default: the real
+    clock), then sweep, fold, compact, vacuum (files unreferenced for `retention_hours`, never
+    less than the generation retention) and checkpoint every table. Each step of each table
+    runs on its own: a commit race lost is retried, and a step that still fails is reported
+    (`failures`) while the others go on."""
     report = MaintenanceReport()
-    retention_hours = max(
-        retention_hours, math.ceil(engine.generation_retention.total_seconds() / 3600)
-    )
+    for note in recover(engine, actor="maintenance"):
+        report.details.append(note)
+    retention_hours = engine.keeping.vacuum_hours(retention_hours)
     for outcome in apply_retention(engine, now or datetime.now(UTC)):
         report.retention.append(outcome)
         report.raw_days_dropped += len(outcome.days)
         report.raw_rows_dropped += outcome.rows
         report.retention_failures += bool(outcome.error)
         report.details.append(outcome.describe())
-    warehouse, catalog, store = engine.warehouse, engine.catalog, engine.rollups
+    warehouse, catalog = engine.warehouse, engine.catalog
     active = {j.rollup: j for j in engine.ledger.snapshot().jobs.values() if j.state.active}
     statuses = engine.states.all()
     for spec in catalog.rollups.values():
         if spec.name in active or spec.name not in statuses:
             continue  # a live recompute may still flip its generation: leave this rollup alone
-        pointers, _ = read_pointers(store.genmap_uri(spec), warehouse.storage_options)
-        # Maintenance holds no writer's slot: a recompute may start after the check above and
-        # commit rows of a new generation, newer than every pointer read here, before flipping
-        # them. Rows of a newer generation are left alone (a dead run's are reclaimed by the next
-        # recompute of the rollup, which holds its slot).
-        newest = max([0, *pointers["generation"].to_pylist()])
-        buckets = sorted({Window(r["bucket_start"], r["bucket_end"]) for r in pointers.to_pylist()})
-        swept = store.sweep(spec, buckets, None, up_to=newest) if buckets else 0
-        reclaimed = store.reclaim(spec, up_to=newest, keep=engine.flipped_generations(spec))
-        report.rows_swept += swept + reclaimed
-        if swept or reclaimed:
-            report.details.append(
-                f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)"
-            )
+        report.step(f"{spec.name}: sweep", partial(_sweep, engine, spec, report))
     for spec in catalog.rollups.values():
         if spec.name not in statuses:
             continue
-        published = publish(engine, spec)
-        if published.changed:
-            report.surfaces_published += 1
-            how = "rebuilt" if published.rebuilt else f"updated on {published.spans} span(s)"
-            report.details.append(f"{spec.name}: surface {how}")
+        report.step(f"{spec.name}: publish", partial(_publish, engine, spec, report))
     folds = fold_jobs(engine, set(active))
     if folds:
         engine.ledger.record(folds)
@@ -152,20 +167,68 @@ def maintain(
                 f"{job.rollup}: {len(job.windows)} bucket(s) queued to fold their cell pointers"
             )
     for uri in table_uris(warehouse, catalog):
-        table = open_table(uri, warehouse.storage_options)
-        if table is None:
+        if open_table(uri, warehouse.storage_options) is None:
             continue
         report.tables += 1
+        name = uri.rstrip("/").rsplit("/", 1)[-1]
         if not uri.endswith("__genmap"):
-            metrics = table.optimize.compact()
-            report.files_compacted += int(metrics.get("numFilesRemoved", 0))
-        removed = table.vacuum(
-            retention_hours=retention_hours,
-            enforce_retention_duration=enforce_retention,
-            dry_run=False,
-            full=True,
+            report.step(f"{name}: compaction", partial(_compact, warehouse, uri, report))
+        report.step(
+            f"{name}: vacuum",
+            partial(_vacuum, warehouse, uri, retention_hours, enforce_retention, report),
         )
-        report.files_vacuumed += len(removed)
-        table.update_incremental()
-        table.create_checkpoint()
+        report.step(f"{name}: checkpoint", partial(_checkpoint, warehouse, uri))
     return report
+
+
+def _sweep(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> None:
+    store = engine.rollups
+    pointers, _ = read_pointers(store.genmap_uri(spec), engine.warehouse.storage_options)
+    # Maintenance holds no writer's slot: a recompute may start after the check for running
+    # ones and commit rows of a new generation, newer than every pointer read here, before
+    # flipping them. Rows of a newer generation are left alone (a dead run's are reclaimed by
+    # the next recompute of the rollup, which holds its slot).
+    newest = max([0, *pointers["generation"].to_pylist()])
+    buckets = sorted({Window(r["bucket_start"], r["bucket_end"]) for r in pointers.to_pylist()})
+    swept = store.sweep(spec, buckets, None, up_to=newest) if buckets else 0
+    reclaimed = store.reclaim(spec, flipped=engine.flipped_generations(spec), up_to=newest)
+    report.rows_swept += swept + reclaimed
+    if swept or reclaimed:
+        report.details.append(
+            f"{spec.name}: swept {swept} superseded and {reclaimed} orphaned row(s)"
+        )
+
+
+def _publish(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> None:
+    published = publish(engine, spec)
+    if published.changed:
+        report.surfaces_published += 1
+        how = "rebuilt" if published.rebuilt else f"updated on {published.spans} span(s)"
+        report.details.append(f"{spec.name}: surface {how}")
+
+
+def _compact(warehouse: Warehouse, uri: str, report: MaintenanceReport) -> None:
+    table = _fresh(warehouse, uri)
+    metrics = table.optimize.compact()
+    report.files_compacted += int(metrics.get("numFilesRemoved", 0))
+
+
+def _vacuum(
+    warehouse: Warehouse, uri: str, hours: int, enforce: bool, report: MaintenanceReport
+) -> None:
+    table = _fresh(warehouse, uri)
+    removed = table.vacuum(
+        retention_hours=hours, enforce_retention_duration=enforce, dry_run=False, full=True
+    )
+    report.files_vacuumed += len(removed)
+
+
+def _checkpoint(warehouse: Warehouse, uri: str) -> None:
+    _fresh(warehouse, uri).create_checkpoint()
+
+
+def _fresh(warehouse: Warehouse, uri: str) -> DeltaTable:
+    """The table at its newest version (each attempt of a step starts from it)."""
+    table = open_table(uri, warehouse.storage_options)
+    assert table is not None, uri
+    return table
