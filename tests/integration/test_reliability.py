@@ -1,0 +1,445 @@
+"""Faults and operator actions forced into the windows where they used to lose or double-count a
+correction (R1-R9 of the reliability review): each ordering is forced deterministically, by
+running the other action at a point the first one reaches, never by timing.
+
+A chain of three meters over three days is backfilled once per test; corrections land on
+meter-0001. After each scenario the sensors run until quiet and every level is compared with
+the pandas oracle of the raw data; no pointer may name a generation without rows for a cell the
+raw data gives a value.
+"""
+
+from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+import yaml
+from dagster._core.errors import DagsterExecutionInterruptedError
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+from deltalake.table import TableOptimizer
+
+import rollup_assets.services.columns as columns
+import rollup_assets.services.engine as engine_module
+import rollup_assets.services.forward as forward
+from resources.ledger import Ledger
+from resources.rollup_store import RollupStore
+from resources.warehouse import Warehouse
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.column_rules import ColumnAction
+from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.jobs import JobState, Lane, Trigger
+from rollup_assets.model.spec_loader import parse_catalog
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.runner import tick, tick_until_quiet
+from rollup_assets.services.columns import change_column, column_states
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.retention import apply_retention
+from rollup_assets.settings import DEFAULT_SPECS
+from tests.conftest import World, days, world_of
+from tests.exactly_once import dangling_pointers
+from tests.oracle import compare_all
+
+NOW = datetime(2025, 6, 10, 12, 0, tzinfo=UTC)
+FIRST = date(2025, 6, 2)  # a Monday
+DAYS = 3
+METER = "meter-0001"
+OTHER = "meter-0002"
+HOURLY = "energy_hourly"
+H = timedelta(hours=1)
+VIENNA = ZoneInfo("Europe/Vienna")
+
+
+def midnight(d: date) -> datetime:
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+
+
+def loaded(world: World) -> None:
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, 3, seed=17) for d in days(FIRST, DAYS)]))
+    world.activate_all(NOW)
+    start = midnight(FIRST)
+    world.backfill([Window(start, start + timedelta(days=DAYS))])
+    world.tick(NOW)
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+def readings(entity: str, hour: datetime, value: float) -> pa.Table:
+    """Four readings of `entity` in the hour starting at `hour`, each `value` kWh."""
+    return pa.Table.from_pylist(
+        [
+            {"entity_id": entity, "ts": hour + timedelta(minutes=15 * i), "energy_kwh": value}
+            for i in range(4)
+        ]
+    )
+
+
+def settled(world: World) -> None:
+    """The sensors run until quiet; then every level equals the oracle and no cell points at a
+    generation without rows."""
+    world.tick(NOW)
+    raw = world.raw()
+    assert compare_all(world.query, raw, world.catalog) == []
+    for spec in world.catalog.rollups.values():
+        assert dangling_pointers(world.engine, spec, raw) == []
+    open_jobs = [j for j in world.engine.ledger.snapshot().jobs.values() if not j.state.terminal]
+    assert open_jobs == []
+
+
+def hour_value(world: World, hour: datetime, entity: str = METER) -> float | None:
+    rows = world.query(HOURLY, start=hour, end=hour + H, entities=[entity])
+    return rows["energy_kwh_sum"][0].as_py() if rows.num_rows else None
+
+
+def failed_runs(reports: list) -> list[str]:
+    return [f"{r.job_name}: {r.error}" for rep in reports for r in rep.runs if not r.success]
+
+
+def once(action):
+    """A wrapper for a store method: `action()` runs right before the first call, then the
+    method runs as it would."""
+
+    def wrap(method):
+        fired: list[bool] = []
+
+        def wrapper(*args, **kwargs):
+            if not fired:
+                fired.append(True)
+                action()
+            return method(*args, **kwargs)
+
+        wrapper.fired = fired  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+# -- R1, R2 --------------------------------------------------------------------------------------
+
+
+def test_r1_a_rewind_between_a_recompute_check_and_its_flip_fails_the_flip(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded(world)
+    before_point, after_point = midnight(FIRST) + 10 * H, midnight(FIRST) + 34 * H
+    rewind_to = midnight(FIRST + timedelta(days=1))  # between the two corrected hours
+    world.ingest(
+        pa.concat_tables([readings(METER, before_point, 3.0), readings(METER, after_point, 5.0)]),
+        source="Manual",
+    )
+
+    def rewind() -> None:
+        world.ops.rewind(HOURLY, rewind_to)
+
+    # The rewind lands after the recompute checked that its buckets are still its own, right
+    # before its flip: it drops the pointers and the recomputed rows from `rewind_to` on.
+    flip = once(rewind)(RollupStore.flip)
+    monkeypatch.setattr(RollupStore, "flip", flip)
+    reports = tick_until_quiet(world.defs, world.instance, NOW)
+    assert flip.fired
+    settled(world)  # no cell vanished: every level equals the oracle
+    assert hour_value(world, before_point) == pytest.approx(12.0)
+    assert hour_value(world, after_point) == pytest.approx(20.0)
+    # The flip failed (the rewind moved the fence), and the stopped job was queued again for
+    # its part before the rewind point only (the forward lane aggregated the rest again).
+    assert any("fence moved" in f for f in failed_runs(reports)), failed_runs(reports)
+    jobs = world.engine.ledger.history(HOURLY)
+    [stopped] = [j for j in jobs if j.state is JobState.FAILED and j.trigger is Trigger.PERIODIC]
+    [retry] = [j for j in jobs if j.attempt == 2]
+    assert all(w.end <= rewind_to for w in retry.windows) and retry.windows
+    assert any(w.start >= rewind_to for w in stopped.windows)
+
+
+def test_r2_a_failed_recompute_is_retried_until_the_correction_lands(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded(world)
+    hour = midnight(FIRST) + 30 * H
+    world.ingest(readings(METER, hour, 2.0), source="Manual")
+
+    def storage_error() -> None:
+        raise OSError("transient storage error")
+
+    flip = once(storage_error)(RollupStore.flip)
+    monkeypatch.setattr(RollupStore, "flip", flip)
+    reports = tick_until_quiet(world.defs, world.instance, NOW)
+    assert any("transient storage error" in f for f in failed_runs(reports))
+    settled(world)
+    assert hour_value(world, hour) == pytest.approx(8.0)
+    failed = [j for j in world.engine.ledger.history(HOURLY) if j.state is JobState.FAILED]
+    assert len(failed) == 1 and not failed[0].gave_up and "retried as" in (failed[0].error or "")
+
+
+# -- R3, R4, R5: rollback ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark):
+    """A world that keeps superseded generations for a week (rollbacks are possible)."""
+    from rollup_assets.model.spec_loader import load_catalog
+
+    yield from world_of(tmp_path, monkeypatch, load_catalog(), retention_hours=168)
+
+
+class Later(datetime):
+    """The wall clock of the engine module, eight days ahead: the first correction's job is
+    older than the generation retention when the next ones run."""
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[override]
+        return datetime.now(tz) + timedelta(days=8)
+
+
+def correction_job(world: World, entity: str, hour: datetime, value: float):
+    since = datetime.now(UTC)
+    world.ingest(readings(entity, hour, value), source="Manual")
+    world.tick(NOW)
+    [job] = [
+        j
+        for j in world.engine.ledger.history(HOURLY)
+        if j.created_at >= since and j.state is JobState.COMPLETED and j.windows_processed
+    ]
+    return job
+
+
+def with_hour(raw: pd.DataFrame, entity: str, hour: datetime, value: float) -> pd.DataFrame:
+    """`raw` with the four readings of `entity` in `hour` at `value` kWh each: the raw data as a
+    rollback of a later correction of that hour gives it back to the rollups."""
+    out = raw.copy()
+    ts = pd.to_datetime(out["ts"], utc=True)
+    at = (out["entity_id"] == entity) & (ts >= pd.Timestamp(hour)) & (ts < pd.Timestamp(hour + H))
+    out.loc[at, "energy_kwh"] = value
+    return out
+
+
+def test_r3_a_reclaim_keeps_what_a_newer_flip_superseded_for_its_rollback(
+    kept: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = kept
+    loaded(world)
+    hour = midnight(FIRST) + 20 * H
+    correction_job(world, METER, hour, 1.0)  # job A: the cell's first correction
+    monkeypatch.setattr(engine_module, "datetime", Later)
+    second = correction_job(world, METER, hour, 6.0)  # job B, "eight days later"
+    correction_job(world, OTHER, hour + H, 9.0)  # another recompute: its reclaim runs
+    assert hour_value(world, hour) == pytest.approx(24.0)
+    out = world.ops.rollback(HOURLY, second.job_id)
+    assert out.job.state is JobState.COMPLETED
+    assert hour_value(world, hour) == pytest.approx(4.0)  # A's values, read back exactly
+    world.tick(NOW)
+    expected = with_hour(world.raw(), METER, hour, 1.0)
+    assert compare_all(world.query, expected, world.catalog) == []
+    for spec in world.catalog.rollups.values():
+        assert dangling_pointers(world.engine, spec, expected) == []
+
+
+def test_r4_a_reclaim_between_a_rollback_check_and_its_commit_keeps_its_rows(
+    kept: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = kept
+    loaded(world)
+    hour = midnight(FIRST) + 20 * H
+    correction_job(world, METER, hour, 1.0)
+    monkeypatch.setattr(engine_module, "datetime", Later)
+    second = correction_job(world, METER, hour, 6.0)
+
+    def another_recompute() -> None:
+        # A run of another cell: its reclaim runs while the rollback has checked its rows.
+        world.ingest(readings(OTHER, hour + H, 9.0), source="Manual")
+        key = f"{(hour + H).astimezone(VIENNA):%Y-%m-%d-%H:00}"
+        run = world.materialize(HOURLY, key, key)
+        assert run.success, run.error
+
+    restore = once(another_recompute)(RollupStore.restore_pointers)
+    monkeypatch.setattr(RollupStore, "restore_pointers", restore)
+    world.ops.rollback(HOURLY, second.job_id)
+    assert restore.fired
+    assert hour_value(world, hour) == pytest.approx(4.0)  # never an empty cell
+    world.tick(NOW)
+    expected = with_hour(world.raw(), METER, hour, 1.0)
+    assert compare_all(world.query, expected, world.catalog) == []
+    for spec in world.catalog.rollups.values():
+        assert dangling_pointers(world.engine, spec, expected) == []
+
+
+def test_r5_a_rollback_whose_record_was_lost_is_completed_by_running_it_again(
+    kept: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = kept
+    loaded(world)
+    hour = midnight(FIRST) + 20 * H
+    correction_job(world, METER, hour, 1.0)
+    raw_after_a = world.raw()
+    second = correction_job(world, METER, hour, 6.0)
+    record = Ledger.record
+    lost: list[bool] = []
+
+    def crash_on_completion(self, jobs=(), *args, **kwargs):
+        done = [j for j in jobs if j.trigger is Trigger.ROLLBACK and j.state is JobState.COMPLETED]
+        if done and not lost:
+            lost.append(True)
+            raise RuntimeError("process died after the rollback's pointer commit")
+        return record(self, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "record", crash_on_completion)
+    with pytest.raises(RuntimeError, match="process died"):
+        world.ops.rollback(HOURLY, second.job_id)
+    assert hour_value(world, hour) == pytest.approx(4.0)  # the pointers went back
+    # The same command again completes it (its effect landed); it is not refused.
+    out = world.ops.rollback(HOURLY, second.job_id)
+    assert out.job.state is JobState.COMPLETED and out.undone.job_id == second.job_id
+    assert out.propagated, "the levels above are queued"
+    world.tick(NOW)
+    assert compare_all(world.query, raw_after_a, world.catalog) == []
+
+
+def test_r5_an_interrupted_rollback_is_recovered_by_the_sensor(
+    kept: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollup_assets import faults
+    from rollup_assets.model.intents import STALE_AFTER
+
+    world = kept
+    loaded(world)
+    hour = midnight(FIRST) + 20 * H
+    correction_job(world, METER, hour, 1.0)
+    raw_after_a = world.raw()
+    second = correction_job(world, METER, hour, 6.0)
+
+    def die(point: str, archive: str | None) -> None:
+        if point == "rollback_commit":
+            raise KeyboardInterrupt("killed")
+
+    with faults.hooked(die), pytest.raises(KeyboardInterrupt):
+        world.ops.rollback(HOURLY, second.job_id)
+    [left] = [j for j in world.engine.ledger.history(HOURLY) if j.trigger is Trigger.ROLLBACK]
+    assert left.state is JobState.SWAPPING
+    # Once the rollback is stale, the sensor finishes it: completed, the levels above queued.
+    aged = replace(left, started_at=left.started_at - STALE_AFTER - H)
+    world.engine.ledger.record([aged.next()])
+    world.tick(NOW)
+    done = world.engine.ledger.job(left.job_id)
+    assert done.state is JobState.COMPLETED
+    assert compare_all(world.query, raw_after_a, world.catalog) == []
+
+
+# -- R6: retention and ingest --------------------------------------------------------------------
+
+
+def test_r6_an_ingest_racing_retention_is_refused_not_counted_twice(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded(world)
+    hour = midnight(FIRST) + 10 * H
+    world.ingest(readings(METER, hour, 1.0), source="Manual")
+    world.tick(NOW)
+    assert hour_value(world, hour) == pytest.approx(4.0)
+    retention = world.catalog.raw["energy_raw"].retention
+    assert retention is not None
+    # The first day is past the horizon at this instant; the other two are kept.
+    at = midnight(FIRST + timedelta(days=1)) + retention + 10 * H
+
+    def retention_pass() -> None:
+        [outcome] = apply_retention(world.engine, at)
+        assert outcome.days == (FIRST,), outcome
+
+    merge = once(retention_pass)(DeltaTable.merge)
+    monkeypatch.setattr(DeltaTable, "merge", merge)
+    with pytest.raises(IngestValidationError, match="retention has dropped those days"):
+        world.ingest(readings(METER, hour, 5.0), source="Manual")
+    assert merge.fired
+    kept_from = world.engine.states.get("energy_raw").retained_from
+    assert kept_from == midnight(FIRST + timedelta(days=1))
+    assert (world.raw()["ts"] < pd.Timestamp(kept_from)).sum() == 0
+    world.tick(NOW)
+    assert hour_value(world, hour) == pytest.approx(4.0)  # what it aggregated; never 24
+
+
+# -- R7: computed column change ------------------------------------------------------------------
+
+
+def test_r7_a_column_change_killed_after_its_switch_is_recomputed_and_finished(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded(world)
+    before = world.query("energy_daily")["current_a_max"].to_pylist()
+    doc = yaml.safe_load(DEFAULT_SPECS.read_text())
+    doc["raw_archives"]["energy_raw"]["columns"]["current_a"]["formula"] = (
+        "power_kw * 1000 / voltage_v * 2"
+    )
+    changed = parse_catalog(doc, origin="changed")
+    engine = Engine(changed, Warehouse(world.engine.warehouse.root))
+
+    def die() -> None:
+        raise KeyboardInterrupt("killed after the switch")
+
+    refresh = once(die)(columns.refresh_inserted)
+    monkeypatch.setattr(columns, "refresh_inserted", refresh)
+    with pytest.raises(KeyboardInterrupt):
+        change_column(engine, "energy_raw", "current_a", ColumnAction.SET_FORMULA)
+    [state] = [s for s in column_states(engine, "energy_raw") if s.column == "current_a"]
+    assert state.status == "active"  # the switch landed
+    # The sensors queue the recompute from the switch commit itself.
+    world.tick(NOW)
+    after = world.query("energy_daily")["current_a_max"].to_pylist()
+    assert after == pytest.approx([b * 2 for b in before], rel=1e-9)
+    assert engine.states.get("energy_raw").intent is not None  # the change is unfinished
+    # The same command again finishes the change; it is not refused.
+    result = change_column(engine, "energy_raw", "current_a", ColumnAction.SET_FORMULA)
+    assert result.column == "current_a" and result.action is ColumnAction.SET_FORMULA
+    assert engine.states.get("energy_raw").intent is None
+
+
+# -- R8: maintenance -----------------------------------------------------------------------------
+
+
+def test_r8_maintenance_goes_on_past_a_compaction_that_keeps_losing_its_race(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded(world)
+    compact = TableOptimizer.compact
+
+    def losing(self, *args, **kwargs):
+        if self.table.table_uri.rstrip("/").endswith("energy_raw"):
+            raise CommitFailedError("a concurrent transaction deleted data this operation read")
+        return compact(self, *args, **kwargs)
+
+    monkeypatch.setattr(TableOptimizer, "compact", losing)
+    report = maintain(world.engine, now=NOW)
+    assert [f.split(":")[0:2] for f in report.failures] == [["energy_raw", " compaction"]]
+    # Every other table was kept: compacted, vacuumed and checkpointed.
+    for spec in world.catalog.rollups.values():
+        log = Path(world.engine.rollups.uri(spec)) / "_delta_log"
+        assert (log / "_last_checkpoint").exists(), spec.name
+    assert (Path(world.engine.raw.uri(world.catalog.raw["energy_raw"])) / "_delta_log").exists()
+    settled(world)
+
+
+# -- R9: a forward run stopped by Dagster ----------------------------------------------------------
+
+
+def test_r9_a_forward_run_stopped_by_dagster_records_its_failure_and_releases_its_claim(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.ops.activate("energy_raw", now=NOW)
+    world.activate_all(NOW)
+    world.ingest(readings(METER, NOW, 1.0))
+
+    def stop() -> None:
+        raise DagsterExecutionInterruptedError("the run was terminated")
+
+    publish = once(stop)(forward.publish)
+    monkeypatch.setattr(forward, "publish", publish)
+    later = NOW + 3 * H
+    report = tick(world.defs, world.instance, later, sensors=("forward_aggregation_sensor",))
+    assert publish.fired and any(not r.success for r in report.runs)
+    jobs = world.engine.ledger.history(HOURLY, lane=Lane.FORWARD)
+    assert jobs and jobs[0].state is JobState.FAILED
+    assert "terminated" in (jobs[0].error or "")
+    assert world.engine.states.get(HOURLY).claimed_until is None
+    world.tick(later)
+    assert hour_value(world, NOW) == pytest.approx(4.0)
