@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = f"{LOG_DIR}/_last_checkpoint"
 # Log entries by the version they describe: commits, checksums, (multi-part and v2) checkpoints;
-# compacted logs by the last version they cover.
-_VERSIONED = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.[^/]+)$")
-_COMPACTED = re.compile(r"^\d{20}\.(\d{20})\.compacted\.json$")
+# compacted logs by the last version they cover. Names are matched whole (`fullmatch`) and
+# versions are ASCII digits: `$` would accept a trailing newline, `\d` any Unicode digit.
+_VERSIONED = re.compile(r"([0-9]{20})\.(json|crc|checkpoint\.[^/]+)")
+_COMPACTED = re.compile(r"[0-9]{20}\.([0-9]{20})\.compacted\.json")
 # Table directories live one level below these folders of a warehouse root.
 TABLE_FOLDERS = ("raw", "rollups", "_control")
 _COPY_THREADS = 8
@@ -55,10 +56,10 @@ def _log_order(name: str) -> tuple[int, int, str]:
     if name == LAST_CHECKPOINT:
         return (1 << 62, 0, name)
     base = name.rsplit("/", 1)[-1]
-    m = _VERSIONED.match(base)
+    m = _VERSIONED.fullmatch(base)
     if m:
         return (int(m.group(1)), 0 if m.group(2) == "json" else 1, name)
-    m = _COMPACTED.match(base)
+    m = _COMPACTED.fullmatch(base)
     return (int(m.group(1)) if m else -1, 2, name)
 
 
@@ -80,7 +81,7 @@ def log_files_until(fs: pafs.FileSystem, root: str, version: int) -> list[str]:
             if int(hint.get("version", version + 1)) <= version:
                 out.append(rel)
             continue
-        m = _VERSIONED.match(name) or _COMPACTED.match(name)
+        m = _VERSIONED.fullmatch(name) or _COMPACTED.fullmatch(name)
         if m and int(m.group(1)) <= version and "/" not in rel[len(LOG_DIR) + 1 :]:
             out.append(rel)
     return sorted(out, key=_log_order)
@@ -116,7 +117,7 @@ def files_at(
     if history:
         live = set(data)
         for rel in log_files:
-            m = _VERSIONED.match(rel.removeprefix(f"{LOG_DIR}/"))
+            m = _VERSIONED.fullmatch(rel.removeprefix(f"{LOG_DIR}/"))
             if not m or m.group(2) != "json":
                 continue
             for action in read_commit(uri, int(m.group(1)), storage_options):

@@ -3,9 +3,10 @@
 import re
 from datetime import timedelta
 
-_SHORT = re.compile(r"^\s*(\d+)\s*(ms|s|sec|m|min|h|d|w)\s*$", re.IGNORECASE)
+# Matched whole (`fullmatch`), never with `$`, which also matches before a trailing newline.
+_SHORT = re.compile(r"\s*(\d+)\s*(ms|s|sec|m|min|h|d|w)\s*", re.IGNORECASE)
 _ISO = re.compile(
-    r"^P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$",
+    r"P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?",
     re.IGNORECASE,
 )
 _UNITS = {
@@ -31,10 +32,10 @@ def parse_duration(value: object) -> timedelta:
             raise ValueError(f"duration {value!r} is negative")
         return timedelta(seconds=value)
     text = str(value).strip()
-    m = _SHORT.match(text)
+    m = _SHORT.fullmatch(text)
     if m:
         return int(m.group(1)) * _UNITS[m.group(2).lower()]
-    m = _ISO.match(text)
+    m = _ISO.fullmatch(text)
     if m and any(m.groupdict().values()):
         g = {k: int(v or 0) for k, v in m.groupdict().items()}
         return timedelta(weeks=g["w"], days=g["d"], hours=g["h"], minutes=g["m"], seconds=g["s"])

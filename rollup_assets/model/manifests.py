@@ -22,8 +22,9 @@ EXPORT_FORMAT = "rollups-export"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 # Where a table may live under a warehouse root (see resources/warehouse.py); a manifest naming
-# anything else (an absolute path, `..`) is refused before a restore writes a byte.
-TABLE_PATH = re.compile(r"^(raw|rollups|_control)/[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# anything else (an absolute path, `..`, a trailing newline) is refused before a restore writes a
+# byte. Matched whole (`fullmatch`): `$` would also match before a trailing newline.
+TABLE_PATH = re.compile(r"(raw|rollups|_control)/[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class BackupManifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise bad(f"missing or malformed field ({exc!r})") from None
         for t in tables:
-            if not TABLE_PATH.match(t.path):
+            if not TABLE_PATH.fullmatch(t.path):
                 raise bad(f"table path {t.path!r} is not a warehouse table path")
             if t.version < 0 or t.files < 1 or t.bytes < 0:
                 raise bad(f"table {t.path}: version {t.version}, {t.files} file(s)")

@@ -7,6 +7,7 @@ the exact upsert result, or the first offending row and its reason. Catalogs are
 chains, optionally broken by one mutation whose rule and archive the test knows in advance.
 """
 
+import json
 import math
 import shutil
 import tempfile
@@ -26,9 +27,11 @@ from hypothesis import strategies as st
 
 from resources.raw_store import RawStore
 from resources.warehouse import Warehouse
-from rollup_assets.model.errors import IngestValidationError, SpecError
+from rollup_assets.model.errors import BackupInvalidError, IngestValidationError, SpecError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.manifests import BackupManifest
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from tests.unit.test_cli import Invoke, assert_one_line_failure, rollups  # noqa: F401
 
 PROPERTY = settings(
     derandomize=True,
@@ -826,7 +829,7 @@ def unknown_key(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
 
 def bad_archive_name(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
     old = _any_rollup(draw, chain)
-    new = draw(st.sampled_from(["Level-X", "level__x", "9level", "l" * 64]))
+    new = draw(st.sampled_from(["Level-X", "level__x", "9level", "l" * 64, "level_x\n"]))
     chain.doc["rollups"] = {new if n == old else n: b for n, b in chain.rollups.items()}
     for body in chain.rollups.values():
         if body["source"] == old:
@@ -930,3 +933,111 @@ def test_random_invalid_catalogs_are_rejected_naming_archive_and_rule(
     err = info.value
     assert (err.archive, err.rule) == (archive, rule), str(err)
     assert f"spec '{archive}'" in str(err) and f"[{rule}]" in str(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile names: a trailing newline or a control character in any name is refused at load,
+# shown escaped in a one-line message.
+
+NAME_DEFECTS = ["meter\n", "me\tter", "meter\r\n", "m\x00", "met\x7fer", "meter\x85"]
+
+
+def _with_name(where: str, name: str) -> tuple[dict[str, Any], str, str]:
+    """A valid spec with `name` put `where`, and the subject and rule it must be refused with."""
+    columns: dict[str, Any] = {"kwh": "double"}
+    agg: dict[str, str] = {"column": "kwh", "function": "Sum"}
+    raw, rollup, tenants = "meter_raw", "meter_hourly", {"acme": {}}
+    if where == "archive":
+        raw = name
+    elif where == "column":
+        columns = {name: "double", "kwh": "double"}
+    elif where == "target":
+        agg["target"] = name
+    elif where == "tenant":
+        tenants = {name: {}}
+    doc = {
+        "raw_archives": {raw: {"columns": columns}},
+        "rollups": {
+            rollup: {
+                "source": raw,
+                "alignment": "FixedSize",
+                "size": "1h",
+                "start": "2025-01-01",
+                "aggregations": [agg],
+            }
+        },
+        "tenants": tenants,
+    }
+    subject, rule = {
+        "archive": (name, "archive name"),
+        "column": (raw, "column name"),
+        "target": (rollup, "target name"),
+        "tenant": (f"tenants.{name}", "tenant name"),
+    }[where]
+    return doc, subject, rule
+
+
+@pytest.mark.parametrize("name", NAME_DEFECTS, ids=repr)
+@pytest.mark.parametrize("where", ["archive", "column", "target", "tenant"])
+def test_a_name_with_a_newline_or_a_control_character_is_refused(where: str, name: str) -> None:
+    doc, subject, rule = _with_name(where, name)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    err = info.value
+    assert (err.archive, err.rule) == (subject, rule), str(err)
+    assert repr(name) in str(err)
+    assert len(str(err).splitlines()) == 1, str(err)
+
+
+def test_the_same_names_without_the_defect_load() -> None:
+    """Guards the test above: each spec it breaks loads with a plain name."""
+    for where in ("archive", "column", "target", "tenant"):
+        doc, _, _ = _with_name(where, "meter")
+        parse_catalog(doc)
+
+
+def test_a_spec_file_with_a_newline_in_a_column_name_is_refused_by_validate(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text('raw_archives:\n  meter_raw:\n    columns:\n      "meter\\n": double\n')
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(rollups("validate"), "[column name]", "'meter\\n'")
+
+
+def test_a_backup_manifest_naming_a_table_path_with_a_trailing_newline_is_refused() -> None:
+    doc = {
+        "format": "rollups-backup",
+        "format_version": 1,
+        "created_at": "2025-01-01T00:00:00Z",
+        "source_root": "/w",
+        "specs_origin": "specs.yaml",
+        "archives": {},
+        "tables": [{"path": "raw/meter_raw\n", "version": 0, "files": 1, "bytes": 1}],
+    }
+    with pytest.raises(BackupInvalidError, match="not a warehouse table path"):
+        BackupManifest.from_json(json.dumps(doc), "manifest.json")
+
+
+@pytest.mark.parametrize("entity", ["m1\n", "m\x001", "m\t1", "m1\x9b"], ids=repr)
+def test_an_entity_id_with_a_control_character_is_refused_at_its_row(
+    seeded_warehouse: Path, tmp_path: Path, entity: str
+) -> None:
+    root = tmp_path / "warehouse"
+    shutil.copytree(seeded_warehouse, root)
+    store = RawStore(Warehouse(str(root)))
+    batch = pa.table(
+        {
+            "entity_id": ["m1", entity],
+            "ts": pa.array([POOL[0], POOL[1]], pa.timestamp("us", tz="UTC")),
+            "reading": [1.0, 2.0],
+        }
+    )
+    pq.write_table(batch, tmp_path / "batch.parquet")
+    with pytest.raises(IngestValidationError) as info:
+        store.ingest(SPEC, tmp_path / "batch.parquet", ChangeSource.PIPELINE)
+    assert info.value.row == 1 and repr(entity) in str(info.value), str(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert DeltaTable(store.uri(SPEC)).version() == 1
