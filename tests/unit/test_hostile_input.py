@@ -932,7 +932,8 @@ def test_random_invalid_catalogs_are_rejected_naming_archive_and_rule(
         parse_catalog(chain.doc)
     err = info.value
     assert (err.archive, err.rule) == (archive, rule), str(err)
-    assert f"spec '{archive}'" in str(err) and f"[{rule}]" in str(err)
+    shown = archive if archive.isprintable() else repr(archive)[1:-1]  # one line, escaped
+    assert f"spec '{shown}'" in str(err) and f"[{rule}]" in str(err)
 
 
 # ---------------------------------------------------------------------------------------------
