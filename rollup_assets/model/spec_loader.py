@@ -5,7 +5,7 @@ reaches the warehouse. Specs are data: nothing in them is ever executed.
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,13 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(p), "readable spec file", f"cannot read spec file: {exc}") from exc
+    loader = _UniqueKeyLoader(text, origin=str(p))  # a SafeLoader: no arbitrary objects
     try:
-        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        doc = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
     if isinstance(doc, Mapping) and str(doc.get("type", "")).endswith(COMPONENT_TYPE):
         # A Dagster project's `defs.yaml` declaring the rollups as a component: its attributes
         # are the spec (the warehouse root among them belongs to the component, not the spec).
@@ -57,10 +60,77 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
 COMPONENT_TYPE = ".RollupChain"
 
 
+ARCHIVE_SECTIONS = ("raw_archives", "time_range_archives", "rollups")
+KEYS_ARE_TEXT = "keys are text"
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """A SafeLoader that refuses a key given twice in one mapping (YAML requires unique keys;
-    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name).
-    Keys merged in with `<<:` may still be overridden."""
+    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name),
+    and a key YAML does not read as text. Keys merged in with `<<:` may still be overridden.
+
+    YAML 1.1 reads an unquoted `on`, `off`, `yes` or `no` as a boolean, `12` as a number, `null`
+    or `~` as null, `2025-01-01` as a date; as a key that would become a column named 'True'.
+    Such a key is refused with what was written and where, before anything is constructed.
+    """
+
+    def __init__(self, stream: str, origin: str = "<memory>") -> None:
+        super().__init__(stream)
+        self.origin = origin
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            self._check_keys(node, (), set())
+        return node
+
+    def _check_keys(self, node: yaml.Node, path: tuple[str, ...], seen: set[int]) -> None:
+        """Refuse the first key (in document order) under `node` that YAML does not read as text;
+        `path` is the keys leading to `node`, `seen` the nodes already checked (an alias
+        repeats a node)."""
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                self._check_keys(item, path, seen)
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    self._check_keys(value_node, path, seen)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
+                    raise self._key_not_text(path, key_node)
+                self._check_keys(value_node, (*path, key_node.value), seen)
+
+    def _key_not_text(self, path: tuple[str, ...], key_node: yaml.Node) -> SpecError:
+        subject, what = key_subject(path, self.origin)
+        where = f"line {key_node.start_mark.line + 1} of {self.origin}"
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            return SpecError(subject, KEYS_ARE_TEXT, f"{what} ({where}) is a {kind}, not a name")
+        value = self.construct_object(key_node)
+        if value is None:
+            read = "null"
+        elif isinstance(value, bool):
+            read = f"the boolean {value}"
+        elif isinstance(value, int | float):
+            read = f"the number {value!r}"
+        elif isinstance(value, date):
+            read = f"the date {value.isoformat()}"
+        else:
+            read = f"a {type(value).__name__}"
+        text = key_node.value
+        if not text:
+            return SpecError(subject, KEYS_ARE_TEXT, f"{what} ({where}) is empty")
+        return SpecError(
+            subject,
+            KEYS_ARE_TEXT,
+            f"{what} `{text}` ({where}) is read by YAML as {read}; quote it ('{text}') to mean "
+            "the name",
+        )
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -79,9 +149,47 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def key_subject(path: Sequence[str], origin: str) -> tuple[str, str]:
+    """For a key found under `path` (the keys leading to its mapping): the subject a SpecError
+    names (the archive or tenant it belongs to, else the spec file) and what the key is."""
+    if path and path[0] == "attributes":  # a Dagster `defs.yaml`: its attributes are the spec
+        path = path[1:]
+    subject = origin
+    if len(path) >= 2 and path[0] in ARCHIVE_SECTIONS:
+        subject = path[1]
+    elif len(path) >= 2 and path[0] == "tenants":
+        subject = f"tenants.{path[1]}"
+    if not path:
+        return subject, "top-level key"
+    if len(path) == 1 and path[0] in ARCHIVE_SECTIONS:
+        return subject, "archive name"
+    if len(path) == 1 and path[0] == "tenants":
+        return subject, "tenant name"
+    if len(path) == 3 and path[0] != "rollups" and path[2] == "columns":
+        return subject, "column name"
+    return subject, f"key under {'.'.join(path)}"
+
+
+def _check_text_keys(value: Any, path: tuple[str, ...], origin: str) -> None:
+    """Refuse a mapping key that is not text anywhere in a spec given as Python data (a spec read
+    from YAML had its keys checked by the loader, which can still name the source text)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                subject, what = key_subject(path, origin)
+                raise SpecError(
+                    subject, KEYS_ARE_TEXT, f"{what} {key!r} is a {type(key).__name__}, not text"
+                )
+            _check_text_keys(item, (*path, key), origin)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_text_keys(item, path, origin)
+
+
 def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
     if not isinstance(doc, Mapping):
         raise SpecError(origin, "top-level mapping", "the spec file must be a mapping")
+    _check_text_keys(doc, (), origin)
     unknown = {k for k in doc if not str(k).startswith("x-")} - {
         "raw_archives",
         "time_range_archives",

@@ -49,7 +49,7 @@ def validate_catalog(
             seen[name] = kind
     values: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*raw.values(), *time_range.values()]
     for spec in values:
-        _check_value_columns(spec)
+        _check_value_columns(spec, origin)
     raw = {n: check_computed_columns(s) for n, s in raw.items()}
     time_range = {n: check_computed_columns(s) for n, s in time_range.items()}
     for spec in time_range.values():
@@ -114,12 +114,12 @@ def _check_retention(
             )
 
 
-def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> None:
+def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec, origin: str) -> None:
     names = [c.name for c in spec.columns]
     for c in names:
         problem = column_name_problem(c)
         if problem is not None:
-            raise SpecError(spec.name, "column name", f"column {problem}")
+            raise SpecError(spec.name, "column name", f"{origin}: column {problem}")
     dupes = {c for c in names if names.count(c) > 1}
     if dupes:
         raise SpecError(spec.name, "unique columns", f"columns declared twice: {sorted(dupes)}")

@@ -14,7 +14,7 @@ from rollup_assets.model.errors import (
     InvalidArchiveOperationError,
     TenantError,
 )
-from rollup_assets.model.formulas import Formula
+from rollup_assets.model.formulas import FUNCTIONS, KEYWORDS, Formula
 
 ENTITY_COLUMN = "entity_id"
 TIME_COLUMN = "ts"
@@ -39,6 +39,10 @@ RESERVED_COLUMNS = frozenset(
         "source_versions",
     }
 )
+# Words a column must not be named: a formula would read them as its literals (`true`,
+# `false`), operators or functions, and SQL (the query engine's filters and casts) reads `null`
+# as its literal, so a column of that name fails every ingest without naming itself.
+RESERVED_WORDS = frozenset({"null"}) | KEYWORDS | FUNCTIONS
 # The name rule (`name_problem`), matched whole: `re.match` with `$` would accept a trailing
 # newline ("meter\n"), which then fails deep inside the query engine instead of at load.
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -372,10 +376,15 @@ def name_problem(name: object) -> str | None:
 
 def column_name_problem(name: object) -> str | None:
     """Why `name` cannot name a value column or an aggregation's target (None when it can): the
-    name rule, and not a column the storage layer owns."""
+    name rule, not a column the storage layer owns, and not a reserved word."""
     problem = name_problem(name)
     if problem is None and name in RESERVED_COLUMNS:
         problem = f"{name!r} is reserved by the storage layer"
+    if problem is None and name in RESERVED_WORDS:
+        problem = (
+            f"{name!r} is a reserved word (a literal, operator or function of formulas and "
+            "SQL); choose another name"
+        )
     return problem
 
 

@@ -844,7 +844,11 @@ def name_clash(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
 
 
 def reserved_column(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
-    column = draw(st.sampled_from(["ts", "entity_id", "day", "range_start", "generation"]))
+    column = draw(
+        st.sampled_from(
+            ["ts", "entity_id", "day", "range_start", "generation", "null", "true", "if", "abs"]
+        )
+    )
     chain.base_body()["columns"][column] = "double"
     return chain.base, "column name"
 
@@ -1042,3 +1046,112 @@ def test_an_entity_id_with_a_control_character_is_refused_at_its_row(
     assert info.value.row == 1 and repr(entity) in str(info.value), str(info.value)
     assert len(str(info.value).splitlines()) == 1
     assert DeltaTable(store.uri(SPEC)).version() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reserved words and keys YAML does not read as text: refused at load, naming what was written.
+
+RESERVED = ["null", "true", "false", "and", "or", "not", "if", "abs", "sqrt", "min", "round"]
+
+
+@pytest.mark.parametrize("word", RESERVED)
+def test_a_reserved_word_is_refused_as_a_column_name(word: str) -> None:
+    doc, _, _ = _with_name("column", word)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc, origin="specs.yaml")
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "column name"), str(err)
+    assert repr(word) in str(err) and "reserved word" in str(err) and "specs.yaml" in str(err)
+
+
+@pytest.mark.parametrize("word", RESERVED)
+def test_a_reserved_word_is_refused_as_a_target_name(word: str) -> None:
+    doc, _, _ = _with_name("target", word)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == ("meter_hourly", "target name")
+    assert repr(word) in str(info.value) and "reserved word" in str(info.value)
+
+
+SPEC_WITH_KEY = """\
+raw_archives:
+  meter_raw:
+    columns:
+      kwh: double
+      {key}: double
+rollups:
+  meter_hourly:
+    source: meter_raw
+    alignment: FixedSize
+    size: 1h
+    start: 2025-01-01
+    aggregations: [{{column: kwh, function: Sum}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("key", "read_as"),
+    [
+        ("on", "the boolean True"),
+        ("Off", "the boolean False"),
+        ("yes", "the boolean True"),
+        ("NO", "the boolean False"),
+        ("12", "the number 12"),
+        ("1.5", "the number 1.5"),
+        ("0x1f", "the number 31"),
+        ("null", "null"),
+        ("~", "null"),
+        ("2025-01-01", "the date 2025-01-01"),
+    ],
+)
+def test_a_column_key_yaml_does_not_read_as_text_is_refused_naming_what_was_written(
+    tmp_path: Path, key: str, read_as: str
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key=key))
+    with pytest.raises(SpecError) as info:
+        load_catalog(spec)
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "keys are text"), str(err)
+    assert f"column name `{key}` (line 5 of {spec})" in str(err), str(err)
+    assert f"read by YAML as {read_as};" in str(err) and "quote it" in str(err)
+
+
+@pytest.mark.parametrize("key", ["'on'", '"no"', "'null'"])
+def test_the_same_column_key_quoted_is_a_name(tmp_path: Path, key: str) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key=key).replace("'null'", "'null_count'"))
+    columns = [c.name for c in load_catalog(spec).raw["meter_raw"].columns]
+    assert columns[0] == "kwh" and len(columns) == 2
+
+
+def test_archive_and_tenant_keys_yaml_does_not_read_as_text_are_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text("raw_archives:\n  yes: {columns: {kwh: double}}\n")
+    with pytest.raises(SpecError, match=r"archive name `yes` \(line 2 of .*boolean True"):
+        load_catalog(spec)
+    spec.write_text(SPEC_WITH_KEY.format(key="x") + "tenants:\n  on: {}\n")
+    with pytest.raises(SpecError, match=r"tenant name `on` \(line 14 of .*boolean True"):
+        load_catalog(spec)
+
+
+def test_a_spec_given_as_data_with_a_key_that_is_not_text_is_refused() -> None:
+    doc, _, _ = _with_name("column", "kwh2")
+    doc["raw_archives"]["meter_raw"]["columns"] = {True: "double", "kwh": "double"}
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == ("meter_raw", "keys are text")
+    assert "column name True is a bool, not text" in str(info.value)
+
+
+def test_validate_refuses_an_on_column_in_one_line_naming_it(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key="on"))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "spec 'meter_raw'", "[keys are text]", "`on` (line 5", "quote it"
+    )
