@@ -1155,3 +1155,78 @@ def test_validate_refuses_an_on_column_in_one_line_naming_it(
     assert_one_line_failure(
         rollups("validate"), "spec 'meter_raw'", "[keys are text]", "`on` (line 5", "quote it"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers: ASCII digits only, never infinity.
+
+
+def _with_formula(formula: str) -> dict[str, Any]:
+    doc, _, _ = _with_name("column", "kwh2")
+    doc["raw_archives"]["meter_raw"]["columns"] = {
+        "kwh": "double",
+        "scaled": {"type": "double", "formula": formula},
+    }
+    return doc
+
+
+@pytest.mark.parametrize("formula", ["1e999", "kwh * 1E400", "-1e999 + kwh", "kwh / 9e9999"])
+def test_a_formula_literal_that_would_be_infinity_is_refused_at_load(formula: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_catalog(_with_formula(formula))
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "formula"), str(err)
+    literal = next(w for w in formula.replace("-", " ").split() if "e" in w.lower())
+    assert "column 'scaled'" in str(err) and f"number {literal} is too large" in str(err)
+
+
+@pytest.mark.parametrize("formula", ["١٢", "kwh * １２", "round(kwh, ٣)", "kwh + 1٢"])
+def test_digits_of_other_scripts_are_not_numbers_in_a_formula(formula: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_catalog(_with_formula(formula))
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "formula"), str(err)
+    assert "column 'scaled'" in str(err) and "digits 0-9" in str(err)
+
+
+def test_finite_ascii_literals_still_load() -> None:
+    """Guards the two tests above: the same formulas with plain literals load."""
+    for formula in ["1e300", "kwh * 1E30", "-12.5 + kwh", "round(kwh, 3)", "kwh + .5"]:
+        parse_catalog(_with_formula(formula))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("watermark_lag", "١٢m", "'١٢m' is not a duration"),
+        ("watermark_lag", "P٣D", "'P٣D' is not a duration"),
+        ("size", "１h", "'１h' is not a duration"),
+        ("watermark_lag", float("inf"), "not a finite number"),
+        ("watermark_lag", float("nan"), "not a finite number"),
+        ("watermark_lag", "99999999999999999999d", "is too long"),
+        ("watermark_lag", 1e300, "is too long"),
+        ("retention", "٣d", "'٣d' is not a duration"),
+    ],
+)
+def test_durations_are_ascii_digits_and_finite(key: str, value: Any, needle: str) -> None:
+    doc, _, _ = _with_name("column", "kwh2")
+    subject = "meter_raw" if key == "retention" else "meter_hourly"
+    body = doc["raw_archives"]["meter_raw"] if key == "retention" else doc["rollups"][subject]
+    body[key] = value
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == (subject, key), str(info.value)
+    assert needle in str(info.value)
+
+
+def test_validate_refuses_an_infinite_literal_in_one_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(yaml.safe_dump(_with_formula("kwh * 1e999")))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "spec 'meter_raw'", "[formula]", "'scaled'", "1e999"
+    )
