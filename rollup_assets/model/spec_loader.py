@@ -61,6 +61,12 @@ COMPONENT_TYPE = ".RollupChain"
 
 
 ARCHIVE_SECTIONS = ("raw_archives", "time_range_archives", "rollups")
+# What a spec may repeat through YAML aliases, counted as if each alias were written out: a list
+# or mapping counts 1, a scalar 1 plus its length. The shipped spec repeats about 1,500 this way
+# (its chain shares one zone and one list of aggregations); a "billion laughs" of nine nested
+# aliases, 558 bytes of YAML, would be 2 GB once something turned it into text.
+MAX_ALIAS_EXPANSION = 100_000
+ALIAS_RULE = "alias expansion"
 KEYS_ARE_TEXT = "keys are text"
 _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -79,6 +85,55 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def __init__(self, stream: str, origin: str = "<memory>") -> None:
         super().__init__(stream)
         self.origin = origin
+        self._expanded: dict[int, int] = {}  # id(node) -> its size written out (see above)
+        self._aliased = 0  # what the aliases so far repeat, in that measure
+        self._open: set[str] = set()  # anchors of the nodes being composed
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        """Compose as PyYAML does, counting what each alias repeats: past
+        `MAX_ALIAS_EXPANSION`, or for an alias inside the node it names, the spec is refused
+        at that alias, before anything is constructed. PyYAML shares an aliased node, so
+        composing stays cheap; the cost would come when the value is written out as text."""
+        event = self.peek_event()
+        if not isinstance(event, yaml.AliasEvent):
+            if event.anchor is None:
+                return super().compose_node(parent, index)
+            self._open.add(event.anchor)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._open.discard(event.anchor)
+        line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+        where = f"alias *{event.anchor} (line {line} of {self.origin})"
+        if event.anchor in self._open:
+            raise SpecError(
+                self.origin, ALIAS_RULE, f"{where} is inside the node it names (a cycle)"
+            )
+        node = super().compose_node(parent, index)
+        assert node is not None  # an alias names a node composed before it
+        self._aliased += self._size(node)
+        if self._aliased > MAX_ALIAS_EXPANSION:
+            raise SpecError(
+                self.origin,
+                ALIAS_RULE,
+                f"{where} brings what the aliases repeat past {MAX_ALIAS_EXPANSION:,} values "
+                "and characters; aliases share a declaration, they do not multiply one",
+            )
+        return node
+
+    def _size(self, node: yaml.Node) -> int:
+        """`node` written out: 1 per list or mapping, 1 plus its length per scalar. Memoised,
+        so a node shared by many aliases is measured once."""
+        size = self._expanded.get(id(node))
+        if size is None:
+            if isinstance(node, yaml.ScalarNode):
+                size = 1 + len(node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._size(item) for item in node.value)
+            else:
+                size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            self._expanded[id(node)] = size
+        return size
 
     def get_single_node(self) -> yaml.Node | None:
         node = super().get_single_node()

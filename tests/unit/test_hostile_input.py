@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
@@ -31,6 +32,7 @@ from rollup_assets.model.errors import BackupInvalidError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.manifests import BackupManifest
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from rollup_assets.settings import DEFAULT_SPECS
 from tests.unit.test_cli import Invoke, assert_one_line_failure, rollups  # noqa: F401
 
 PROPERTY = settings(
@@ -1230,3 +1232,67 @@ def test_validate_refuses_an_infinite_literal_in_one_line(
     assert_one_line_failure(
         rollups("validate"), "spec 'meter_raw'", "[formula]", "'scaled'", "1e999"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML aliases: a spec may share declarations through anchors, not multiply them.
+
+
+def _laughs(levels: int = 9, width: int = 9) -> str:
+    """A "billion laughs": each anchor a list of `width` aliases of the one before, the last
+    aliased as an archive's description (9 levels of 9: 9**9 strings, 2 GB as text)."""
+    lines = ["x-l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"x-l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    lines += [
+        "raw_archives:",
+        "  meter_raw:",
+        f"    description: *l{levels - 1}",
+        "    columns: {kwh: double}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.timeout(10)  # unbounded, loading took 40 s and 2 GB
+def test_an_alias_bomb_is_refused_in_well_under_a_second_naming_the_alias(tmp_path: Path) -> None:
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text(_laughs())
+    assert spec.stat().st_size < 700
+    start = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_catalog(spec)
+    assert time.perf_counter() - start < 0.5
+    err = info.value
+    assert (err.archive, err.rule) == (str(spec), "alias expansion"), str(err)
+    # Lines 2-4 repeat about 30,000 through aliases; each *l3 on line 5 repeats 27,064 more.
+    assert f"alias *l3 (line 5 of {spec})" in str(err) and len(str(err).splitlines()) == 1
+
+
+def test_an_alias_inside_the_node_it_names_is_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "cycle.yaml"
+    spec.write_text("x-loop: &loop {again: *loop}\nraw_archives: {}\n")
+    with pytest.raises(SpecError, match=r"alias \*loop \(line 1 of .*\) is inside the node"):
+        load_catalog(spec)
+
+
+def test_specs_that_share_declarations_through_aliases_still_load(tmp_path: Path) -> None:
+    """The shipped spec shares its zone and aggregations through anchors, and a small tree of
+    aliases (three levels of three) stays within the budget."""
+    assert len(load_catalog(DEFAULT_SPECS).rollups) == 5
+    spec = tmp_path / "small.yaml"
+    spec.write_text(_laughs(levels=3, width=3))
+    assert load_catalog(spec).raw["meter_raw"].description.count("lol") == 27
+
+
+@pytest.mark.timeout(10)
+def test_validate_refuses_an_alias_bomb_in_one_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text(_laughs())
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    start = time.perf_counter()
+    assert_one_line_failure(rollups("validate"), "[alias expansion]", "alias *l3 (line 5")
+    assert time.perf_counter() - start < 1.0
