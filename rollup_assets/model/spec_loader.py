@@ -47,7 +47,7 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     try:
         doc = loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
+        raise SpecError(str(p), "valid YAML", f"not valid YAML: {_one_line(exc)}") from exc
     finally:
         loader.dispose()
     if isinstance(doc, Mapping) and str(doc.get("type", "")).endswith(COMPONENT_TYPE):
@@ -58,6 +58,17 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
 
 
 COMPONENT_TYPE = ".RollupChain"
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line (PyYAML's spans several, and the CLI shows the first only):
+    the problem, where it is, and what the parser was doing."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:
+        return " ".join(str(exc).split())
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = f" ({exc.context})" if exc.context else ""
+    return f"{exc.problem}{where}{context}"
 
 
 ARCHIVE_SECTIONS = ("raw_archives", "time_range_archives", "rollups")

@@ -1296,3 +1296,17 @@ def test_validate_refuses_an_alias_bomb_in_one_line(
     start = time.perf_counter()
     assert_one_line_failure(rollups("validate"), "[alias expansion]", "alias *l3 (line 5")
     assert time.perf_counter() - start < 1.0
+
+
+def test_validate_names_a_yaml_error_in_one_line_with_its_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyYAML's messages span several lines; the CLI shows one, which must hold the problem."""
+    spec = tmp_path / "specs.yaml"
+    spec.write_text("raw_archives:\n  m: {columns: {x: double}}\n  m: {columns: {y: double}}\n")
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "[valid YAML]", "found duplicate key 'm' at line 3, column 3"
+    )
