@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from resources.delta_tables import file_actions, open_table, read_commit
-from resources.warehouse import filesystem_for
+from resources.warehouse import TABLE_FOLDERS, filesystem_for
 from rollup_assets.model.errors import BackupError
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,6 @@ LAST_CHECKPOINT = f"{LOG_DIR}/_last_checkpoint"
 # versions are ASCII digits: `$` would accept a trailing newline, `\d` any Unicode digit.
 _VERSIONED = re.compile(r"([0-9]{20})\.(json|crc|checkpoint\.[^/]+)")
 _COMPACTED = re.compile(r"[0-9]{20}\.([0-9]{20})\.compacted\.json")
-# Table directories live one level below these folders of a warehouse root.
-TABLE_FOLDERS = ("raw", "rollups", "_control")
 _COPY_THREADS = 8
 
 

@@ -74,22 +74,12 @@ def validate_catalog(
 
 def _check_tenants(tenants: dict[str, Tenant]) -> None:
     """Tenant names are archive-like names (they become asset-key prefixes and parts of job,
-    sensor and pool names), and no two tenants name the same warehouse root."""
-    roots: dict[str, str] = {}
-    for name, tenant in tenants.items():
+    sensor and pool names). Whether tenants' roots overlap is decided where roots are resolved,
+    against the configured warehouse (`resources.warehouse.tenant_warehouses`)."""
+    for name in tenants:
         problem = name_problem(name)
         if problem is not None:
             raise SpecError(f"tenants.{name}", "tenant name", f"tenant name {problem}")
-        if tenant.warehouse is None:
-            continue
-        root = tenant.warehouse.rstrip("/")
-        if root in roots:
-            raise SpecError(
-                f"tenants.{name}",
-                "one warehouse per tenant",
-                f"warehouse {tenant.warehouse!r} is also tenant '{roots[root]}'s",
-            )
-        roots[root] = name
 
 
 def _check_retention(
