@@ -14,13 +14,14 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from resources.checksums import copy_with_sha256
 from resources.delta_tables import file_actions, open_table, read_commit
 from resources.warehouse import TABLE_FOLDERS, filesystem_for
 from rollup_assets.model.errors import BackupError
@@ -131,6 +132,7 @@ class Copied:
     files: int
     bytes: int
     skipped: int = 0  # optional files that no longer existed
+    sha256: Mapping[str, str] = field(default_factory=dict)  # relative path -> of what was copied
 
 
 def copy_files(
@@ -142,36 +144,41 @@ def copy_files(
     ordered: bool = False,
 ) -> Copied:
     """Copy `paths` (relative) from under `source`'s root to the same paths under `target`'s,
-    several at a time, or one after the other in the given order when `ordered`.
+    several at a time, or one after the other in the given order when `ordered`; the result
+    holds the SHA-256 of each file copied, computed from the bytes copied.
 
     A missing source file raises BackupError, or is skipped when `optional`.
     """
     (src_fs, src_root), (dst_fs, dst_root) = source, target
     todo = list(paths)
 
-    def one(rel: str) -> int:
+    def one(rel: str) -> tuple[int, str] | None:
         src, dst = f"{src_root}/{rel}", f"{dst_root}/{rel}"
         info = src_fs.get_file_info(src)
         if info.type is not pafs.FileType.File:
             if optional:
-                return -1
+                return None
             raise BackupError(f"{src} is missing; it was deleted while being copied?")
         dst_fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
         try:
-            pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+            return copy_with_sha256((src_fs, src), (dst_fs, dst))
         except FileNotFoundError:
             if optional:
-                return -1
+                return None
             raise BackupError(f"{src} disappeared while being copied") from None
-        return int(info.size or 0)
 
     if ordered:
-        sizes = [one(rel) for rel in todo]
+        done = [one(rel) for rel in todo]
     else:
         with ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="copy") as pool:
-            sizes = list(pool.map(one, todo))
-    copied = [s for s in sizes if s >= 0]
-    return Copied(len(copied), sum(copied), len(sizes) - len(copied))
+            done = list(pool.map(one, todo))
+    copied = {rel: d for rel, d in zip(todo, done, strict=True) if d is not None}
+    return Copied(
+        len(copied),
+        sum(size for size, _ in copied.values()),
+        len(todo) - len(copied),
+        {rel: checksum for rel, (_, checksum) in copied.items()},
+    )
 
 
 def copy_table(
@@ -193,7 +200,10 @@ def copy_table(
     if old.skipped:
         log.info("%s: %d file(s) of old commits were already vacuumed", uri, old.skipped)
     return Copied(
-        data.files + old.files + logged.files, data.bytes + old.bytes + logged.bytes, old.skipped
+        data.files + old.files + logged.files,
+        data.bytes + old.bytes + logged.bytes,
+        old.skipped,
+        {**data.sha256, **old.sha256, **logged.sha256},
     )
 
 

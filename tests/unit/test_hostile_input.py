@@ -1017,12 +1017,20 @@ def test_a_spec_file_with_a_newline_in_a_column_name_is_refused_by_validate(
 def test_a_backup_manifest_naming_a_table_path_with_a_trailing_newline_is_refused() -> None:
     doc = {
         "format": "rollups-backup",
-        "format_version": 1,
+        "format_version": 2,
         "created_at": "2025-01-01T00:00:00Z",
         "source_root": "/w",
         "specs_origin": "specs.yaml",
         "archives": {},
-        "tables": [{"path": "raw/meter_raw\n", "version": 0, "files": 1, "bytes": 1}],
+        "tables": [
+            {
+                "path": "raw/meter_raw\n",
+                "version": 0,
+                "files": 1,
+                "bytes": 1,
+                "sha256": {"_delta_log/00000000000000000000.json": "0" * 64},
+            }
+        ],
     }
     with pytest.raises(BackupInvalidError, match="not a warehouse table path"):
         BackupManifest.from_json(json.dumps(doc), "manifest.json")
