@@ -236,9 +236,16 @@ def key_subject(path: Sequence[str], origin: str) -> tuple[str, str]:
     return subject, f"key under {'.'.join(path)}"
 
 
-def _check_text_keys(value: Any, path: tuple[str, ...], origin: str) -> None:
+def _check_text_keys(
+    value: Any, path: tuple[str, ...], origin: str, seen: set[int] | None = None
+) -> None:
     """Refuse a mapping key that is not text anywhere in a spec given as Python data (a spec read
-    from YAML had its keys checked by the loader, which can still name the source text)."""
+    from YAML had its keys checked by the loader, which can still name the source text). Each
+    mapping or list is checked once, however often the data repeats it."""
+    seen = set() if seen is None else seen
+    if not isinstance(value, Mapping | list | tuple) or id(value) in seen:
+        return
+    seen.add(id(value))
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -246,10 +253,10 @@ def _check_text_keys(value: Any, path: tuple[str, ...], origin: str) -> None:
                 raise SpecError(
                     subject, KEYS_ARE_TEXT, f"{what} {key!r} is a {type(key).__name__}, not text"
                 )
-            _check_text_keys(item, (*path, key), origin)
-    elif isinstance(value, list | tuple):
+            _check_text_keys(item, (*path, key), origin, seen)
+    else:
         for item in value:
-            _check_text_keys(item, path, origin)
+            _check_text_keys(item, path, origin, seen)
 
 
 def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
