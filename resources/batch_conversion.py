@@ -16,6 +16,7 @@ from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.specs import (
+    CONTROL_CHARACTERS,
     DAY_COLUMN,
     ENTITY_COLUMN,
     RANGE_END_COLUMN,
@@ -171,6 +172,15 @@ class BatchConverter:
         self._fail_first(
             pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0), offset, "entity_id is empty"
         )
+        # A newline or NUL in an entity id would be stored, and then split a CLI line or a log.
+        controls = pc.fill_null(pc.match_substring_regex(col, CONTROL_CHARACTERS), False)
+        if pc.any(controls).as_py():
+            i = pc.index(controls, True).as_py()
+            raise IngestValidationError(
+                self.spec.name,
+                offset + i,
+                f"entity_id {col[i].as_py()!r} holds a control character",
+            )
         return col
 
     def _timestamp(

@@ -4,7 +4,8 @@ The batch is validated whole before anything is written: every chunk is converte
 archive's Arrow schema, and the first offending row (0-based, in file order) is reported with its
 reason. Conversion is streamed in chunks, so a large file is never held several times over.
 
-Rules: required columns present and non-null; values convertible to the declared type; no NaN
+Rules: an entity id is text, not empty, without control characters (a newline, a NUL);
+required columns present and non-null; values convertible to the declared type; no NaN
 in required columns (NaN in an optional double column means "missing" and becomes null); no
 infinities; timestamps parseable (ISO-8601 strings or timestamp columns; naive means UTC, offsets
 are converted) and within years 1 to 9999 in UTC; no duplicate keys inside one batch; no columns

@@ -14,26 +14,26 @@ import json
 import logging
 import re
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from resources.checksums import copy_with_sha256
 from resources.delta_tables import file_actions, open_table, read_commit
-from resources.warehouse import filesystem_for
+from resources.warehouse import TABLE_FOLDERS, filesystem_for
 from rollup_assets.model.errors import BackupError
 
 log = logging.getLogger(__name__)
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = f"{LOG_DIR}/_last_checkpoint"
 # Log entries by the version they describe: commits, checksums, (multi-part and v2) checkpoints;
-# compacted logs by the last version they cover.
-_VERSIONED = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.[^/]+)$")
-_COMPACTED = re.compile(r"^\d{20}\.(\d{20})\.compacted\.json$")
-# Table directories live one level below these folders of a warehouse root.
-TABLE_FOLDERS = ("raw", "rollups", "_control")
+# compacted logs by the last version they cover. Names are matched whole (`fullmatch`) and
+# versions are ASCII digits: `$` would accept a trailing newline, `\d` any Unicode digit.
+_VERSIONED = re.compile(r"([0-9]{20})\.(json|crc|checkpoint\.[^/]+)")
+_COMPACTED = re.compile(r"[0-9]{20}\.([0-9]{20})\.compacted\.json")
 _COPY_THREADS = 8
 
 
@@ -55,10 +55,10 @@ def _log_order(name: str) -> tuple[int, int, str]:
     if name == LAST_CHECKPOINT:
         return (1 << 62, 0, name)
     base = name.rsplit("/", 1)[-1]
-    m = _VERSIONED.match(base)
+    m = _VERSIONED.fullmatch(base)
     if m:
         return (int(m.group(1)), 0 if m.group(2) == "json" else 1, name)
-    m = _COMPACTED.match(base)
+    m = _COMPACTED.fullmatch(base)
     return (int(m.group(1)) if m else -1, 2, name)
 
 
@@ -80,7 +80,7 @@ def log_files_until(fs: pafs.FileSystem, root: str, version: int) -> list[str]:
             if int(hint.get("version", version + 1)) <= version:
                 out.append(rel)
             continue
-        m = _VERSIONED.match(name) or _COMPACTED.match(name)
+        m = _VERSIONED.fullmatch(name) or _COMPACTED.fullmatch(name)
         if m and int(m.group(1)) <= version and "/" not in rel[len(LOG_DIR) + 1 :]:
             out.append(rel)
     return sorted(out, key=_log_order)
@@ -116,7 +116,7 @@ def files_at(
     if history:
         live = set(data)
         for rel in log_files:
-            m = _VERSIONED.match(rel.removeprefix(f"{LOG_DIR}/"))
+            m = _VERSIONED.fullmatch(rel.removeprefix(f"{LOG_DIR}/"))
             if not m or m.group(2) != "json":
                 continue
             for action in read_commit(uri, int(m.group(1)), storage_options):
@@ -132,6 +132,7 @@ class Copied:
     files: int
     bytes: int
     skipped: int = 0  # optional files that no longer existed
+    sha256: Mapping[str, str] = field(default_factory=dict)  # relative path -> of what was copied
 
 
 def copy_files(
@@ -143,36 +144,41 @@ def copy_files(
     ordered: bool = False,
 ) -> Copied:
     """Copy `paths` (relative) from under `source`'s root to the same paths under `target`'s,
-    several at a time, or one after the other in the given order when `ordered`.
+    several at a time, or one after the other in the given order when `ordered`; the result
+    holds the SHA-256 of each file copied, computed from the bytes copied.
 
     A missing source file raises BackupError, or is skipped when `optional`.
     """
     (src_fs, src_root), (dst_fs, dst_root) = source, target
     todo = list(paths)
 
-    def one(rel: str) -> int:
+    def one(rel: str) -> tuple[int, str] | None:
         src, dst = f"{src_root}/{rel}", f"{dst_root}/{rel}"
         info = src_fs.get_file_info(src)
         if info.type is not pafs.FileType.File:
             if optional:
-                return -1
+                return None
             raise BackupError(f"{src} is missing; it was deleted while being copied?")
         dst_fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
         try:
-            pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs)
+            return copy_with_sha256((src_fs, src), (dst_fs, dst))
         except FileNotFoundError:
             if optional:
-                return -1
+                return None
             raise BackupError(f"{src} disappeared while being copied") from None
-        return int(info.size or 0)
 
     if ordered:
-        sizes = [one(rel) for rel in todo]
+        done = [one(rel) for rel in todo]
     else:
         with ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="copy") as pool:
-            sizes = list(pool.map(one, todo))
-    copied = [s for s in sizes if s >= 0]
-    return Copied(len(copied), sum(copied), len(sizes) - len(copied))
+            done = list(pool.map(one, todo))
+    copied = {rel: d for rel, d in zip(todo, done, strict=True) if d is not None}
+    return Copied(
+        len(copied),
+        sum(size for size, _ in copied.values()),
+        len(todo) - len(copied),
+        {rel: checksum for rel, (_, checksum) in copied.items()},
+    )
 
 
 def copy_table(
@@ -194,7 +200,10 @@ def copy_table(
     if old.skipped:
         log.info("%s: %d file(s) of old commits were already vacuumed", uri, old.skipped)
     return Copied(
-        data.files + old.files + logged.files, data.bytes + old.bytes + logged.bytes, old.skipped
+        data.files + old.files + logged.files,
+        data.bytes + old.bytes + logged.bytes,
+        old.skipped,
+        {**data.sha256, **old.sha256, **logged.sha256},
     )
 
 

@@ -12,6 +12,8 @@ the one its spec gives, else `<warehouse>/tenants/<tenant>/` (`tenant_warehouses
 is written at the configured root itself then.
 """
 
+import posixpath
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,11 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.settings import Settings
 
 TENANTS_DIR = "tenants"
+# The folders of a root that hold tables (`raw_path`, `rollup_path`, `control_path`).
+TABLE_FOLDERS = ("raw", "rollups", "_control")
+# Schemes that reach the same store: Hadoop's S3 connectors (s3a, the retired s3n) read S3, and
+# abfs is ABFS without TLS.
+SAME_STORE = {"s3a": "s3", "s3n": "s3", "abfs": "abfss"}
 
 
 def _is_uri(root: str) -> bool:
@@ -64,6 +71,9 @@ class Warehouse:
 
     def __post_init__(self) -> None:
         root = self.root
+        scheme, sep, rest = root.partition(":")
+        if sep and (_is_uri(root) or scheme.lower() == "file"):
+            root = f"{scheme.lower()}:{rest}"  # a scheme is case-insensitive: S3://, FILE:/
         if root.startswith("file:"):
             # A file URI stays a URI (file:/x, file:///x, encoded or not), so it takes the same
             # path through delta-rs, pyarrow and Hadoop as an object-store root does.
@@ -83,6 +93,19 @@ class Warehouse:
     def is_local(self) -> bool:
         """A local directory (given as a path or a `file:` URI)."""
         return not _is_uri(self.root) or self.root.startswith("file:")
+
+    @property
+    def location(self) -> str:
+        """Where the root is, spelled one way, for telling whether two roots overlap: a local
+        directory as its absolute path (given as a path or a `file:` URI); an object-store URI
+        with the scheme of its store (`s3a://` and `s3n://` are `s3://`), the bucket or account
+        in lower case, and the path decoded without `.`, `..` or repeated slashes."""
+        if self.is_local:
+            return _file_uri_path(self.root) if _is_uri(self.root) else self.root
+        scheme, rest = self.root.split("://", 1)
+        authority, _, path = rest.partition("/")
+        path = posixpath.normpath(re.sub("/+", "/", "/" + urllib.parse.unquote(path)))
+        return f"{SAME_STORE.get(scheme, scheme)}://{authority.lower()}{path}".rstrip("/")
 
     def join(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -116,28 +139,58 @@ class Warehouse:
 
 def tenant_warehouses(base: Warehouse, catalog: Catalog) -> dict[str, Warehouse]:
     """Each declared tenant's warehouse: the root its spec gives, else `<base>/tenants/<name>`,
-    with `base`'s storage options. Refuses roots that overlap (one tenant's root inside
-    another's, or the base root itself), since a tenant could then reach the other's tables."""
+    with `base`'s storage options.
+
+    Refuses roots that overlap, since a tenant could then reach another's tables: two tenants'
+    roots at one place or one inside the other, and a tenant's root at or around `base`, or
+    inside `base`'s own tables. Roots are compared by `Warehouse.location`, so `/p` and
+    `file:///p`, `s3://b/t` and `s3a://b/t`, or a relative path and its absolute one are the
+    same place. The error names the tenant declared later, the other one, and both roots."""
     out = {
         name: Warehouse(
             tenant.warehouse or base.join(TENANTS_DIR, name), dict(base.storage_options)
         )
         for name, tenant in catalog.tenants.items()
     }
-    others = [("the configured warehouse", base)]
-    others += [(f"tenant '{n}'s warehouse", wh) for n, wh in out.items()]
-    for name, wh in out.items():
-        for what, owh in others:
-            if owh is wh:
-                continue
-            if wh.root == owh.root or owh.root.startswith(wh.root + "/"):
-                raise SpecError(
-                    f"tenants.{name}",
-                    "separate tenant warehouses",
-                    f"its warehouse {wh.root} holds {what} ({owh.root}); "
-                    "give each tenant a root of its own",
-                )
+    names = list(out)
+    for i, name in enumerate(names):
+        wh = out[name]
+        clash = None
+        # At or around the configured root is refused; inside it is where default roots go.
+        if _within(base.location, wh.location):
+            clash = _overlap(wh, base, "the configured warehouse")
+        for folder in TABLE_FOLDERS:
+            tables = Warehouse(base.join(folder))
+            if clash is None and _within(wh.location, tables.location):
+                clash = f"lies inside the configured warehouse's tables ({tables.root})"
+        for other in names[:i]:
+            clash = clash or _overlap(wh, out[other], f"tenant '{other}'s warehouse")
+        if clash is not None:
+            raise SpecError(
+                f"tenants.{name}",
+                "separate tenant warehouses",
+                f"its warehouse {wh.root} {clash}; give each tenant a root of its own, "
+                "apart from the others' and from the configured warehouse's tables",
+            )
     return out
+
+
+def _within(inner: str, outer: str) -> bool:
+    """Location `inner` is `outer` or below it."""
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def _overlap(wh: Warehouse, other: Warehouse, what: str) -> str | None:
+    """How `wh` overlaps `other` (called `what`), as the end of a sentence; None if apart."""
+    here, there = wh.location, other.location
+    same = "" if wh.root == other.root else f"; both are {here}"
+    if here == there:
+        return f"is {what} ({other.root}{same})"
+    if _within(there, here):
+        return f"holds {what} ({other.root})"
+    if _within(here, there):
+        return f"lies inside {what} ({other.root})"
+    return None
 
 
 def tenant_warehouse(base: Warehouse, catalog: Catalog, tenant: str | None) -> Warehouse:

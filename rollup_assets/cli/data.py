@@ -10,6 +10,7 @@ from rollup_assets.cli.app import (
     handle_errors,
     main,
     selection_options,
+    settings,
     tenant_option,
     time_range,
 )
@@ -24,10 +25,13 @@ SOURCES = click.Choice(["Manual", "Pipeline", "Import"])
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @handle_errors
 def validate(fmt: str) -> None:
-    """Load and validate the spec file; list the archives it declares."""
+    """Load and validate the spec file, and its tenants' warehouse roots against
+    ROLLUPS_WAREHOUSE; list the archives it declares."""
+    from resources.warehouse import Warehouse, tenant_warehouses
     from rollup_assets.model.describe import describe
 
     c = catalog()
+    tenant_warehouses(Warehouse(settings().warehouse), c)  # roots that overlap are refused
     rows = [
         {
             "archive": n,

@@ -72,6 +72,7 @@ def import_command(archive: str, file: str, fmt: str) -> None:
     """Load FILE (written by `export`, or any file `ingest` takes) into a raw or time-range
     ARCHIVE, as an ingest with change source Import: validated whole, one commit, detected by
     the sensors. Rollup rows are derived and are never imported: import their source's rows.
+    An exported file whose row count or checksum no longer matches its manifest is refused.
     """
     from rollup_assets.services.archive_io import import_archive
 
@@ -129,8 +130,9 @@ def restore_command(directory: str, fmt: str, quiet: bool) -> None:
     """Rebuild the empty warehouse (ROLLUPS_WAREHOUSE) from the backup in DIR.
 
     Refuses, writing nothing, a warehouse root that is not empty, a missing or corrupt
-    manifest, a backup with missing files, and archives the spec file does not declare the
-    same way. Use a fresh DAGSTER_HOME with the restored warehouse.
+    manifest (or one of an older release, without checksums), a backup with missing, extra or
+    changed files (each file's SHA-256 is checked), and archives the spec file does not declare
+    the same way. Use a fresh DAGSTER_HOME with the restored warehouse.
     """
     from rollup_assets.cli.progress import Meter
     from rollup_assets.services.backup import restore

@@ -14,7 +14,10 @@ class SpecError(RollupsError):
     def __init__(self, archive: str, rule: str, message: str) -> None:
         self.archive = archive
         self.rule = rule
-        super().__init__(f"spec '{archive}' violates rule [{rule}]: {message}")
+        # A name with a control character (a newline, say) is shown escaped: the message stays
+        # one line, and the character is visible.
+        shown = archive if archive.isprintable() else repr(archive)[1:-1]
+        super().__init__(f"spec '{shown}' violates rule [{rule}]: {message}")
 
 
 class ArchiveNotFoundError(RollupsError):

@@ -18,6 +18,9 @@ the same row:
 Functions: `abs sqrt exp ln log10 floor ceil sign` (one argument), `round(x)` or `round(x, n)`
 with a whole literal `n`, `min(a, b, ...)` and `max(a, b, ...)`, `if(condition, then, else)`.
 
+A number literal is written in ASCII digits (`12`, `0.5`, `2.5e3`; `١٢` is no number) and must
+be finite: `1e999`, which a float would hold as infinity, is refused.
+
 Every value is a number: a boolean operand or result is 1 or 0, a condition is true when it is
 not 0, a timestamp operand (`ts`, `range_start`, `range_end` or a timestamp column) is its
 milliseconds since 1970-01-01 UTC. Nothing else exists: no attribute access, no indexing, no
@@ -30,6 +33,8 @@ nodes, `MAX_DEPTH` levels of nesting.
 
 import re
 from dataclasses import dataclass
+
+from rollup_assets.model.numbers import DECIMAL, decimal_number
 
 MAX_FORMULA_CHARS = 1_000
 MAX_NODES = 256
@@ -50,8 +55,9 @@ COMPARISONS = {
     "<>": "!=",
 }
 
+# Numbers are ASCII digits only (`numbers.DECIMAL`): `\d` would take any Unicode digit.
 _TOKEN = re.compile(
-    r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+    rf"\s*(?:(?P<number>{DECIMAL})"
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
     r"|(?P<op><=|>=|==|!=|<>|&&|\|\||[-+*/^()<>=!~,]))"
 )
@@ -144,6 +150,8 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
         if m is None or m.end() == pos:
             col = pos + len(text[pos:]) - len(text[pos:].lstrip())
             what = " (there is no attribute access)" if text[col] == "." else ""
+            if text[col].isdecimal():  # a digit of another script: '١', '１'
+                what = " (numbers are written with the digits 0-9)"
             raise FormulaSyntaxError(f"position {col + 1}: {text[col]!r} is not allowed{what}")
         kind = m.lastgroup or ""
         start = m.start(kind)
@@ -255,8 +263,12 @@ class _Parser:
             raise self.error("the formula ends too early")
         kind, value, _ = self.tokens[self.i]
         if kind == "number":
+            try:
+                number = decimal_number(value)
+            except ValueError as exc:  # 1e999: a literal is never infinity
+                raise self.error(str(exc)) from None
             self.i += 1
-            return self.node(Number(float(value)), depth)
+            return self.node(Number(number), depth)
         if self.take("("):
             inner = self.expression(depth + 1)
             self.expect(")")

@@ -1,10 +1,15 @@
 """The manifests of a warehouse backup and of an archive export: what they record, as JSON.
 
 A backup manifest names every table of the warehouse with the Delta version it was copied at
-(one consistent set of versions), and the archives the spec file declared then (kind and schema
-fingerprint), so a restore can refuse a warehouse the current specs could not read. An export
-manifest describes one Parquet file of an archive's logical rows: which archive, which rows
-(range, entities), how many, and the source versions they were read at.
+(one consistent set of versions), the SHA-256 of every file copied, and the archives the spec
+file declared then (kind and schema fingerprint), so a restore can refuse a warehouse the
+current specs could not read, and a backup whose files changed. An export manifest describes
+one Parquet file of an archive's logical rows: which archive, which rows (range, entities), how
+many, the source versions they were read at, and how the file's checksum is kept.
+
+Backups of format version 1 (from releases before checksums) are refused: nothing could vouch
+for their files' content. An export without a checksum is imported after a warning (see
+`services/archive_io.py`).
 """
 
 import json
@@ -19,11 +24,17 @@ from rollup_assets.model.windows import iso_utc
 
 BACKUP_FORMAT = "rollups-backup"
 EXPORT_FORMAT = "rollups-export"
-FORMAT_VERSION = 1
+BACKUP_FORMAT_VERSION = 2  # 2: every file's SHA-256
+EXPORT_FORMAT_VERSION = 1
+# How an export's checksum is kept: the SHA-256 of the file under this footer key
+# (`resources/checksums.py`); an export of an older release names none.
+EXPORT_CHECKSUM = "sha256"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 MANIFEST_NAME = "manifest.json"
 # Where a table may live under a warehouse root (see resources/warehouse.py); a manifest naming
-# anything else (an absolute path, `..`) is refused before a restore writes a byte.
-TABLE_PATH = re.compile(r"^(raw|rollups|_control)/[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# anything else (an absolute path, `..`, a trailing newline) is refused before a restore writes a
+# byte. Matched whole (`fullmatch`): `$` would also match before a trailing newline.
+TABLE_PATH = re.compile(r"(raw|rollups|_control)/[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -35,12 +46,14 @@ class ArchiveEntry:
 @dataclass(frozen=True)
 class TableEntry:
     """One table of a backup: its path under the root, the version copied, and what was copied
-    (file count and bytes, log and data together)."""
+    (file count and bytes, log and data together, and each file's SHA-256 by its path under the
+    table's root)."""
 
     path: str
     version: int
     files: int
     bytes: int
+    sha256: Mapping[str, str]
 
 
 def declared_archives(catalog: Catalog) -> dict[str, ArchiveEntry]:
@@ -64,7 +77,7 @@ class BackupManifest:
         return json.dumps(
             {
                 "format": BACKUP_FORMAT,
-                "format_version": FORMAT_VERSION,
+                "format_version": BACKUP_FORMAT_VERSION,
                 "created_at": iso_utc(self.created_at),
                 "source_root": self.source_root,
                 "specs_origin": self.specs_origin,
@@ -73,7 +86,13 @@ class BackupManifest:
                     for n, a in sorted(self.archives.items())
                 },
                 "tables": [
-                    {"path": t.path, "version": t.version, "files": t.files, "bytes": t.bytes}
+                    {
+                        "path": t.path,
+                        "version": t.version,
+                        "files": t.files,
+                        "bytes": t.bytes,
+                        "sha256": dict(sorted(t.sha256.items())),
+                    }
                     for t in self.tables
                 ],
             },
@@ -93,14 +112,26 @@ class BackupManifest:
             raise bad(f"not JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("format") != BACKUP_FORMAT:
             raise bad(f"not a {BACKUP_FORMAT} manifest")
-        if doc.get("format_version") != FORMAT_VERSION:
+        if doc.get("format_version") == 1:
+            raise BackupInvalidError(
+                f"backup manifest {where} was made by an older release: it records no "
+                "checksums, so its files cannot be verified; take a new backup (or restore "
+                "this one with the release that made it)"
+            )
+        if doc.get("format_version") != BACKUP_FORMAT_VERSION:
             raise bad(
                 f"format version {doc.get('format_version')!r}; this release reads "
-                f"version {FORMAT_VERSION}"
+                f"version {BACKUP_FORMAT_VERSION}"
             )
         try:
             tables = [
-                TableEntry(str(t["path"]), int(t["version"]), int(t["files"]), int(t["bytes"]))
+                TableEntry(
+                    str(t["path"]),
+                    _whole(t["version"]),
+                    _whole(t["files"]),
+                    _whole(t["bytes"]),
+                    {str(p): str(c) for p, c in t["sha256"].items()},
+                )
                 for t in doc["tables"]
             ]
             archives = {
@@ -117,10 +148,15 @@ class BackupManifest:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise bad(f"missing or malformed field ({exc!r})") from None
         for t in tables:
-            if not TABLE_PATH.match(t.path):
+            if not TABLE_PATH.fullmatch(t.path):
                 raise bad(f"table path {t.path!r} is not a warehouse table path")
             if t.version < 0 or t.files < 1 or t.bytes < 0:
                 raise bad(f"table {t.path}: version {t.version}, {t.files} file(s)")
+            if len(t.sha256) != t.files:
+                raise bad(f"table {t.path}: {t.files} file(s) but {len(t.sha256)} checksum(s)")
+            for path, checksum in t.sha256.items():
+                if not _SHA256.fullmatch(checksum):
+                    raise bad(f"table {t.path}: file {path!r} has no SHA-256 ({checksum!r})")
         if len({t.path for t in tables}) != len(tables):
             raise bad("a table is listed twice")
         return manifest
@@ -161,6 +197,7 @@ class ExportManifest:
     source_versions: Mapping[str, int]
     exported_at: datetime
     fingerprint: str = ""
+    checksum: str = ""  # EXPORT_CHECKSUM, or "" for an export of an older release
 
     @property
     def is_rollup(self) -> bool:
@@ -170,7 +207,7 @@ class ExportManifest:
         return json.dumps(
             {
                 "format": EXPORT_FORMAT,
-                "format_version": FORMAT_VERSION,
+                "format_version": EXPORT_FORMAT_VERSION,
                 "archive": self.archive,
                 "kind": self.kind,
                 "fingerprint": self.fingerprint,
@@ -181,6 +218,7 @@ class ExportManifest:
                 "entities": None if self.entities is None else list(self.entities),
                 "source_versions": dict(self.source_versions),
                 "exported_at": iso_utc(self.exported_at),
+                "checksum": self.checksum,
             }
         )
 
@@ -190,7 +228,7 @@ class ExportManifest:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise ValueError(f"not a {EXPORT_FORMAT} manifest")
-        if doc.get("format_version") != FORMAT_VERSION:
+        if doc.get("format_version") != EXPORT_FORMAT_VERSION:
             raise ValueError(f"export format version {doc.get('format_version')!r}")
 
         def instant(key: str) -> datetime | None:
@@ -212,6 +250,14 @@ class ExportManifest:
                 source_versions={str(k): int(v) for k, v in doc["source_versions"].items()},
                 exported_at=exported_at,
                 fingerprint=str(doc.get("fingerprint", "")),
+                checksum=str(doc.get("checksum", "")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"missing or malformed field ({exc!r})") from None
+
+
+def _whole(value: object) -> int:
+    """A count or version of a manifest: a JSON whole number, not text or a boolean."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a whole number")
+    return value

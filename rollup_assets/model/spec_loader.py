@@ -5,7 +5,7 @@ reaches the warehouse. Specs are data: nothing in them is ever executed.
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,13 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(p), "readable spec file", f"cannot read spec file: {exc}") from exc
+    loader = _UniqueKeyLoader(text, origin=str(p))  # a SafeLoader: no arbitrary objects
     try:
-        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        doc = loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise SpecError(str(p), "valid YAML", f"not valid YAML: {exc}") from exc
+        raise SpecError(str(p), "valid YAML", f"not valid YAML: {_one_line(exc)}") from exc
+    finally:
+        loader.dispose()
     if isinstance(doc, Mapping) and str(doc.get("type", "")).endswith(COMPONENT_TYPE):
         # A Dagster project's `defs.yaml` declaring the rollups as a component: its attributes
         # are the spec (the warehouse root among them belongs to the component, not the spec).
@@ -57,10 +60,143 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
 COMPONENT_TYPE = ".RollupChain"
 
 
+def _one_line(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line (PyYAML's spans several, and the CLI shows the first only):
+    the problem, where it is, and what the parser was doing."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:
+        return " ".join(str(exc).split())
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = f" ({exc.context})" if exc.context else ""
+    return f"{exc.problem}{where}{context}"
+
+
+ARCHIVE_SECTIONS = ("raw_archives", "time_range_archives", "rollups")
+# What a spec may repeat through YAML aliases, counted as if each alias were written out: a list
+# or mapping counts 1, a scalar 1 plus its length. The shipped spec repeats about 1,500 this way
+# (its chain shares one zone and one list of aggregations); a "billion laughs" of nine nested
+# aliases, 558 bytes of YAML, would be 2 GB once something turned it into text.
+MAX_ALIAS_EXPANSION = 100_000
+ALIAS_RULE = "alias expansion"
+KEYS_ARE_TEXT = "keys are text"
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """A SafeLoader that refuses a key given twice in one mapping (YAML requires unique keys;
-    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name).
-    Keys merged in with `<<:` may still be overridden."""
+    PyYAML would silently keep the last, dropping e.g. one of two rollups of the same name),
+    and a key YAML does not read as text. Keys merged in with `<<:` may still be overridden.
+
+    YAML 1.1 reads an unquoted `on`, `off`, `yes` or `no` as a boolean, `12` as a number, `null`
+    or `~` as null, `2025-01-01` as a date; as a key that would become a column named 'True'.
+    Such a key is refused with what was written and where, before anything is constructed.
+    """
+
+    def __init__(self, stream: str, origin: str = "<memory>") -> None:
+        super().__init__(stream)
+        self.origin = origin
+        self._expanded: dict[int, int] = {}  # id(node) -> its size written out (see above)
+        self._aliased = 0  # what the aliases so far repeat, in that measure
+        self._open: set[str] = set()  # anchors of the nodes being composed
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        """Compose as PyYAML does, counting what each alias repeats: past
+        `MAX_ALIAS_EXPANSION`, or for an alias inside the node it names, the spec is refused
+        at that alias, before anything is constructed. PyYAML shares an aliased node, so
+        composing stays cheap; the cost would come when the value is written out as text."""
+        event = self.peek_event()
+        if not isinstance(event, yaml.AliasEvent):
+            if event.anchor is None:
+                return super().compose_node(parent, index)
+            self._open.add(event.anchor)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._open.discard(event.anchor)
+        line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+        where = f"alias *{event.anchor} (line {line} of {self.origin})"
+        if event.anchor in self._open:
+            raise SpecError(
+                self.origin, ALIAS_RULE, f"{where} is inside the node it names (a cycle)"
+            )
+        node = super().compose_node(parent, index)
+        assert node is not None  # an alias names a node composed before it
+        self._aliased += self._size(node)
+        if self._aliased > MAX_ALIAS_EXPANSION:
+            raise SpecError(
+                self.origin,
+                ALIAS_RULE,
+                f"{where} brings what the aliases repeat past {MAX_ALIAS_EXPANSION:,} values "
+                "and characters; aliases share a declaration, they do not multiply one",
+            )
+        return node
+
+    def _size(self, node: yaml.Node) -> int:
+        """`node` written out: 1 per list or mapping, 1 plus its length per scalar. Memoised,
+        so a node shared by many aliases is measured once."""
+        size = self._expanded.get(id(node))
+        if size is None:
+            if isinstance(node, yaml.ScalarNode):
+                size = 1 + len(node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._size(item) for item in node.value)
+            else:
+                size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            self._expanded[id(node)] = size
+        return size
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            self._check_keys(node, (), set())
+        return node
+
+    def _check_keys(self, node: yaml.Node, path: tuple[str, ...], seen: set[int]) -> None:
+        """Refuse the first key (in document order) under `node` that YAML does not read as text;
+        `path` is the keys leading to `node`, `seen` the nodes already checked (an alias
+        repeats a node)."""
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                self._check_keys(item, path, seen)
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    self._check_keys(value_node, path, seen)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
+                    raise self._key_not_text(path, key_node)
+                self._check_keys(value_node, (*path, key_node.value), seen)
+
+    def _key_not_text(self, path: tuple[str, ...], key_node: yaml.Node) -> SpecError:
+        subject, what = key_subject(path, self.origin)
+        where = f"line {key_node.start_mark.line + 1} of {self.origin}"
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            return SpecError(subject, KEYS_ARE_TEXT, f"{what} ({where}) is a {kind}, not a name")
+        value = self.construct_object(key_node)
+        if value is None:
+            read = "null"
+        elif isinstance(value, bool):
+            read = f"the boolean {value}"
+        elif isinstance(value, int | float):
+            read = f"the number {value!r}"
+        elif isinstance(value, date):
+            read = f"the date {value.isoformat()}"
+        else:
+            read = f"a {type(value).__name__}"
+        text = key_node.value
+        if not text:
+            return SpecError(subject, KEYS_ARE_TEXT, f"{what} ({where}) is empty")
+        return SpecError(
+            subject,
+            KEYS_ARE_TEXT,
+            f"{what} `{text}` ({where}) is read by YAML as {read}; quote it ('{text}') to mean "
+            "the name",
+        )
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -79,9 +215,54 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def key_subject(path: Sequence[str], origin: str) -> tuple[str, str]:
+    """For a key found under `path` (the keys leading to its mapping): the subject a SpecError
+    names (the archive or tenant it belongs to, else the spec file) and what the key is."""
+    if path and path[0] == "attributes":  # a Dagster `defs.yaml`: its attributes are the spec
+        path = path[1:]
+    subject = origin
+    if len(path) >= 2 and path[0] in ARCHIVE_SECTIONS:
+        subject = path[1]
+    elif len(path) >= 2 and path[0] == "tenants":
+        subject = f"tenants.{path[1]}"
+    if not path:
+        return subject, "top-level key"
+    if len(path) == 1 and path[0] in ARCHIVE_SECTIONS:
+        return subject, "archive name"
+    if len(path) == 1 and path[0] == "tenants":
+        return subject, "tenant name"
+    if len(path) == 3 and path[0] != "rollups" and path[2] == "columns":
+        return subject, "column name"
+    return subject, f"key under {'.'.join(path)}"
+
+
+def _check_text_keys(
+    value: Any, path: tuple[str, ...], origin: str, seen: set[int] | None = None
+) -> None:
+    """Refuse a mapping key that is not text anywhere in a spec given as Python data (a spec read
+    from YAML had its keys checked by the loader, which can still name the source text). Each
+    mapping or list is checked once, however often the data repeats it."""
+    seen = set() if seen is None else seen
+    if not isinstance(value, Mapping | list | tuple) or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                subject, what = key_subject(path, origin)
+                raise SpecError(
+                    subject, KEYS_ARE_TEXT, f"{what} {key!r} is a {type(key).__name__}, not text"
+                )
+            _check_text_keys(item, (*path, key), origin, seen)
+    else:
+        for item in value:
+            _check_text_keys(item, path, origin, seen)
+
+
 def parse_catalog(doc: Mapping[str, Any], origin: str = "<memory>") -> Catalog:
     if not isinstance(doc, Mapping):
         raise SpecError(origin, "top-level mapping", "the spec file must be a mapping")
+    _check_text_keys(doc, (), origin)
     unknown = {k for k in doc if not str(k).startswith("x-")} - {
         "raw_archives",
         "time_range_archives",

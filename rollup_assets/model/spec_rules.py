@@ -13,7 +13,6 @@ from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.specs import (
     PARTIALS,
-    RESERVED_COLUMNS,
     AggregateFunction,
     Alignment,
     ArchiveSpec,
@@ -23,7 +22,8 @@ from rollup_assets.model.specs import (
     RollupSpec,
     Tenant,
     TimeRangeArchiveSpec,
-    is_valid_name,
+    column_name_problem,
+    name_problem,
 )
 
 
@@ -39,13 +39,9 @@ def validate_catalog(
     seen: dict[str, str] = {}
     for kind, names in (("raw", raw), ("time_range", time_range), ("rollup", rollups)):
         for name in names:
-            if not is_valid_name(name):
-                raise SpecError(
-                    name,
-                    "archive name",
-                    "names are lower-case identifiers (a-z, 0-9, _; no '__'), "
-                    "at most 63 characters",
-                )
+            problem = name_problem(name)
+            if problem is not None:
+                raise SpecError(name, "archive name", f"archive name {problem}")
             if name in seen:
                 raise SpecError(
                     name, "unique names", f"declared both as {seen[name]} and as {kind}"
@@ -53,7 +49,7 @@ def validate_catalog(
             seen[name] = kind
     values: list[RawArchiveSpec | TimeRangeArchiveSpec] = [*raw.values(), *time_range.values()]
     for spec in values:
-        _check_value_columns(spec)
+        _check_value_columns(spec, origin)
     raw = {n: check_computed_columns(s) for n, s in raw.items()}
     time_range = {n: check_computed_columns(s) for n, s in time_range.items()}
     for spec in time_range.values():
@@ -78,25 +74,12 @@ def validate_catalog(
 
 def _check_tenants(tenants: dict[str, Tenant]) -> None:
     """Tenant names are archive-like names (they become asset-key prefixes and parts of job,
-    sensor and pool names), and no two tenants name the same warehouse root."""
-    roots: dict[str, str] = {}
-    for name, tenant in tenants.items():
-        if not is_valid_name(name):
-            raise SpecError(
-                f"tenants.{name}",
-                "tenant name",
-                "names are lower-case identifiers (a-z, 0-9, _; no '__'), at most 63 characters",
-            )
-        if tenant.warehouse is None:
-            continue
-        root = tenant.warehouse.rstrip("/")
-        if root in roots:
-            raise SpecError(
-                f"tenants.{name}",
-                "one warehouse per tenant",
-                f"warehouse {tenant.warehouse!r} is also tenant '{roots[root]}'s",
-            )
-        roots[root] = name
+    sensor and pool names). Whether tenants' roots overlap is decided where roots are resolved,
+    against the configured warehouse (`resources.warehouse.tenant_warehouses`)."""
+    for name in tenants:
+        problem = name_problem(name)
+        if problem is not None:
+            raise SpecError(f"tenants.{name}", "tenant name", f"tenant name {problem}")
 
 
 def _check_retention(
@@ -121,17 +104,12 @@ def _check_retention(
             )
 
 
-def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> None:
+def _check_value_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec, origin: str) -> None:
     names = [c.name for c in spec.columns]
     for c in names:
-        if not is_valid_name(c):
-            raise SpecError(
-                spec.name, "column name", f"column '{c}' is not a lower-case identifier"
-            )
-        if c in RESERVED_COLUMNS:
-            raise SpecError(
-                spec.name, "column name", f"column '{c}' is reserved by the storage layer"
-            )
+        problem = column_name_problem(c)
+        if problem is not None:
+            raise SpecError(spec.name, "column name", f"{origin}: column {problem}")
     dupes = {c for c in names if names.count(c) > 1}
     if dupes:
         raise SpecError(spec.name, "unique columns", f"columns declared twice: {sorted(dupes)}")
@@ -258,10 +236,9 @@ def _check_aggregations(spec: RollupSpec, source: ArchiveSpec) -> dict[str, Colu
             )
         types[agg.column] = ctype
         out = agg.output_name
-        if not is_valid_name(out) or out in RESERVED_COLUMNS:
-            raise SpecError(
-                spec.name, "target name", f"target name '{out}' is not a usable column name"
-            )
+        problem = column_name_problem(out)
+        if problem is not None:
+            raise SpecError(spec.name, "target name", f"target name {problem}")
         if out in outputs:
             raise SpecError(spec.name, "unique target names", f"two aggregations produce '{out}'")
         outputs.append(out)

@@ -3,12 +3,19 @@
 An export is what `query` returns for the archive (a rollup's logical columns, a raw or
 time-range archive's rows), read from one snapshot, in one Parquet file whose key-value metadata
 carries the manifest (`model/manifests.py`: archive, kind, columns, range, entities, row count,
-source versions, export time). An import loads such a file (or any file `ingest` accepts) into a
+source versions, export time) and, under `CHECKSUM_KEY`, the file's own SHA-256
+(`resources/checksums.py`). An import loads such a file (or any file `ingest` accepts) into a
 raw or time-range archive with the ingest semantics: validated whole, upserted in one commit,
 detected by the sensors like any other write. Rollup rows are derived from their source, so they
 are never imported: import the source's rows and the rollups follow.
+
+An exported file is checked before its rows are read: its row count, then its checksum, which
+its manifest announces, so a file changed after the export (in place, or rewritten, which drops
+the checksum) is refused. A file exported by a release before checksums has none and is
+imported after a warning, its row count checked only; a file without a manifest is any file.
 """
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,18 +26,21 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from resources.checksums import parquet_checksum_matches, parquet_placeholder, seal_parquet
 from resources.raw_store import IngestResult
 from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
-from rollup_assets.model.manifests import ExportManifest
+from rollup_assets.model.manifests import EXPORT_CHECKSUM, ExportManifest
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import schema_fingerprint
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.query import query_versions
 
+log = logging.getLogger(__name__)
 MANIFEST_KEY = b"rollups.export"
+CHECKSUM_KEY = b"rollups.export.sha256"
 # Rows per row group of an exported file: each is written, and reported, on its own.
 EXPORT_ROW_GROUP = 262_144
 
@@ -70,19 +80,27 @@ def export_archive(
         source_versions=versions,
         exported_at=datetime.now(UTC),
         fingerprint=schema_fingerprint(spec),
+        checksum=EXPORT_CHECKSUM,
     )
     meta = {**(rows.schema.metadata or {}), MANIFEST_KEY: manifest.to_json().encode("utf-8")}
-    fs, path = _filesystem(file)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     rows = rows.replace_schema_metadata(meta)
-    with pq.ParquetWriter(path, rows.schema, filesystem=fs) as writer:
-        if progress is not None:
-            progress("writing", 0, rows.num_rows)
-        for offset in range(0, rows.num_rows, EXPORT_ROW_GROUP):
-            group = rows.slice(offset, EXPORT_ROW_GROUP)
-            writer.write_table(group)
+    # Written and sealed locally (the checksum goes into the finished footer), then copied.
+    with tempfile.TemporaryDirectory(prefix="rollups-export-") as tmp:
+        local = str(Path(tmp) / "export.parquet")
+        placeholder = parquet_placeholder()
+        with pq.ParquetWriter(local, rows.schema) as writer:
             if progress is not None:
-                progress("writing", offset + group.num_rows, rows.num_rows)
+                progress("writing", 0, rows.num_rows)
+            for offset in range(0, rows.num_rows, EXPORT_ROW_GROUP):
+                group = rows.slice(offset, EXPORT_ROW_GROUP)
+                writer.write_table(group)
+                if progress is not None:
+                    progress("writing", offset + group.num_rows, rows.num_rows)
+            writer.add_key_value_metadata({CHECKSUM_KEY: placeholder})
+        seal_parquet(local, placeholder)
+        fs, path = _filesystem(file)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(local, path, destination_filesystem=fs)
     return manifest
 
 
@@ -145,11 +163,40 @@ def _check(archive: str, path: str, manifest: ExportManifest) -> None:
             "derived from their source and are not imported: import the source archive's rows "
             "and let the rollups follow"
         )
+    name = Path(path).name
     rows = pq.read_metadata(path).num_rows
     if rows != manifest.rows:
         raise IngestValidationError(
             archive,
             None,
-            f"{Path(path).name} holds {rows} rows but its export manifest says {manifest.rows}; "
+            f"{name} holds {rows} rows but its export manifest says {manifest.rows}; "
             "the file was changed after the export",
+        )
+    if not manifest.checksum:
+        log.warning(
+            "%s was exported by an older release and has no checksum; its rows are imported "
+            "with its row count checked only",
+            name,
+        )
+        return
+    if manifest.checksum != EXPORT_CHECKSUM:
+        raise IngestValidationError(
+            archive,
+            None,
+            f"{name}: its export manifest names an unknown checksum {manifest.checksum!r}",
+        )
+    matches = parquet_checksum_matches(path, CHECKSUM_KEY)
+    if matches is None:
+        raise IngestValidationError(
+            archive,
+            None,
+            f"{name} has lost the checksum its export manifest announces; the file was "
+            "rewritten after the export",
+        )
+    if not matches:
+        raise IngestValidationError(
+            archive,
+            None,
+            f"{name} does not match the checksum its export recorded; the file was changed "
+            "after the export",
         )

@@ -3,7 +3,8 @@
 What a backup holds: every table of the warehouse (raw and time-range archives, rollups, their
 pointer tables, the archive states and the ledger) copied at one version each
 (`resources/delta_copy.py`), under `tables/<path under the root>`, and `manifest.json`, written
-last, naming each table's version, what was copied, and the archives the specs declared.
+last, naming each table's version, what was copied (each file with the SHA-256 of the bytes
+copied), and the archives the specs declared.
 
 Which versions: the ones a reader would have seen at one instant. They are found without
 clocks by reading twice: every table's latest version is read (a rollup's row table together
@@ -25,19 +26,25 @@ the warehouse: restore into a Dagster home that has not run against the original
 no run key of the original's runs is taken already.
 
 A restore writes into an empty root only, and checks everything before it writes: the manifest,
-that its archives are declared now with the same kind and schema, and that the backup's files
-are all there. It copies every table's data files, then the logs, the archive states last: until
-that table exists every archive reads as not activated, so no sensor or ingest acts on a
-half-restored warehouse. Each rollup's surface is copied like any table and then published
+that its archives are declared now with the same kind and schema, that the backup's files are
+exactly those listed, and that each has the SHA-256 the manifest records (so a file altered in
+place, at the same size, is refused by name); the files are read once to verify and once to copy,
+and the copy is checked against the manifest again. A manifest of an older release, without
+checksums, is refused: take a new backup, or restore it with the release that made it.
+
+It copies every table's data files, then the logs, the archive states last: until that table
+exists every archive reads as not activated, so no sensor or ingest acts on a half-restored
+warehouse. Each rollup's surface is copied like any table and then published
 (`services.surface`): a backup taken between a flip and its publish holds a surface one step
 behind, which the publish brings up to date.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import pyarrow.fs as pafs
 
+from resources.checksums import sha256_of_files
 from resources.delta_copy import (
     copy_files,
     copy_table,
@@ -134,7 +141,7 @@ def backup(engine: Engine, target: str, progress: Progress | None = None) -> Bac
             engine.warehouse.storage_options,
             history=path.startswith("raw/"),  # sources: their change data feed is read
         )
-        tables.append(TableEntry(path, version, copied.files, copied.bytes))
+        tables.append(TableEntry(path, version, copied.files, copied.bytes, copied.sha256))
         if progress is not None:
             progress("copying", len(tables))
     manifest = BackupManifest(
@@ -167,9 +174,27 @@ def read_manifest(source: str) -> BackupManifest:
     return BackupManifest.from_json(text, where)
 
 
+def _check_checksums(
+    backup_root: str,
+    table: str,
+    expected: Mapping[str, str],
+    found: Mapping[str, str],
+    then: str,
+) -> None:
+    """BackupInvalidError naming the first file of `table` whose SHA-256 is not the manifest's;
+    `then` ends the message (what was, or was not, written)."""
+    for path in sorted(expected):
+        if found.get(path) != expected[path]:
+            raise BackupInvalidError(
+                f"backup {backup_root}: file {path} of table {table} does not match its "
+                f"checksum in the manifest (SHA-256 {str(found.get(path))[:12]}..., recorded "
+                f"{expected[path][:12]}...); the backup was changed or damaged{then}"
+            )
+
+
 def restore(engine: Engine, source: str, progress: Progress | None = None) -> BackupManifest:
     """Rebuild the (empty) warehouse of `engine` from the backup at `source`; `progress` hears
-    of each table whose data files, then whose log, is copied."""
+    of each table whose files are verified, then whose data files, then whose log, is copied."""
     manifest = read_manifest(source)
     backup_dir = Warehouse(source)
     problems = manifest.mismatches(engine.catalog)
@@ -196,17 +221,38 @@ def restore(engine: Engine, source: str, progress: Progress | None = None) -> Ba
                 f"{size} bytes, its manifest says {t.files} of {t.bytes}; the backup is "
                 "incomplete or was changed"
             )
+        unlisted = sorted({p for p, _ in files} - set(t.sha256))
+        if unlisted:
+            raise BackupInvalidError(
+                f"backup {backup_dir.root}: table {t.path} holds {unlisted[0]}, a file its "
+                "manifest does not list; the backup was changed"
+            )
         plans[t.path] = split_log([p for p, _ in files])
+    checksums = {t.path: t.sha256 for t in manifest.tables}
+    for done, t in enumerate(manifest.tables, 1):
+        computed = sha256_of_files(src_fs, f"{src_root}/{TABLES}/{t.path}", sorted(t.sha256))
+        _check_checksums(backup_dir.root, t.path, t.sha256, computed, "; nothing was restored")
+        if progress is not None:
+            progress("verifying", done)
 
-    def ends(path: str) -> tuple[tuple[pafs.FileSystem, str], tuple[pafs.FileSystem, str]]:
-        return (src_fs, f"{src_root}/{TABLES}/{path}"), (dst_fs, f"{dst_root}/{path}")
+    def copy(path: str, files: list[str], ordered: bool = False) -> None:
+        src = (src_fs, f"{src_root}/{TABLES}/{path}")
+        copied = copy_files(src, (dst_fs, f"{dst_root}/{path}"), files, ordered=ordered)
+        # The bytes copied are hashed too: a file that changed since it was verified is caught.
+        _check_checksums(
+            backup_dir.root,
+            path,
+            {f: checksums[path][f] for f in files},
+            copied.sha256,
+            f" while it was restored; delete {engine.warehouse.root} and restore again",
+        )
 
     for done, (path, (data, _)) in enumerate(plans.items(), 1):
-        copy_files(*ends(path), data)
+        copy(path, data)
         if progress is not None:
             progress("copying data of", done)
     for done, path in enumerate(sorted(plans, key=lambda p: p == STATES_TABLE), 1):
-        copy_files(*ends(path), plans[path][1], ordered=path == STATES_TABLE)
+        copy(path, plans[path][1], ordered=path == STATES_TABLE)
         if progress is not None:
             progress("copying logs of", done)
     for t in manifest.tables:

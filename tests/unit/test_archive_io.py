@@ -1,6 +1,7 @@
 """Export and import of one archive's rows (delta-rs only, no Spark): an export imported into an
 empty warehouse reads back the same rows; rollup rows and altered files are refused."""
 
+import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +15,12 @@ from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOper
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
-from rollup_assets.services.archive_io import MANIFEST_KEY, export_archive, import_archive
+from rollup_assets.services.archive_io import (
+    CHECKSUM_KEY,
+    MANIFEST_KEY,
+    export_archive,
+    import_archive,
+)
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
@@ -180,3 +186,72 @@ def test_a_file_altered_after_export_is_refused_and_nothing_is_written(
     ):
         import_archive(target, "meter_raw", str(out))
     assert query_arrow(target, "meter_raw").num_rows == 0
+
+
+def _kwh_chunk(path: Path) -> tuple[int, int]:
+    """Where the `kwh` column's bytes of the first row group lie in `path`: (start, length)."""
+    chunk = pq.read_metadata(path).row_group(0).column(2)
+    assert chunk.path_in_schema == "kwh"
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    return start, chunk.total_compressed_size
+
+
+def test_an_export_carries_the_sha256_of_its_bytes(source: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "meter.parquet"
+    manifest = export_archive(source, "meter_raw", str(out))
+    assert manifest.checksum == "sha256"
+    recorded = pq.read_metadata(out).metadata[CHECKSUM_KEY]
+    data = out.read_bytes()
+    assert data.count(recorded) == 1 and len(recorded) == 64
+    # The SHA-256 of the file as written, with 64 zeros where the checksum then went.
+    zeroed = data.replace(recorded, b"0" * 64)
+    assert hashlib.sha256(zeroed).hexdigest().encode() == recorded
+
+
+def test_an_export_altered_in_place_at_the_same_size_is_refused_and_nothing_is_written(
+    source: Engine, tmp_path: Path
+) -> None:
+    out = tmp_path / "meter.export.parquet"
+    export_archive(source, "meter_raw", str(out))
+    start, length = _kwh_chunk(out)
+    data = bytearray(out.read_bytes())
+    data[start + length // 2] ^= 0x01
+    out.write_bytes(bytes(data))
+    assert len(data) == out.stat().st_size
+    target = fresh(tmp_path / "target")
+    with pytest.raises(
+        IngestValidationError, match="does not match the checksum its export recorded"
+    ):
+        import_archive(target, "meter_raw", str(out))
+    assert query_arrow(target, "meter_raw").num_rows == 0
+
+
+def test_an_export_rewritten_with_other_values_is_refused(source: Engine, tmp_path: Path) -> None:
+    """Same rows, one value changed, written again with pyarrow (which keeps the manifest in
+    the schema but not the checksum): the row count matches, the checksum is gone."""
+    out = tmp_path / "meter.export.parquet"
+    export_archive(source, "meter_raw", str(out))
+    data = pq.read_table(out)
+    kwh = data["kwh"].to_pylist()
+    pq.write_table(data.set_column(2, "kwh", pa.array([kwh[0] + 1, *kwh[1:]])), out)
+    assert MANIFEST_KEY in pq.read_schema(out).metadata
+    target = fresh(tmp_path / "target")
+    with pytest.raises(IngestValidationError, match="has lost the checksum"):
+        import_archive(target, "meter_raw", str(out))
+    assert query_arrow(target, "meter_raw").num_rows == 0
+
+
+def test_an_export_of_an_older_release_without_a_checksum_is_imported_with_a_warning(
+    source: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "old.parquet"
+    export_archive(source, "meter_raw", str(out))
+    data = pq.read_table(out)
+    doc = json.loads(data.schema.metadata[MANIFEST_KEY])
+    del doc["checksum"]  # as releases before checksums wrote it
+    pq.write_table(data.replace_schema_metadata({MANIFEST_KEY: json.dumps(doc)}), out)
+    target = fresh(tmp_path / "target")
+    with caplog.at_level("WARNING", logger="rollup_assets.services.archive_io"):
+        result = import_archive(target, "meter_raw", str(out))
+    assert result.ingest.inserted == data.num_rows
+    assert "old.parquet was exported by an older release and has no checksum" in caplog.text

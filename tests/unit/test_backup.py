@@ -2,6 +2,7 @@
 like the original (archive rows, archive states, ledger, change feed), and a restore that
 cannot be right writes nothing."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -55,8 +56,16 @@ def test_a_restore_into_an_empty_root_reads_like_the_original(tmp_path: Path) ->
     assert paths == {p: DeltaTable(source.warehouse.join(p)).version() for p in tables}
     assert (paths["raw/meter_raw"], paths["_control/ledger"]) == (2, 0)
     doc = json.loads((tmp_path / "backup" / "manifest.json").read_text())
-    assert doc["format"] == "rollups-backup" and doc["format_version"] == 1
+    assert doc["format"] == "rollups-backup" and doc["format_version"] == 2
     assert doc["archives"]["meter_hourly"]["kind"] == "rollup"
+    # Every file of the backup is listed with the SHA-256 of its bytes.
+    for t in doc["tables"]:
+        table = tmp_path / "backup" / "tables" / t["path"]
+        files = {str(f.relative_to(table)): f for f in table.rglob("*") if f.is_file()}
+        assert t["files"] == len(files) == len(t["sha256"]) > 0
+        assert t["sha256"] == {
+            rel: hashlib.sha256(f.read_bytes()).hexdigest() for rel, f in files.items()
+        }
 
     target = Engine(CATALOG, Warehouse(str(tmp_path / "restored")))
     restore(target, str(tmp_path / "backup"))
@@ -212,3 +221,122 @@ def test_a_backup_of_a_table_written_after_the_versions_were_read_keeps_the_old_
     restored = target.raw.table(CATALOG.raw["meter_raw"])
     assert restored is not None and restored.version() == 2
     assert 9.0 not in query_arrow(target, "meter_raw")["kwh"].to_pylist()
+
+
+def _flip_a_byte(path: Path) -> None:
+    """Change one byte of `path` in place: same size, other content."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _one_file(backup_dir: Path, table: str, pattern: str) -> Path:
+    return sorted((backup_dir / "tables" / table).rglob(pattern))[-1]
+
+
+@pytest.mark.parametrize(
+    ("table", "pattern"),
+    [
+        ("raw/meter_raw", "part-*.parquet"),  # a data file of a raw archive
+        ("raw/meter_raw", "_delta_log/*.json"),  # a commit of its log
+        ("_control/ledger", "*.parquet"),  # the ledger's data
+        ("_control/archives", "_delta_log/*.json"),  # the archive states, restored last
+    ],
+)
+def test_a_restore_refuses_a_file_altered_in_place_at_the_same_size_and_writes_nothing(
+    tmp_path: Path, table: str, pattern: str
+) -> None:
+    source = populated(tmp_path)
+    backup(source, str(tmp_path / "backup"))
+    altered = _one_file(tmp_path / "backup", table, pattern)
+    size = altered.stat().st_size
+    _flip_a_byte(altered)
+    assert altered.stat().st_size == size
+    target = Engine(CATALOG, Warehouse(str(tmp_path / "restored")))
+    rel = altered.relative_to(tmp_path / "backup" / "tables" / table)
+    with pytest.raises(BackupInvalidError) as info:
+        restore(target, str(tmp_path / "backup"))
+    message = str(info.value)
+    assert f"file {rel} of table {table} does not match its checksum" in message, message
+    assert "nothing was restored" in message
+    assert not (tmp_path / "restored").exists()
+
+
+def test_a_file_that_changes_between_verifying_and_copying_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes copied are checked too: a file altered after the check is named."""
+    source = populated(tmp_path)
+    manifest = backup(source, str(tmp_path / "backup"))
+    altered = _one_file(tmp_path / "backup", "raw/tariff", "part-*.parquet")
+    _flip_a_byte(altered)
+    recorded = {t.path: t.sha256 for t in manifest.tables}
+
+    def as_recorded(fs: object, root: str, paths: list[str]) -> dict[str, str]:
+        table = root.split("/tables/", 1)[1]
+        return {p: recorded[table][p] for p in paths}  # the check passes: the file changed later
+
+    monkeypatch.setattr(backups, "sha256_of_files", as_recorded)
+    target = Engine(CATALOG, Warehouse(str(tmp_path / "restored")))
+    rel = altered.relative_to(tmp_path / "backup" / "tables" / "raw" / "tariff")
+    with pytest.raises(BackupInvalidError, match=f"file {rel} of table raw/tariff does not"):
+        restore(target, str(tmp_path / "backup"))
+    # Nothing activates the half-restored warehouse: the archive states' log comes last.
+    assert not (tmp_path / "restored" / "_control" / "archives" / "_delta_log").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (
+            lambda d: edit(d, lambda m: m.update(format_version=1)),
+            "made by an older release: it records no checksums",
+        ),
+        (
+            lambda d: edit(d, lambda m: m["tables"][0].pop("sha256")),
+            "missing or malformed field",
+        ),
+        (
+            lambda d: edit(d, lambda m: m["tables"][0]["sha256"].popitem()),
+            "file(s) but",
+        ),
+        (
+            lambda d: edit(
+                d,
+                lambda m: m["tables"][0]["sha256"].update(
+                    dict.fromkeys(m["tables"][0]["sha256"], "x")
+                ),
+            ),
+            "has no SHA-256",
+        ),
+        (
+            lambda d: edit(d, lambda m: m["tables"][0].update(files="1")),
+            "missing or malformed field",
+        ),
+        (
+            lambda d: _one_file(d, "raw/meter_raw", "part-*.parquet").rename(
+                _one_file(d, "raw/meter_raw", "part-*.parquet").with_name("part-x.parquet")
+            ),
+            "a file its manifest does not list",
+        ),
+    ],
+    ids=[
+        "older-release",
+        "no-checksums",
+        "checksum-missing",
+        "not-a-checksum",
+        "text-count",
+        "renamed",
+    ],
+)
+def test_a_restore_refuses_a_manifest_that_cannot_vouch_for_its_files(
+    tmp_path: Path, damage, needle: str
+) -> None:
+    source = populated(tmp_path)
+    backup(source, str(tmp_path / "backup"))
+    damage(tmp_path / "backup")
+    target = Engine(CATALOG, Warehouse(str(tmp_path / "restored")))
+    with pytest.raises(BackupInvalidError) as info:
+        restore(target, str(tmp_path / "backup"))
+    assert needle in str(info.value), str(info.value)
+    assert not (tmp_path / "restored").exists()

@@ -7,9 +7,11 @@ the exact upsert result, or the first offending row and its reason. Catalogs are
 chains, optionally broken by one mutation whose rule and archive the test knows in advance.
 """
 
+import json
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
@@ -26,9 +28,12 @@ from hypothesis import strategies as st
 
 from resources.raw_store import RawStore
 from resources.warehouse import Warehouse
-from rollup_assets.model.errors import IngestValidationError, SpecError
+from rollup_assets.model.errors import BackupInvalidError, IngestValidationError, SpecError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.manifests import BackupManifest
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from rollup_assets.settings import DEFAULT_SPECS
+from tests.unit.test_cli import Invoke, assert_one_line_failure, rollups  # noqa: F401
 
 PROPERTY = settings(
     derandomize=True,
@@ -826,7 +831,7 @@ def unknown_key(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
 
 def bad_archive_name(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
     old = _any_rollup(draw, chain)
-    new = draw(st.sampled_from(["Level-X", "level__x", "9level", "l" * 64]))
+    new = draw(st.sampled_from(["Level-X", "level__x", "9level", "l" * 64, "level_x\n"]))
     chain.doc["rollups"] = {new if n == old else n: b for n, b in chain.rollups.items()}
     for body in chain.rollups.values():
         if body["source"] == old:
@@ -841,7 +846,11 @@ def name_clash(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
 
 
 def reserved_column(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
-    column = draw(st.sampled_from(["ts", "entity_id", "day", "range_start", "generation"]))
+    column = draw(
+        st.sampled_from(
+            ["ts", "entity_id", "day", "range_start", "generation", "null", "true", "if", "abs"]
+        )
+    )
     chain.base_body()["columns"][column] = "double"
     return chain.base, "column name"
 
@@ -929,4 +938,398 @@ def test_random_invalid_catalogs_are_rejected_naming_archive_and_rule(
         parse_catalog(chain.doc)
     err = info.value
     assert (err.archive, err.rule) == (archive, rule), str(err)
-    assert f"spec '{archive}'" in str(err) and f"[{rule}]" in str(err)
+    shown = archive if archive.isprintable() else repr(archive)[1:-1]  # one line, escaped
+    assert f"spec '{shown}'" in str(err) and f"[{rule}]" in str(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile names: a trailing newline or a control character in any name is refused at load,
+# shown escaped in a one-line message.
+
+NAME_DEFECTS = ["meter\n", "me\tter", "meter\r\n", "m\x00", "met\x7fer", "meter\x85"]
+
+
+def _with_name(where: str, name: str) -> tuple[dict[str, Any], str, str]:
+    """A valid spec with `name` put `where`, and the subject and rule it must be refused with."""
+    columns: dict[str, Any] = {"kwh": "double"}
+    agg: dict[str, str] = {"column": "kwh", "function": "Sum"}
+    raw, rollup, tenants = "meter_raw", "meter_hourly", {"acme": {}}
+    if where == "archive":
+        raw = name
+    elif where == "column":
+        columns = {name: "double", "kwh": "double"}
+    elif where == "target":
+        agg["target"] = name
+    elif where == "tenant":
+        tenants = {name: {}}
+    doc = {
+        "raw_archives": {raw: {"columns": columns}},
+        "rollups": {
+            rollup: {
+                "source": raw,
+                "alignment": "FixedSize",
+                "size": "1h",
+                "start": "2025-01-01",
+                "aggregations": [agg],
+            }
+        },
+        "tenants": tenants,
+    }
+    subject, rule = {
+        "archive": (name, "archive name"),
+        "column": (raw, "column name"),
+        "target": (rollup, "target name"),
+        "tenant": (f"tenants.{name}", "tenant name"),
+    }[where]
+    return doc, subject, rule
+
+
+@pytest.mark.parametrize("name", NAME_DEFECTS, ids=repr)
+@pytest.mark.parametrize("where", ["archive", "column", "target", "tenant"])
+def test_a_name_with_a_newline_or_a_control_character_is_refused(where: str, name: str) -> None:
+    doc, subject, rule = _with_name(where, name)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    err = info.value
+    assert (err.archive, err.rule) == (subject, rule), str(err)
+    assert repr(name) in str(err)
+    assert len(str(err).splitlines()) == 1, str(err)
+
+
+def test_the_same_names_without_the_defect_load() -> None:
+    """Guards the test above: each spec it breaks loads with a plain name."""
+    for where in ("archive", "column", "target", "tenant"):
+        doc, _, _ = _with_name(where, "meter")
+        parse_catalog(doc)
+
+
+def test_a_spec_file_with_a_newline_in_a_column_name_is_refused_by_validate(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text('raw_archives:\n  meter_raw:\n    columns:\n      "meter\\n": double\n')
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(rollups("validate"), "[column name]", "'meter\\n'")
+
+
+def test_a_backup_manifest_naming_a_table_path_with_a_trailing_newline_is_refused() -> None:
+    doc = {
+        "format": "rollups-backup",
+        "format_version": 2,
+        "created_at": "2025-01-01T00:00:00Z",
+        "source_root": "/w",
+        "specs_origin": "specs.yaml",
+        "archives": {},
+        "tables": [
+            {
+                "path": "raw/meter_raw\n",
+                "version": 0,
+                "files": 1,
+                "bytes": 1,
+                "sha256": {"_delta_log/00000000000000000000.json": "0" * 64},
+            }
+        ],
+    }
+    with pytest.raises(BackupInvalidError, match="not a warehouse table path"):
+        BackupManifest.from_json(json.dumps(doc), "manifest.json")
+
+
+@pytest.mark.parametrize("entity", ["m1\n", "m\x001", "m\t1", "m1\x9b"], ids=repr)
+def test_an_entity_id_with_a_control_character_is_refused_at_its_row(
+    seeded_warehouse: Path, tmp_path: Path, entity: str
+) -> None:
+    root = tmp_path / "warehouse"
+    shutil.copytree(seeded_warehouse, root)
+    store = RawStore(Warehouse(str(root)))
+    batch = pa.table(
+        {
+            "entity_id": ["m1", entity],
+            "ts": pa.array([POOL[0], POOL[1]], pa.timestamp("us", tz="UTC")),
+            "reading": [1.0, 2.0],
+        }
+    )
+    pq.write_table(batch, tmp_path / "batch.parquet")
+    with pytest.raises(IngestValidationError) as info:
+        store.ingest(SPEC, tmp_path / "batch.parquet", ChangeSource.PIPELINE)
+    assert info.value.row == 1 and repr(entity) in str(info.value), str(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert DeltaTable(store.uri(SPEC)).version() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reserved words and keys YAML does not read as text: refused at load, naming what was written.
+
+RESERVED = ["null", "true", "false", "and", "or", "not", "if", "abs", "sqrt", "min", "round"]
+
+
+@pytest.mark.parametrize("word", RESERVED)
+def test_a_reserved_word_is_refused_as_a_column_name(word: str) -> None:
+    doc, _, _ = _with_name("column", word)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc, origin="specs.yaml")
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "column name"), str(err)
+    assert repr(word) in str(err) and "reserved word" in str(err) and "specs.yaml" in str(err)
+
+
+@pytest.mark.parametrize("word", RESERVED)
+def test_a_reserved_word_is_refused_as_a_target_name(word: str) -> None:
+    doc, _, _ = _with_name("target", word)
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == ("meter_hourly", "target name")
+    assert repr(word) in str(info.value) and "reserved word" in str(info.value)
+
+
+SPEC_WITH_KEY = """\
+raw_archives:
+  meter_raw:
+    columns:
+      kwh: double
+      {key}: double
+rollups:
+  meter_hourly:
+    source: meter_raw
+    alignment: FixedSize
+    size: 1h
+    start: 2025-01-01
+    aggregations: [{{column: kwh, function: Sum}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("key", "read_as"),
+    [
+        ("on", "the boolean True"),
+        ("Off", "the boolean False"),
+        ("yes", "the boolean True"),
+        ("NO", "the boolean False"),
+        ("12", "the number 12"),
+        ("1.5", "the number 1.5"),
+        ("0x1f", "the number 31"),
+        ("null", "null"),
+        ("~", "null"),
+        ("2025-01-01", "the date 2025-01-01"),
+    ],
+)
+def test_a_column_key_yaml_does_not_read_as_text_is_refused_naming_what_was_written(
+    tmp_path: Path, key: str, read_as: str
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key=key))
+    with pytest.raises(SpecError) as info:
+        load_catalog(spec)
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "keys are text"), str(err)
+    assert f"column name `{key}` (line 5 of {spec})" in str(err), str(err)
+    assert f"read by YAML as {read_as};" in str(err) and "quote it" in str(err)
+
+
+@pytest.mark.parametrize("key", ["'on'", '"no"', "'null'"])
+def test_the_same_column_key_quoted_is_a_name(tmp_path: Path, key: str) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key=key).replace("'null'", "'null_count'"))
+    columns = [c.name for c in load_catalog(spec).raw["meter_raw"].columns]
+    assert columns[0] == "kwh" and len(columns) == 2
+
+
+def test_archive_and_tenant_keys_yaml_does_not_read_as_text_are_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text("raw_archives:\n  yes: {columns: {kwh: double}}\n")
+    with pytest.raises(SpecError, match=r"archive name `yes` \(line 2 of .*boolean True"):
+        load_catalog(spec)
+    spec.write_text(SPEC_WITH_KEY.format(key="x") + "tenants:\n  on: {}\n")
+    with pytest.raises(SpecError, match=r"tenant name `on` \(line 14 of .*boolean True"):
+        load_catalog(spec)
+
+
+def test_a_spec_given_as_data_with_a_key_that_is_not_text_is_refused() -> None:
+    doc, _, _ = _with_name("column", "kwh2")
+    doc["raw_archives"]["meter_raw"]["columns"] = {True: "double", "kwh": "double"}
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == ("meter_raw", "keys are text")
+    assert "column name True is a bool, not text" in str(info.value)
+
+
+@pytest.mark.timeout(10)
+def test_the_key_check_of_a_spec_given_as_data_reads_a_repeated_list_once() -> None:
+    """A list repeated by reference (as a YAML alias gives it) 9 levels deep is checked in
+    about as many steps as it has distinct lists, not in 9**10."""
+    repeated: list[Any] = ["lol"] * 9
+    for _ in range(9):
+        repeated = [repeated] * 9
+    doc, _, _ = _with_name("column", "kwh2")
+    doc["raw_archives"]["meter_raw"]["x-notes"] = repeated
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match="unknown keys"):
+        parse_catalog(doc)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_validate_refuses_an_on_column_in_one_line_naming_it(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(SPEC_WITH_KEY.format(key="on"))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "spec 'meter_raw'", "[keys are text]", "`on` (line 5", "quote it"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers: ASCII digits only, never infinity.
+
+
+def _with_formula(formula: str) -> dict[str, Any]:
+    doc, _, _ = _with_name("column", "kwh2")
+    doc["raw_archives"]["meter_raw"]["columns"] = {
+        "kwh": "double",
+        "scaled": {"type": "double", "formula": formula},
+    }
+    return doc
+
+
+@pytest.mark.parametrize("formula", ["1e999", "kwh * 1E400", "-1e999 + kwh", "kwh / 9e9999"])
+def test_a_formula_literal_that_would_be_infinity_is_refused_at_load(formula: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_catalog(_with_formula(formula))
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "formula"), str(err)
+    literal = next(w for w in formula.replace("-", " ").split() if "e" in w.lower())
+    assert "column 'scaled'" in str(err) and f"number {literal} is too large" in str(err)
+
+
+@pytest.mark.parametrize("formula", ["١٢", "kwh * １２", "round(kwh, ٣)", "kwh + 1٢"])
+def test_digits_of_other_scripts_are_not_numbers_in_a_formula(formula: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_catalog(_with_formula(formula))
+    err = info.value
+    assert (err.archive, err.rule) == ("meter_raw", "formula"), str(err)
+    assert "column 'scaled'" in str(err) and "digits 0-9" in str(err)
+
+
+def test_finite_ascii_literals_still_load() -> None:
+    """Guards the two tests above: the same formulas with plain literals load."""
+    for formula in ["1e300", "kwh * 1E30", "-12.5 + kwh", "round(kwh, 3)", "kwh + .5"]:
+        parse_catalog(_with_formula(formula))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("watermark_lag", "١٢m", "'١٢m' is not a duration"),
+        ("watermark_lag", "P٣D", "'P٣D' is not a duration"),
+        ("size", "１h", "'１h' is not a duration"),
+        ("watermark_lag", float("inf"), "not a finite number"),
+        ("watermark_lag", float("nan"), "not a finite number"),
+        ("watermark_lag", "99999999999999999999d", "is too long"),
+        ("watermark_lag", 1e300, "is too long"),
+        ("retention", "٣d", "'٣d' is not a duration"),
+    ],
+)
+def test_durations_are_ascii_digits_and_finite(key: str, value: Any, needle: str) -> None:
+    doc, _, _ = _with_name("column", "kwh2")
+    subject = "meter_raw" if key == "retention" else "meter_hourly"
+    body = doc["raw_archives"]["meter_raw"] if key == "retention" else doc["rollups"][subject]
+    body[key] = value
+    with pytest.raises(SpecError) as info:
+        parse_catalog(doc)
+    assert (info.value.archive, info.value.rule) == (subject, key), str(info.value)
+    assert needle in str(info.value)
+
+
+def test_validate_refuses_an_infinite_literal_in_one_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "specs.yaml"
+    spec.write_text(yaml.safe_dump(_with_formula("kwh * 1e999")))
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "spec 'meter_raw'", "[formula]", "'scaled'", "1e999"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML aliases: a spec may share declarations through anchors, not multiply them.
+
+
+def _laughs(levels: int = 9, width: int = 9) -> str:
+    """A "billion laughs": each anchor a list of `width` aliases of the one before, the last
+    aliased as an archive's description (9 levels of 9: 9**9 strings, 2 GB as text)."""
+    lines = ["x-l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"x-l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    lines += [
+        "raw_archives:",
+        "  meter_raw:",
+        f"    description: *l{levels - 1}",
+        "    columns: {kwh: double}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.timeout(10)  # unbounded, loading took 40 s and 2 GB
+def test_an_alias_bomb_is_refused_in_well_under_a_second_naming_the_alias(tmp_path: Path) -> None:
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text(_laughs())
+    assert spec.stat().st_size < 700
+    start = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_catalog(spec)
+    assert time.perf_counter() - start < 0.5
+    err = info.value
+    assert (err.archive, err.rule) == (str(spec), "alias expansion"), str(err)
+    # Lines 2-4 repeat about 30,000 through aliases; each *l3 on line 5 repeats 27,064 more.
+    assert f"alias *l3 (line 5 of {spec})" in str(err) and len(str(err).splitlines()) == 1
+
+
+def test_an_alias_inside_the_node_it_names_is_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "cycle.yaml"
+    spec.write_text("x-loop: &loop {again: *loop}\nraw_archives: {}\n")
+    with pytest.raises(SpecError, match=r"alias \*loop \(line 1 of .*\) is inside the node"):
+        load_catalog(spec)
+
+
+def test_specs_that_share_declarations_through_aliases_still_load(tmp_path: Path) -> None:
+    """The shipped spec shares its zone and aggregations through anchors, and a small tree of
+    aliases (three levels of three) stays within the budget."""
+    assert len(load_catalog(DEFAULT_SPECS).rollups) == 5
+    spec = tmp_path / "small.yaml"
+    spec.write_text(_laughs(levels=3, width=3))
+    assert load_catalog(spec).raw["meter_raw"].description.count("lol") == 27
+
+
+@pytest.mark.timeout(10)
+def test_validate_refuses_an_alias_bomb_in_one_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text(_laughs())
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    start = time.perf_counter()
+    assert_one_line_failure(rollups("validate"), "[alias expansion]", "alias *l3 (line 5")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_validate_names_a_yaml_error_in_one_line_with_its_line(
+    rollups: Invoke,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyYAML's messages span several lines; the CLI shows one, which must hold the problem."""
+    spec = tmp_path / "specs.yaml"
+    spec.write_text("raw_archives:\n  m: {columns: {x: double}}\n  m: {columns: {y: double}}\n")
+    monkeypatch.setenv("ROLLUPS_SPECS", str(spec))
+    assert_one_line_failure(
+        rollups("validate"), "[valid YAML]", "found duplicate key 'm' at line 3, column 3"
+    )

@@ -72,11 +72,6 @@ def test_a_tenant_without_a_body_uses_the_default_root() -> None:
         ({"acme": "/x"}, "tenants.acme", "tenant body is a mapping"),
         ({"acme": {"warehouse": ""}}, "tenants.acme", "tenant warehouse"),
         ({"acme": {"warehouse": 3}}, "tenants.acme", "tenant warehouse"),
-        (
-            {"acme": {"warehouse": "/data/x"}, "globex": {"warehouse": "/data/x/"}},
-            "tenants.globex",
-            "one warehouse per tenant",
-        ),
         (["acme"], "<memory>", "tenants is a mapping"),
     ],
 )
@@ -153,6 +148,76 @@ def test_overlapping_roots_are_refused(tmp_path: Path, globex_root: str) -> None
         tenant_warehouses(Warehouse(str(tmp_path / "wh")), catalog)
     assert err.value.rule == "separate tenant warehouses"
     assert err.value.archive in ("tenants.acme", "tenants.globex")
+
+
+# Roots spelled differently that are one place, or one inside the other: (acme's, globex's).
+SAME_PLACE = [
+    ("/data/x", "/data/x/"),  # a trailing slash
+    ("{tmp}/p", "file://{tmp}/p"),  # a path and its file URI
+    ("{tmp}/p", "FILE:{tmp}/p/"),  # a file URI in capitals, without the empty authority
+    ("p", "{tmp}/p"),  # a relative path and its absolute one
+    ("{tmp}/q/../p", "{tmp}/p"),  # a `..` segment
+    ("s3://b/t", "s3a://b/t"),  # Hadoop's S3 connector names S3
+    ("s3://b/t", "S3N://b/t/"),  # the scheme in capitals, the retired s3n, a trailing slash
+    ("s3://b/t", "s3://B/t"),  # the bucket in capitals
+    ("s3://b/t", "s3://b//x/../t"),  # repeated slashes and `..` in a URI
+    ("abfss://c@acct.dfs.core.windows.net/t", "abfs://c@acct.dfs.core.windows.net/t"),
+]
+NESTED = [
+    ("{tmp}/p", "file://{tmp}/p/globex"),  # inside, as a file URI
+    ("{tmp}/p/acme", "p"),  # around, as a relative path
+    ("s3://b/t", "s3a://b/t/globex"),  # inside, through another S3 scheme
+    ("s3://b/t/acme", "S3://b/t"),  # around, in capitals
+    ("s3://b/t", "s3://b/x/../t/globex"),  # inside, once `..` is resolved
+]
+
+
+def _roots(tmp_path: Path, acme: str, globex: str) -> Catalog:
+    roots = {"acme": acme.format(tmp=tmp_path), "globex": globex.format(tmp=tmp_path)}
+    return parse_catalog(with_tenants({t: {"warehouse": r} for t, r in roots.items()}))
+
+
+@pytest.mark.parametrize(("acme", "globex"), SAME_PLACE + NESTED)
+def test_roots_are_compared_as_places_not_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, acme: str, globex: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative roots are taken from the working directory
+    with pytest.raises(SpecError) as err:
+        tenant_warehouses(Warehouse(str(tmp_path / "wh")), _roots(tmp_path, acme, globex))
+    assert (err.value.archive, err.value.rule) == ("tenants.globex", "separate tenant warehouses")
+    assert "tenant 'acme's warehouse" in str(err.value)
+    relation = ("is",) if (acme, globex) in SAME_PLACE else ("lies inside", "holds")
+    assert any(f" {r} tenant 'acme's" in str(err.value) for r in relation), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "globex_root",
+    ["{wh}/raw/x", "{wh}/rollups", "file://{wh}/_control/archives/x", "{wh}/../wh/raw"],
+)
+def test_a_root_inside_the_configured_warehouses_tables_is_refused(
+    tmp_path: Path, globex_root: str
+) -> None:
+    root = globex_root.format(wh=tmp_path / "wh")
+    catalog = parse_catalog(with_tenants({"acme": {}, "globex": {"warehouse": root}}))
+    with pytest.raises(SpecError) as err:
+        tenant_warehouses(Warehouse(str(tmp_path / "wh")), catalog)
+    assert (err.value.archive, err.value.rule) == ("tenants.globex", "separate tenant warehouses")
+    assert "inside the configured warehouse's tables" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("acme", "globex"),
+    [
+        ("{tmp}/p", "{tmp}/pp"),  # a common prefix is not nesting
+        ("s3://b/t", "s3://b/t2"),
+        ("s3://b/t", "s3://c/t"),
+        ("s3://b/t", "gs://b/t"),
+        ("{tmp}/wh/other", "{tmp}/wh/tenants/x"),  # inside the configured root, beside its tables
+    ],
+)
+def test_roots_that_are_apart_are_kept(tmp_path: Path, acme: str, globex: str) -> None:
+    roots = tenant_warehouses(Warehouse(str(tmp_path / "wh")), _roots(tmp_path, acme, globex))
+    assert roots["acme"].location != roots["globex"].location
 
 
 # --- definitions ----------------------------------------------------------------------------
@@ -345,6 +410,21 @@ def test_a_command_writes_only_its_tenants_warehouse(
     assert status_of()["energy_raw"] == "Activated"
     assert status_of("--tenant", "globex")["energy_raw"] == "Created"
     assert not globex.exists() or not (globex / "raw").exists()
+
+
+def test_tenants_that_share_a_root_spelled_two_ways_are_refused_by_every_command(
+    rollups: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`/p` and `file:///p` are one directory: globex would open acme's tables."""
+    tenants = {"acme": {"warehouse": str(tmp_path / "p")}, "globex": {"warehouse": "file:p"}}
+    monkeypatch.setenv("ROLLUPS_SPECS", str(write_spec(tmp_path / "shared.yaml", tenants)))
+    monkeypatch.chdir(tmp_path)
+    for args in (["validate"], ["activate", "energy_raw", "--tenant", "acme"], ["status"]):
+        args += ["--tenant", "globex"] if args == ["status"] else []
+        line = one_line_error(rollups(*args))
+        assert "spec 'tenants.globex'" in line and "[separate tenant warehouses]" in line
+        assert f"is tenant 'acme's warehouse ({tmp_path / 'p'}" in line, line
+    assert not (tmp_path / "p").exists()
 
 
 def test_help_explains_the_tenant_option(rollups: Invoke) -> None:
