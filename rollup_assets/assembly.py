@@ -52,7 +52,8 @@ def warehouse_resources(catalog: Catalog, base: WarehouseResource) -> dict[str, 
         return {Scope().warehouse_key: base}
     roots = tenant_warehouses(base.get(), catalog)
     return {
-        Scope(name).warehouse_key: base.model_copy(update={"root": wh.root})
+        # A fresh resource per tenant: a copy would share `base`'s engines, and with them its root.
+        Scope(name).warehouse_key: WarehouseResource(**{**base.model_dump(), "root": wh.root})
         for name, wh in roots.items()
     }
 

@@ -158,7 +158,7 @@ class WarehouseResource(dg.ConfigurableResource):
     def engine(self, catalog: Catalog) -> Engine:
         """The engine over this warehouse for `catalog` (one per resource instance)."""
         engine = self._engines.get(id(catalog))
-        if engine is None or engine.catalog is not catalog:
+        if engine is None or engine.catalog is not catalog or engine.warehouse != self.get():
             engine = self._engines[id(catalog)] = Engine(
                 catalog,
                 self.get(),
