@@ -36,12 +36,19 @@ from resources.delta_files import (
     row_groups_for,
     write_file,
 )
-from resources.genmap import active_mask
+from resources.genmap import visible_mask
 from resources.rollup_table import Written, cell_keys
-from resources.schemas import PART_COLUMN, archive_data_schema, data_schema, part_values
+from resources.schemas import (
+    PART_COLUMN,
+    archive_data_schema,
+    data_schema,
+    part_values,
+    with_row_shape,
+)
 from resources.warehouse import filesystem_for
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.folding import fold
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import EPOCH, Window, micros
@@ -134,9 +141,10 @@ def _source_columns(fill: Fill) -> pa.Schema:
     its partials) and, for a rollup source, the generation its pointers resolve."""
     spec, source = fill.spec, fill.source
     if isinstance(source, RollupSpec):
+        # Every partial and companion (a bucket above merges them), what resolves the visible
+        # rows, and the difference rows' values (folded into their bases).
         schema = data_schema(source)
-        inputs = [source.partial_column(c.column, c.partial) for c in spec.stored_columns]
-        names = [ENTITY_COLUMN, "bucket_start", *(n for n in inputs if n), "generation"]
+        names = [n for n in schema.names if n not in ("run_id", "job_id", "source_versions")]
     else:
         schema = archive_data_schema(source)
         names = [ENTITY_COLUMN, source.time_column, *(c.column for c in spec.stored_columns)]
@@ -173,7 +181,15 @@ def fill_rows(
     rows = pa.concat_tables(parts)
     decoded = rows.num_rows
     if fill.pointers is not None:
-        rows = rows.filter(active_mask(rows, fill.pointers))
+        assert isinstance(fill.source, RollupSpec)
+        rows = rows.filter(visible_mask(rows, fill.pointers))
+        rows, unknown = fold(rows, fill.source)
+        if unknown:
+            # The engine sends work over corrected cells below to paths that can aggregate a
+            # cell again from its source; a task cannot.
+            raise RuntimeError(
+                f"'{fill.source.name}': {len(unknown)} cell(s) below cannot be folded in a task"
+            )
     keys = None if cells is None else cell_keys(cells)
     out = partials_arrow(rows, list(buckets), keys, fill.spec, fill.source)
     if out.num_rows == 0:
@@ -218,7 +234,7 @@ def _fill_task(
                 n = rows.num_rows
                 for name, value in stamp.items():
                     rows = rows.append_column(name, pa.array([value] * n, target.field(name).type))
-                data = rows.select(target.names).cast(target)
+                data = with_row_shape(rows, target).select(target.names).cast(target)
                 directory = urllib.parse.unquote(partition_dir(PART_COLUMN, part))
                 entry = write_file(fs, root, directory, data, {PART_COLUMN: part})
                 out.append({**entry, "counts": json.dumps(tally), "rows_read": read})

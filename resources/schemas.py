@@ -16,6 +16,7 @@ from rollup_assets.model.specs import (
     ENTITY_COLUMN,
     Alignment,
     ColumnType,
+    Companion,
     RawArchiveSpec,
     RollupSpec,
     TimeRangeArchiveSpec,
@@ -23,6 +24,9 @@ from rollup_assets.model.specs import (
 )
 
 TS = pa.timestamp("us", tz="UTC")
+DELTA_COLUMN = "delta"
+# A base row: how many source rows its cell holds (a cell whose rows all left has no row).
+RAW_ROWS = "raw_rows"
 ARROW_TYPES: dict[ColumnType, pa.DataType] = {
     ColumnType.DOUBLE: pa.float64(),
     ColumnType.LONG: pa.int64(),
@@ -36,6 +40,8 @@ BOOKKEEPING = [
     ("run_id", pa.string()),
     ("job_id", pa.string()),
     ("source_versions", pa.string()),
+    # A difference row (the values entering and leaving its cell) rather than a cell's state.
+    (DELTA_COLUMN, pa.bool_()),
 ]
 PART_COLUMN = "bucket_part"
 
@@ -72,9 +78,17 @@ def archive_data_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schem
 
 
 def table_schema(spec: RollupSpec) -> pa.Schema:
+    """A rollup table: the cell, its partials, their companions (`model.specs.Companion`),
+    bookkeeping, and the storage partition."""
     fields = [(ENTITY_COLUMN, pa.string()), ("bucket_start", TS), ("bucket_end", TS)]
     fields += [(sc.name, ARROW_TYPES[sc.type]) for sc in spec.stored_columns]
+    fields += [(RAW_ROWS, pa.int64())]
+    fields += [(c.name, companion_type(c)) for c in spec.companions]
     return pa.schema([*fields, *BOOKKEEPING, (PART_COLUMN, pa.string())])
+
+
+def companion_type(c: Companion) -> pa.DataType:
+    return pa.list_(ARROW_TYPES[c.type]) if c.listed else ARROW_TYPES[c.type]
 
 
 def data_schema(spec: RollupSpec) -> pa.Schema:
@@ -104,3 +118,18 @@ def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.Chun
     encoded = pc.dictionary_encode(whole)
     names = pc.strftime(encoded.dictionary, format=fmt)
     return pa.chunked_array([names.take(encoded.indices)], pa.string())
+
+
+def with_row_shape(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`rows` with every column of `schema` they lack: a base row has no values entering or
+    leaving its cell (null) and is no difference row (`delta` false); a difference row has no
+    state (null)."""
+    n = rows.num_rows
+    for f in schema:
+        if f.name in rows.column_names:
+            continue
+        if f.name == DELTA_COLUMN:
+            rows = rows.append_column(f.name, pa.array([False] * n, pa.bool_()))
+        else:
+            rows = rows.append_column(f.name, pa.nulls(n, f.type))
+    return rows

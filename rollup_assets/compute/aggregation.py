@@ -5,6 +5,12 @@ time-range source the partials are computed from the value columns; over a rollu
 are merged: sum of sums, sum of counts, min of mins, max of maxes. Nulls are ignored as in SQL,
 a bucket whose inputs are all null gets null (count 0), and an entity without rows in a bucket
 gets no row.
+
+Next to the partials each row keeps the *companions* of its aggregated columns
+(`model.specs.Companion`, `model.partials`): the values that are not null, the sum of the
+finite ones and the NaN and infinite ones, and the `SPARES` smallest and largest values. Over a
+rollup source they merge as `model.partials` says: counts and sums add up, and the smallest
+values kept are those known up to the first end of an incomplete list below.
 """
 
 from datetime import timedelta
@@ -13,11 +19,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from rollup_assets.model.partials import SPARES
 from rollup_assets.model.specs import (
+    BASE_KINDS,
     ENTITY_COLUMN,
     Alignment,
     ArchiveSpec,
     ColumnType,
+    Companion,
     RollupSpec,
     StoredColumn,
 )
@@ -32,6 +41,8 @@ SPARK_TYPES: dict[ColumnType, T.DataType] = {
 }
 # The count of source rows behind each partial row (dropped before rows are written).
 SOURCE_ROWS = "__source_rows"
+# The count of raw rows behind a cell (stored: a cell whose rows all left has no row).
+RAW_ROWS = "raw_rows"
 _TRUNC_UNIT = {
     Alignment.CALENDAR_DAY: "DAY",
     Alignment.ISO8601_WEEK: "WEEK",  # Spark's WEEK truncates to Monday, as ISO 8601 does
@@ -111,18 +122,111 @@ def rollup_partials(
     assert parts, "rollup_partials needs targets, cell targets or both"
     joined = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     aggs = [_partial_expr(sc, spec, source) for sc in spec.stored_columns]
-    return (
-        joined.groupBy(ENTITY_COLUMN, "__bucket", "bucket_end")
-        .agg(*aggs, F.count(F.lit(1)).alias(SOURCE_ROWS))
-        .withColumnRenamed("__bucket", "bucket_start")
-        .select(
-            ENTITY_COLUMN,
-            "bucket_start",
-            "bucket_end",
-            *[sc.name for sc in spec.stored_columns],
-            SOURCE_ROWS,
-        )
+    kept = [c for c in spec.companions if c.kind in BASE_KINDS]
+    helpers: list[Column] = []
+    finals: dict[str, Column] = {}
+    for c in kept:
+        agg, extra, final = _companion_expr(c, source)
+        aggs.append(agg)
+        helpers += extra
+        finals[c.name] = final
+    # A row below without the count (written before companions were kept) leaves the count
+    # of its cell above unknown (null): a fold of that cell aggregates it again instead.
+    raw_rows = (
+        F.when(F.count(F.lit(1)) == F.count(RAW_ROWS), F.sum(RAW_ROWS))
+        if isinstance(source, RollupSpec)
+        else F.count(F.lit(1))
     )
+    grouped = (
+        joined.groupBy(ENTITY_COLUMN, "__bucket", "bucket_end")
+        .agg(
+            *aggs,
+            raw_rows.cast("long").alias(RAW_ROWS),
+            *helpers,
+            F.count(F.lit(1)).alias(SOURCE_ROWS),
+        )
+        .withColumnRenamed("__bucket", "bucket_start")
+    )
+    return grouped.select(
+        ENTITY_COLUMN,
+        "bucket_start",
+        "bucket_end",
+        *[sc.name for sc in spec.stored_columns],
+        RAW_ROWS,
+        *[finals[c.name].alias(c.name) for c in kept],
+        SOURCE_ROWS,
+    )
+
+
+_INF = float("inf")
+
+
+def _finite(col: Column) -> Column:
+    return ~F.isnan(col) & (col != F.lit(_INF)) & (col != F.lit(-_INF))
+
+
+def _companion_expr(c: Companion, source: ArchiveSpec) -> tuple[Column, list[Column], Column]:
+    """(the aggregation of companion `c`, helper aggregations it needs, its final value from
+    the aggregated columns): over a raw source from the values, over a rollup from the
+    companions below."""
+    name = c.name
+    if isinstance(source, RollupSpec):
+        below = F.col(name)
+        if c.kind in ("n", "total", "nan", "pinf", "ninf"):
+            zero = F.lit(0.0) if c.type is ColumnType.DOUBLE else F.lit(0)
+            agg = F.coalesce(F.sum(below), zero).cast(SPARK_TYPES[c.type]).alias(name)
+            return agg, [], F.col(name)
+        return _merged_extreme(c)
+    col = F.col(c.column)
+    kind = c.kind
+    if kind == "n":
+        return F.count(col).cast("long").alias(name), [], F.col(name)
+    if kind == "total":
+        if c.type is ColumnType.DOUBLE:
+            agg = F.coalesce(F.sum(F.when(_finite(col), col)), F.lit(0.0))
+        else:
+            agg = F.coalesce(F.sum(col), F.lit(0))
+        return agg.cast(SPARK_TYPES[c.type]).alias(name), [], F.col(name)
+    if kind in ("nan", "pinf", "ninf"):
+        test = {
+            "nan": F.isnan(col),
+            "pinf": col == F.lit(_INF),
+            "ninf": col == F.lit(-_INF),
+        }[kind]
+        return F.count(F.when(test, 1)).cast("long").alias(name), [], F.col(name)
+    values = F.collect_list(col)
+    ordered = F.array_sort(values) if kind == "lo" else F.sort_array(values, asc=False)
+    return F.slice(ordered, 1, SPARES).alias(name), [], F.col(name)
+
+
+def _merged_extreme(c: Companion) -> tuple[Column, list[Column], Column]:
+    """The smallest (`lo`) or largest (`hi`) values of a bucket above from the lists below:
+    every value up to the first end of an incomplete list below (values past it are not
+    known), none when a list below is exhausted (`model.partials.ExtremeState.merge`)."""
+    name = c.name
+    lists, counts = F.col(name), F.col(f"{c.column}__n")
+    incomplete = F.size(lists) < counts
+    end = F.when(incomplete & (F.size(lists) > 0), F.element_at(lists, -1))
+    bound = f"{name}__bound"
+    exhausted = f"{name}__exhausted"
+    helpers = [
+        (F.min(end) if c.kind == "lo" else F.max(end)).alias(bound),
+        F.max(F.when(incomplete & (F.size(lists) == 0), F.lit(1)).otherwise(F.lit(0))).alias(
+            exhausted
+        ),
+    ]
+    agg = F.flatten(F.collect_list(lists)).alias(name)
+    known = F.filter(
+        F.col(name),
+        lambda x: (
+            F.col(bound).isNull() | ((x <= F.col(bound)) if c.kind == "lo" else (x >= F.col(bound)))
+        ),
+    )
+    ordered = F.array_sort(known) if c.kind == "lo" else F.sort_array(known, asc=False)
+    final = F.when(F.col(exhausted) == 1, F.slice(ordered, 1, 0)).otherwise(
+        F.slice(ordered, 1, SPARES)
+    )
+    return agg, helpers, final
 
 
 def logical_columns(frame: DataFrame, spec: RollupSpec) -> DataFrame:

@@ -21,11 +21,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.model.specs import ENTITY_COLUMN, AggregateFunction, ArchiveSpec, RollupSpec
+from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS
+from rollup_assets.model.partials import SPARES
+from rollup_assets.model.specs import (
+    BASE_KINDS,
+    ENTITY_COLUMN,
+    AggregateFunction,
+    ArchiveSpec,
+    ColumnType,
+    Companion,
+    RollupSpec,
+)
 from rollup_assets.model.windows import Window, micros
 
 TS = pa.timestamp("us", tz="UTC")
+ARROW_TYPES = {
+    ColumnType.DOUBLE: pa.float64(),
+    ColumnType.LONG: pa.int64(),
+    ColumnType.INT: pa.int32(),
+}
 # A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
@@ -37,10 +51,14 @@ def partials_arrow(
     cells: pa.Table | None,
     spec: RollupSpec,
     source: ArchiveSpec,
+    *,
+    companions: bool = True,
 ) -> pa.Table:
     """Partials of the named `cells` (bucket_start, entity_id; None: every entity) from source
     `rows`, whose buckets are `windows`: entity_id, bucket_start, bucket_end, the partials and
-    `SOURCE_ROWS`, NaN ordered as on Spark (see the module)."""
+    `SOURCE_ROWS`, NaN ordered as on Spark (see the module); with `companions`, the count of
+    raw rows and the companions a stored row keeps (a read that only shows values needs
+    neither)."""
     inputs: dict[tuple[str, str], str] = {}  # (input column, aggregation) -> output name
     plan = []
     nan_max: set[str] = set()  # max inputs holding a NaN
@@ -71,7 +89,7 @@ def partials_arrow(
         keys = cells.select([ENTITY_COLUMN, "bucket_start"]).rename_columns(
             [ENTITY_COLUMN, "__bucket"]
         )
-        placed = placed.join(keys, [ENTITY_COLUMN, "__bucket"], join_type="inner")
+        placed = rows_with_keys(placed, keys, [ENTITY_COLUMN, "__bucket"])
     aggregations: list = [
         (column, how, pc.CountOptions(mode="only_valid")) if how == "count" else (column, how)
         for (column, how) in inputs
@@ -99,7 +117,202 @@ def partials_arrow(
             values = pc.if_else(grouped[f"{column}__nan_any"], nan, values)
         out[sc.name] = values
     out[SOURCE_ROWS] = grouped["count_all"]
-    return pa.table(out)
+    partials = pa.table(out)
+    if not companions:
+        return partials
+    cells = partials.select([ENTITY_COLUMN, "bucket_start"])
+    # The rows by the cell they fall in here (a rollup's rows: not their own bucket below).
+    placed = placed.drop_columns(
+        [c for c in ("bucket_start", "bucket_end") if c in placed.schema.names]
+    )
+    rows_of = placed.rename_columns(
+        ["bucket_start" if n == "__bucket" else n for n in placed.column_names]
+    )
+    merged = isinstance(source, RollupSpec)
+    index = _cell_index(rows_of, cells)
+    raw_rows = np.zeros(cells.num_rows, dtype=np.int64)
+    unknown = np.zeros(cells.num_rows, dtype=bool)
+    below: np.ndarray | int = 1
+    if merged:
+        # A row below without the count (written before companions were kept) leaves the
+        # count of its cell here unknown (null): a fold of that cell aggregates it again.
+        counts = rows_of[RAW_ROWS]
+        below = pc.fill_null(counts, 0).to_numpy(zero_copy_only=False)
+        np.logical_or.at(unknown, index, pc.is_null(counts).to_numpy(zero_copy_only=False))
+    np.add.at(raw_rows, index, below)
+    partials = partials.append_column(RAW_ROWS, pa.array(raw_rows, pa.int64(), mask=unknown))
+    kept = [c for c in spec.companions if c.kind in BASE_KINDS]
+    values = companions_arrow(rows_of, cells, kept, merged=merged, index=index)
+    for c in kept:
+        partials = partials.append_column(c.name, values[c.name])
+    return partials
+
+
+def companions_arrow(
+    rows: pa.Table,
+    cells: pa.Table,
+    companions: Sequence[Companion],
+    *,
+    merged: bool,
+    index: np.ndarray | None = None,
+) -> dict[str, pa.ChunkedArray]:
+    """The `companions` of each of `cells` (entity_id, bucket_start; in that order) from the
+    `rows` placed in them (`index`: each row's cell, when known): over a raw source from their
+    values, over a rollup source (`merged`) from the companions of the rows below
+    (`model.partials`)."""
+    if index is None:
+        index = _cell_index(rows, cells)
+    out: dict[str, pa.ChunkedArray] = {}
+    n_cells = cells.num_rows
+    for c in companions:
+        if c.kind in ("lo", "hi"):
+            largest = c.kind == "hi"
+            if merged:
+                lists = rows[c.name]
+                counts = rows[f"{c.column}__n"].to_numpy(zero_copy_only=False)
+                out[c.name] = _merged_extremes(lists, counts, index, n_cells, largest)
+            else:
+                values = rows[c.column]
+                out[c.name] = _extremes(values, index, n_cells, largest)
+            continue
+        column = rows[c.name] if merged else _raw_companion(rows[c.column], c.kind)
+        sums = np.zeros(n_cells, dtype=np.float64 if c.type is ColumnType.DOUBLE else np.int64)
+        values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+        np.add.at(sums, index, values)
+        out[c.name] = pa.chunked_array([pa.array(sums).cast(ARROW_TYPES[c.type])])
+    return out
+
+
+def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:
+    """The rows of `rows` whose columns `names` match a row of `keys`, in their order and in a
+    copy of their own: only the keys and a row index join (a join carries no list column, and
+    its output can share buffers the size of its whole input: a read that narrows hundreds of
+    files this way would keep every file's buffers alive)."""
+    index = pa.table({n: rows[n] for n in names}).append_column(
+        "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    )
+    kept = index.join(keys.select(list(names)), list(names), join_type="left semi")["__i"]
+    return rows.take(pa.array(np.sort(kept.to_numpy()), pa.int64()))
+
+
+def _cell_index(rows: pa.Table, cells: pa.Table) -> np.ndarray:
+    """For each of `rows`, the position of its cell in `cells`."""
+    keyed = cells.select([ENTITY_COLUMN, "bucket_start"]).append_column(
+        "__cell", pa.array(np.arange(cells.num_rows), pa.int64())
+    )
+    at = rows.select([ENTITY_COLUMN, "bucket_start"]).append_column(
+        "__row", pa.array(np.arange(rows.num_rows), pa.int64())
+    )
+    joined = at.join(keyed, [ENTITY_COLUMN, "bucket_start"], join_type="inner")
+    index = np.empty(rows.num_rows, dtype=np.int64)
+    index[joined["__row"].to_numpy()] = joined["__cell"].to_numpy()
+    return index
+
+
+def _raw_companion(values: pa.ChunkedArray, kind: str) -> pa.ChunkedArray:
+    """Per raw value, its contribution to companion `kind` (`n`, `total`, `nan`, ...)."""
+    if kind == "n":
+        return pc.cast(pc.is_valid(values), pa.int64())
+    floating = pa.types.is_floating(values.type)
+    if kind == "total":
+        if not floating:
+            return pc.cast(values, pa.int64())
+        finite = pc.and_(pc.invert(pc.is_nan(values)), pc.is_finite(values))
+        return pc.if_else(pc.fill_null(finite, False), values, 0.0)
+    test = {
+        "nan": lambda: pc.is_nan(values),
+        "pinf": lambda: pc.equal(values, float("inf")),
+        "ninf": lambda: pc.equal(values, float("-inf")),
+    }[kind]()
+    return pc.cast(pc.fill_null(test, False), pa.int64())
+
+
+def _extremes(
+    values: pa.ChunkedArray, index: np.ndarray, n_cells: int, largest: bool
+) -> pa.ChunkedArray:
+    """Per cell, its `SPARES` smallest (largest) values, NaN ranked above every number."""
+    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    kept = values.filter(pa.array(valid))
+    return _top(
+        kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept,
+        index[valid],
+        n_cells,
+        largest,
+    )
+
+
+def _merged_extremes(
+    lists: pa.ChunkedArray,
+    counts: np.ndarray,
+    index: np.ndarray,
+    n_cells: int,
+    largest: bool,
+) -> pa.ChunkedArray:
+    """Per cell, its smallest (largest) values known from the lists of its rows below: every
+    value up to the first end of an incomplete list (`model.partials.ExtremeState.merge`);
+    none when a list below is exhausted."""
+    combined = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    sizes = pc.fill_null(pc.list_value_length(combined), 0).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(combined)
+    cell_of = index[np.repeat(np.arange(len(sizes)), sizes)]
+    incomplete = sizes < counts
+    exhausted = np.zeros(n_cells, dtype=bool)
+    np.logical_or.at(exhausted, index[incomplete & (sizes == 0)], True)
+    keep = np.ones(len(values), dtype=bool)
+    ends = incomplete & (sizes > 0)
+    if ends.any():
+        # One ranking of every value; a cell knows the values ranking no later than the last
+        # value of its first-ending incomplete list.
+        ranks = _ranks(values, largest)
+        last = np.cumsum(sizes) - 1
+        bound = np.full(n_cells, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(bound, index[ends], ranks[last[ends]])
+        keep = ranks <= bound[cell_of]
+    keep &= ~exhausted[cell_of]
+    return _top(values.filter(pa.array(keep)), cell_of[keep], n_cells, largest)
+
+
+def _ranks(values: pa.Array, largest: bool) -> np.ndarray:
+    """Dense ranks of `values` in Spark's order (NaN above every number), ascending, or
+    descending when `largest`; equal values share a rank."""
+    # Arrow sorts NaN last in either order: rank ascending (NaN last is Spark's order) and
+    # turn the ranks around for the largest.
+    order = pc.array_sort_indices(values, order="ascending")
+    arr = values.take(order).to_numpy(zero_copy_only=False)
+    differs = np.ones(len(arr), dtype=bool)
+    if len(arr) > 1:
+        a, b = arr[1:], arr[:-1]
+        same = a == b
+        if arr.dtype.kind == "f":
+            same |= np.isnan(a) & np.isnan(b)
+        differs[1:] = ~same
+    ranks = np.empty(len(arr), dtype=np.int64)
+    ranks[order.to_numpy()] = np.cumsum(differs) - 1
+    return ranks.max(initial=0) - ranks if largest else ranks
+
+
+def _top(
+    values: pa.Array | pa.ChunkedArray, cell_of: np.ndarray, n_cells: int, largest: bool
+) -> pa.ChunkedArray:
+    """Per cell, the first `SPARES` of its `values` in Spark's order, as a list column."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    typ = values.type
+    if len(values) == 0:
+        empty = pa.ListArray.from_arrays(
+            pa.array(np.zeros(n_cells + 1, np.int32)), pa.array([], typ)
+        )
+        return pa.chunked_array([empty])
+    ranks = _ranks(values, largest)
+    order = np.lexsort((ranks, cell_of))
+    cells_sorted = cell_of[order]
+    starts = np.searchsorted(cells_sorted, np.arange(n_cells), side="left")
+    position = np.arange(len(order)) - starts[cells_sorted]
+    chosen = order[position < SPARES]
+    counts = np.bincount(cell_of[chosen], minlength=n_cells)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    picked = values.take(pa.array(chosen))
+    return pa.chunked_array([pa.ListArray.from_arrays(pa.array(offsets), picked)])
 
 
 def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:

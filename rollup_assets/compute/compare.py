@@ -2,10 +2,11 @@
 small job's rows on the driver).
 
 The asset check compares with a tolerance for float sums (`diff_partials`); a recompute decides
-what it writes by `cell_changes`: a cell is unchanged when its fresh partials equal the stored
-ones exactly (NaN equal to NaN), except that floating-point partials may differ by rounding
-(`ROUNDING`, relative): the same values summed in another order (Spark's, Arrow's, a delta
-applied to a stored sum) are not a change to write and carry up the chain.
+what it writes by `cell_changes`: a cell is unchanged when its fresh partials and their
+companions (`model.specs.Companion`: what a later correction applies its differences to) equal
+the stored ones exactly (NaN equal to NaN), except that floating-point values may differ by
+rounding (`ROUNDING`, relative): the same values summed in another order (Spark's, Arrow's, a
+difference applied to a stored sum) are not a change to write and carry up the chain.
 """
 
 import functools
@@ -18,7 +19,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from rollup_assets.model.cells import ROUNDING
-from rollup_assets.model.specs import ColumnType, RollupSpec
+from rollup_assets.model.specs import BASE_KINDS, ColumnType, RollupSpec
 from rollup_assets.model.windows import iso_utc
 
 TS = pa.timestamp("us", tz="UTC")
@@ -41,6 +42,24 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
 
 
 CHANGED = "__changed"
+RAW_ROWS = "raw_rows"
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A column a recompute compares: its name, its type, and whether it holds a list."""
+
+    name: str
+    type: ColumnType
+    listed: bool = False
+
+
+def compared_columns(spec: RollupSpec) -> list[Compared]:
+    """The partials, the count of source rows and the base companions of `spec`'s rows."""
+    out = [Compared(sc.name, sc.type) for sc in spec.stored_columns]
+    out.append(Compared(RAW_ROWS, ColumnType.LONG))
+    out += [Compared(c.name, c.type, c.listed) for c in spec.companions if c.kind in BASE_KINDS]
+    return out
 
 
 def _unchanged(a: Column, b: Column, ctype: ColumnType) -> Column:
@@ -56,7 +75,8 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
     """Every cell (entity_id, bucket_start) of `fresh` or `stored`, with `CHANGED`: do the
     partials differ, or does only one side have a row? Other columns of `fresh` (such as the
     count of source rows behind it) are kept, null for a cell only `stored` has."""
-    names = [sc.name for sc in spec.stored_columns]
+    compared = compared_columns(spec)
+    names = [c.name for c in compared]
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
     s = stored.select(*keys, *[F.col(n).alias(f"s__{n}") for n in names], F.lit(True).alias("__s"))
@@ -64,7 +84,12 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
     joined = f.join(s, on=keys, how="full_outer")
     same = functools.reduce(
         operator.and_,
-        [_unchanged(F.col(sc.name), F.col(f"s__{sc.name}"), sc.type) for sc in spec.stored_columns],
+        [
+            F.col(c.name).eqNullSafe(F.col(f"s__{c.name}"))
+            if c.listed
+            else _unchanged(F.col(c.name), F.col(f"s__{c.name}"), c.type)
+            for c in compared
+        ],
     )
     both = F.col("__f").isNotNull() & F.col("__s").isNotNull()
     return joined.select(*keys, *extra, (~(both & same)).alias(CHANGED))
@@ -73,7 +98,7 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
 def all_new(fresh: DataFrame, spec: RollupSpec) -> DataFrame:
     """`cell_changes` when nothing is stored for any cell of `fresh`: every cell is a change
     (it appears), with the same columns, and no join."""
-    names = {sc.name for sc in spec.stored_columns}
+    names = {c.name for c in compared_columns(spec)}
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
     return fresh.select(*keys, *extra, F.lit(True).alias(CHANGED))
@@ -83,25 +108,33 @@ def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> p
     """`cell_changes` for tables on the driver (the same rule: equality up to rounding for
     floating-point partials, NaN equal to NaN,
     a row on one side only is a change)."""
-    names = [sc.name for sc in spec.stored_columns]
+    compared = compared_columns(spec)
+    names = [c.name for c in compared]
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.column_names if c not in (*keys, "bucket_end", *names)]
-    key_types = pa.schema([("entity_id", pa.string()), ("bucket_start", TS)])
-    f = fresh.select([*keys, *names, *extra]).cast(
-        pa.schema([*key_types, *[fresh.schema.field(c) for c in [*names, *extra]]])
-    )
-    f = f.append_column("__f", pa.array([True] * f.num_rows, pa.bool_()))
-    s = stored.select([*keys, *names]).cast(
-        pa.schema([*key_types, *[stored.schema.field(n) for n in names]])
-    )
-    s = s.rename_columns([*keys, *[f"s__{n}" for n in names]])
-    s = s.append_column("__s", pa.array([True] * s.num_rows, pa.bool_()))
-    joined = f.join(s, keys, join_type="full outer")
-    both = pc.and_(pc.is_valid(joined["__f"]), pc.is_valid(joined["__s"]))
+
+    def keyed(rows: pa.Table, index: str) -> pa.Table:
+        # Only the keys and a row index join (a join carries no list column): the values are
+        # taken by index afterwards, null on the side a cell is missing from.
+        return pa.table(
+            {
+                "entity_id": rows["entity_id"].cast(pa.string()),
+                "bucket_start": rows["bucket_start"].cast(TS),
+                index: pa.array(range(rows.num_rows), pa.int64()),
+            }
+        )
+
+    joined = keyed(fresh, "__f").join(keyed(stored, "__s"), keys, join_type="full outer")
+    at_f, at_s = joined["__f"], joined["__s"]
+    both = pc.and_(pc.is_valid(at_f), pc.is_valid(at_s))
     same = both
-    for sc in spec.stored_columns:
-        same = pc.and_(same, _equal_or_both_missing(joined[sc.name], joined[f"s__{sc.name}"]))
-    out = joined.select([*keys, *extra])
+    for c in compared:
+        a = pc.take(fresh[c.name], at_f)
+        b = pc.take(stored[c.name].cast(fresh.schema.field(c.name).type), at_s)
+        same = pc.and_(same, _lists_equal(a, b) if c.listed else _equal_or_both_missing(a, b))
+    out = joined.select(keys)
+    for c in extra:
+        out = out.append_column(fresh.schema.field(c), pc.take(fresh[c], at_f))
     return out.append_column(CHANGED, pc.invert(same))
 
 
@@ -114,6 +147,16 @@ def _equal_or_both_missing(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.Chunked
         close = pc.less_equal(pc.abs(pc.subtract(a, b)), pc.multiply(scale, ROUNDING))
         same = pc.or_(pc.or_(same, nan), pc.fill_null(close, False))
     return same
+
+
+def _lists_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Element-wise equality of two list columns (NaN equal to NaN, null lists equal)."""
+
+    def key(v: list | None) -> tuple | None:
+        return None if v is None else tuple("nan" if x != x else x for x in v)
+
+    same = [key(x) == key(y) for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)]
+    return pa.chunked_array([pa.array(same, pa.bool_())])
 
 
 def diff_partials(

@@ -37,6 +37,8 @@ RESERVED_COLUMNS = frozenset(
         "run_id",
         "job_id",
         "source_versions",
+        "delta",
+        "raw_rows",
     }
 )
 # Words a column must not be named: a formula would read them as its literals (`true`,
@@ -131,6 +133,55 @@ class StoredColumn:
     column: str
     partial: str
     type: ColumnType
+
+
+# What a rollup keeps of each source column next to its partials, so that a change of source
+# values can be applied as a difference (`model.partials`): the values that are not null; the
+# sum of the finite ones and the NaN and infinite ones (a sum or average); the smallest and
+# largest values (a minimum, a maximum). A difference row holds the values entering and leaving
+# its cell instead.
+COMPANION_KINDS = ("n", "total", "nan", "pinf", "ninf", "lo", "hi", "in", "out")
+# The companions of a base row (a cell's state) and of a difference row (a change of it).
+BASE_KINDS = frozenset({"n", "total", "nan", "pinf", "ninf", "lo", "hi"})
+DELTA_KINDS = frozenset({"in", "out"})
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A hidden column of a rollup table: `kind` (one of `COMPANION_KINDS`) of source `column`;
+    `listed`: a list of `type` values."""
+
+    name: str
+    column: str
+    kind: str
+    type: ColumnType
+    listed: bool = False
+
+
+def companions_of(
+    aggregations: "tuple[AggregationSpec, ...]", column_types: Mapping[str, ColumnType]
+) -> tuple[Companion, ...]:
+    """The companion columns a rollup with `aggregations` keeps, per aggregated column."""
+    functions: dict[str, set[AggregateFunction]] = {}
+    for agg in aggregations:
+        functions.setdefault(agg.column, set()).add(agg.function)
+    out: list[Companion] = []
+    for column, fns in functions.items():
+        t = column_types.get(column, ColumnType.DOUBLE)
+        out.append(Companion(f"{column}__n", column, "n", ColumnType.LONG))
+        if fns & {AggregateFunction.SUM, AggregateFunction.AVG}:
+            out.append(Companion(f"{column}__total", column, "total", t.sum_type))
+            if t is ColumnType.DOUBLE:
+                out += [
+                    Companion(f"{column}__{k}", column, k, ColumnType.LONG)
+                    for k in ("nan", "pinf", "ninf")
+                ]
+        if AggregateFunction.MIN in fns:
+            out.append(Companion(f"{column}__lo", column, "lo", t, listed=True))
+        if AggregateFunction.MAX in fns:
+            out.append(Companion(f"{column}__hi", column, "hi", t, listed=True))
+        out += [Companion(f"{column}__{k}", column, k, t, listed=True) for k in ("in", "out")]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -243,6 +294,22 @@ class RollupSpec:
             sc
             for agg in self.aggregations
             for sc in agg.stored_columns(self.column_types.get(agg.column, ColumnType.DOUBLE))
+        )
+
+    @property
+    def companions(self) -> tuple[Companion, ...]:
+        """The hidden columns kept next to the partials (`companions_of`)."""
+        return companions_of(self.aggregations, self.column_types)
+
+    @property
+    def aggregated_columns(self) -> tuple[str, ...]:
+        """The source columns aggregated, each once, in declaration order."""
+        return tuple(dict.fromkeys(a.column for a in self.aggregations))
+
+    def companion(self, column: str, kind: str) -> str | None:
+        """The name of `column`'s companion of `kind`, if this rollup keeps one."""
+        return next(
+            (c.name for c in self.companions if c.column == column and c.kind == kind), None
         )
 
     @property

@@ -1,5 +1,6 @@
 """The driver's Arrow aggregation of named cells equals Spark's, at every level of the chain,
-on DST days, ISO weeks, month and year ends; a NaN under a min or max is ordered as on Spark."""
+on DST days, ISO weeks, month and year ends, companions included (the kept extremes in the
+same order); a NaN under a min or max is ordered as on Spark."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -9,10 +10,11 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
+from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
 
 CATALOG = load_catalog()
@@ -65,9 +67,21 @@ def by_cell(table: pa.Table) -> dict:
 
 
 def same(a: object, b: object) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and isinstance(b, float):
+        if np.isnan(a) or np.isnan(b):
+            return bool(np.isnan(a) and np.isnan(b))
+        if np.isinf(a) or np.isinf(b):
+            return a == b
         return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
     return a == b
+
+
+def compared(spec) -> list[str]:
+    """The partials, the count of raw rows and the companions a stored row keeps."""
+    kept = [c.name for c in spec.companions if c.kind in BASE_KINDS]
+    return [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, RAW_ROWS, "bucket_end", *kept]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +117,7 @@ def test_arrow_partials_equal_spark(spark: SparkSession, rollup: str) -> None:
     got = partials_arrow(rows, windows, cells, spec, source)
     want, have = by_cell(expected), by_cell(got)
     assert want.keys() == have.keys() and want, (len(want), len(have))
-    names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
+    names = compared(spec)
     bad = [
         (k, n, want[k][n], have[k][n])
         for k in want
@@ -151,17 +165,12 @@ def test_a_nan_is_ordered_as_on_spark(spark: SparkSession, named: bool) -> None:
         got = partials_arrow(rows, windows, None, spec, source)
     want, have = by_cell(expected.toArrow()), by_cell(got)
     assert want.keys() == have.keys() and len(want) == len(windows) * len(ENTITIES)
-    names = [sc.name for sc in spec.stored_columns] + [SOURCE_ROWS, "bucket_end"]
-
-    def equal(a: object, b: object) -> bool:
-        nan = isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b)
-        return nan or same(a, b)
-
+    names = compared(spec)
     bad = [
         (k, n, want[k][n], have[k][n])
         for k in want
         for n in names
-        if not equal(want[k][n], have[k][n])
+        if not same(want[k][n], have[k][n])
     ]
     assert bad == [], bad[:5]
     first = have[("m3", windows[0].start)]  # every voltage NaN: min and max are NaN

@@ -8,12 +8,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.delta_files import TargetIndex, _may_hold, rows_with_keys, targets_of
+from resources.delta_files import TargetIndex, _may_hold, targets_of
 from resources.rollup_store import _cells_only
 from resources.rollup_table import in_windows
+from resources.schemas import RAW_ROWS, companion_type
 from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
 
 HOURLY = load_catalog().rollup("energy_hourly")
@@ -34,6 +37,10 @@ def partials(rows: list[tuple[str, int, float | None]], source_rows: bool = Fals
             out[sc.name] = pa.array([1] * len(rows), pa.int64())
         else:
             out[sc.name] = pa.array([v for _, _, v in rows], pa.float64())
+    out[RAW_ROWS] = pa.array([4] * len(rows), pa.int64())
+    for c in HOURLY.companions:  # the companions: compared too, equal on both sides here
+        if c.kind in BASE_KINDS:
+            out[c.name] = pa.nulls(len(rows), companion_type(c))
     if source_rows:
         out[SOURCE_ROWS] = pa.array([4] * len(rows), pa.int64())
     return pa.table(out)

@@ -1,0 +1,241 @@
+"""Differences of a rollup's cells and their folding, with Arrow (pure transforms, no I/O).
+
+A correction does not read the cells it corrects: from the rows a change of the source replaced
+(the change feed's pre-images and deletes) and the rows it wrote (post-images and inserts) it
+makes, per cell of a level, one *difference row*: the values leaving the cell and those entering
+it, per aggregated column (`difference_rows`). The same rows give the differences of every
+level: a source row's value is a value of one cell at each level.
+
+A read *folds* each cell's visible rows: its base row (the cell's state: partials and their
+companions) and the difference rows flipped after it, in generation order, into one row of the
+base's shape (`fold`), by the rules of `model.partials`. A cell whose kept extremes all left
+while values remain (exhausted), or whose finite sum overflowed, cannot be folded exactly: it is
+reported, for the caller to aggregate again from its source.
+"""
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rollup_assets.model.partials import ExtremeState, SumState
+from rollup_assets.model.specs import (
+    ENTITY_COLUMN,
+    AggregateFunction,
+    Companion,
+    RollupSpec,
+)
+from rollup_assets.model.windows import Window
+
+DELTA = "delta"
+GENERATION = "generation"
+RAW_ROWS = "raw_rows"
+# What a row says of the job that wrote it (a folded row: the newest of its cell's rows).
+STAMPS = (GENERATION, "job_id", "run_id", "source_versions")
+# Change-feed change types: what leaves a cell and what enters it.
+LEAVING = frozenset({"delete", "update_preimage"})
+ENTERING = frozenset({"insert", "update_postimage"})
+
+CellKey = tuple[str, datetime]
+
+
+def difference_rows(
+    changes: pa.Table,
+    spec: RollupSpec,
+    time_column: str,
+    change_type: str,
+    bucket_of: Callable[[datetime], Window],
+) -> pa.Table:
+    """One difference row per cell of `spec` that `changes` (source rows with their change
+    type in `change_type`, their time in `time_column`) touch: entity_id, bucket_start,
+    bucket_end, `delta` true, and per aggregated column the values entering (`<column>__in`)
+    and leaving (`<column>__out`) the cell. `bucket_of` maps a time to its bucket."""
+    kinds = changes[change_type].to_pylist()
+    times = changes[time_column].to_pylist()
+    entities = changes[ENTITY_COLUMN].to_pylist()
+    columns = spec.aggregated_columns
+    values = {c: changes[c].to_pylist() for c in columns}
+    cells: dict[CellKey, tuple[Window, dict[str, tuple[list, list]]]] = {}
+    buckets: dict[datetime, Window] = {}
+    for i, (kind, t, entity) in enumerate(zip(kinds, times, entities, strict=True)):
+        if kind not in LEAVING and kind not in ENTERING:
+            continue
+        w = buckets.get(t)
+        if w is None:
+            w = buckets[t] = bucket_of(t)
+        key = (entity, w.start)
+        if key not in cells:
+            cells[key] = (w, {c: ([], []) for c in columns})
+        side = 0 if kind in ENTERING else 1
+        for c in columns:
+            cells[key][1][c][side].append(values[c][i])
+    ordered = sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    out: dict[str, Any] = {
+        ENTITY_COLUMN: pa.array([k[0] for k, _ in ordered], pa.string()),
+        "bucket_start": pa.array([w.start for _, (w, _) in ordered], _TS),
+        "bucket_end": pa.array([w.end for _, (w, _) in ordered], _TS),
+        DELTA: pa.array([True] * len(ordered), pa.bool_()),
+    }
+    for c in columns:
+        typ = changes.schema.field(c).type
+        out[f"{c}__in"] = pa.array([v[c][0] for _, (_, v) in ordered], pa.list_(typ))
+        out[f"{c}__out"] = pa.array([v[c][1] for _, (_, v) in ordered], pa.list_(typ))
+    return pa.table(out)
+
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
+    """The visible rows of some cells (each cell's base row and the difference rows after it;
+    `generation` and `delta` columns present) folded into one base-shaped row per cell, and the
+    cells that cannot be folded exactly (left out of the result: aggregate them again)."""
+    if rows.num_rows == 0 or DELTA not in rows.column_names:
+        return rows, []
+    is_delta = pc.fill_null(rows[DELTA], False)
+    if not pc.any(is_delta).as_py():
+        return rows, []
+    keys = _keys(rows)
+    touched = {keys[i] for i in np.flatnonzero(is_delta.to_numpy(zero_copy_only=False))}
+    in_touched = np.fromiter((k in touched for k in keys), dtype=bool, count=len(keys))
+    plain = rows.filter(pa.array(~in_touched))
+    deltas = rows.filter(pa.array(in_touched))
+    folded, exhausted = _fold_cells(deltas, spec)
+    base_shape = plain.schema
+    if folded:
+        made = pa.Table.from_pylist(folded, schema=base_shape)
+        plain = pa.concat_tables([plain, made])
+    return plain, exhausted
+
+
+def _keys(rows: pa.Table) -> list[CellKey]:
+    return list(zip(rows[ENTITY_COLUMN].to_pylist(), rows["bucket_start"].to_pylist(), strict=True))
+
+
+def _fold_cells(rows: pa.Table, spec: RollupSpec) -> tuple[list[dict], list[CellKey]]:
+    """Fold the cells whose rows (base and differences) are `rows`, cell by cell."""
+    records = rows.to_pylist()
+    by_cell: dict[CellKey, list[dict]] = {}
+    for r in records:
+        by_cell.setdefault((r[ENTITY_COLUMN], r["bucket_start"]), []).append(r)
+    folded, exhausted = [], []
+    for key, group in by_cell.items():
+        group.sort(key=lambda r: r[GENERATION])
+        bases = [r for r in group if not r.get(DELTA)]
+        base = bases[-1] if bases else None
+        changes = [r for r in group if r.get(DELTA)]
+        try:
+            row = fold_cell(base, changes, spec)
+        except Unknowable:
+            exhausted.append(key)
+            continue
+        if row is not None:
+            # The folded state is the newest row's: its generation, job, run and source versions.
+            newest = group[-1]
+            for stamp in STAMPS:
+                if stamp in newest:
+                    row[stamp] = newest[stamp]
+            folded.append(row)
+    return folded, exhausted
+
+
+class Unknowable(Exception):
+    """A cell whose state its base and differences no longer tell exactly."""
+
+
+def fold_cell(
+    base: dict | None, changes: Sequence[dict], spec: RollupSpec, *, unknown: bool = False
+) -> dict | None:
+    """A cell's base row (None: the cell had no row) with its `changes` (difference rows, in
+    generation order) applied: a base-shaped row, None when no source row is left in the cell.
+    Raises Unknowable when the result cannot be known exactly (an extreme exhausted, a finite
+    sum overflowed, a base row without companions); with `unknown`, an exhausted extreme is
+    null instead (a preview: the value is known once the cell is aggregated again)."""
+    first = base or changes[0]
+    row = {k: v for k, v in first.items() if not _is_delta_column(k)}
+    row[DELTA] = False
+    if base is not None and base.get(RAW_ROWS) is None:
+        raise Unknowable("a row written before companions were kept")
+    lead = spec.aggregated_columns[0]
+    moved = sum(len(d.get(f"{lead}__in") or []) - len(d.get(f"{lead}__out") or []) for d in changes)
+    row[RAW_ROWS] = ((base or {}).get(RAW_ROWS) or 0) + moved
+    if row[RAW_ROWS] <= 0:
+        return None
+    companions = spec.companions
+    for column in spec.aggregated_columns:
+        mine = {c.kind: c for c in companions if c.column == column}
+        n = (base or {}).get(mine["n"].name) or 0
+        entering: list = []
+        leaving: list = []
+        for d in changes:
+            entering += list(d.get(f"{column}__in") or [])
+            leaving += list(d.get(f"{column}__out") or [])
+        added = sum(v is not None for v in entering) - sum(v is not None for v in leaving)
+        row[mine["n"].name] = n + added
+        if "total" in mine:
+            total = _sum_state(base, mine) if base is not None else SumState()
+            total = total.plus(SumState.of(entering)).plus(SumState.of(leaving), sign=-1)
+            if total.overflowed:
+                raise Unknowable(f"the finite sum of {column} overflowed")
+            row[mine["total"].name] = total.total
+            for k in ("nan", "pinf", "ninf"):
+                if k in mine:
+                    row[mine[k].name] = getattr(total, k)
+            _set_sums(row, spec, column, total)
+        for kind, largest in (("lo", False), ("hi", True)):
+            if kind not in mine:
+                continue
+            prefix = tuple((base or {}).get(mine[kind].name) or ())
+            state = ExtremeState(largest, prefix, n).apply(entering, leaving)
+            if state.exhausted and not unknown:
+                raise Unknowable(f"every kept extreme of {column} left the cell")
+            row[mine[kind].name] = list(state.prefix)
+            value = None if state.n == 0 or state.exhausted else state.value
+            _set_extreme(row, spec, column, largest, value)
+        _set_counts(row, spec, column, n + added)
+    for k in list(row):
+        if k.endswith("__in") or k.endswith("__out"):
+            row[k] = None
+    return row
+
+
+def _is_delta_column(name: str) -> bool:
+    return name.endswith("__in") or name.endswith("__out")
+
+
+def _sum_state(base: dict, mine: dict[str, Companion]) -> SumState:
+    get = base.get
+    return SumState(
+        get(mine["total"].name) or 0,
+        get(mine["n"].name) or 0,
+        get(mine["nan"].name) or 0 if "nan" in mine else 0,
+        get(mine["pinf"].name) or 0 if "pinf" in mine else 0,
+        get(mine["ninf"].name) or 0 if "ninf" in mine else 0,
+    )
+
+
+def _set_sums(row: dict, spec: RollupSpec, column: str, state: SumState) -> None:
+    for agg in spec.aggregations:
+        if agg.column != column:
+            continue
+        if agg.function is AggregateFunction.SUM:
+            row[agg.output_name] = state.value
+        elif agg.function is AggregateFunction.AVG:
+            row[f"{agg.output_name}__sum"] = state.value
+            row[f"{agg.output_name}__count"] = state.n
+
+
+def _set_counts(row: dict, spec: RollupSpec, column: str, n: int) -> None:
+    for agg in spec.aggregations:
+        if agg.column == column and agg.function is AggregateFunction.COUNT:
+            row[agg.output_name] = n
+
+
+def _set_extreme(row: dict, spec: RollupSpec, column: str, largest: bool, value: Any) -> None:
+    wanted = AggregateFunction.MAX if largest else AggregateFunction.MIN
+    for agg in spec.aggregations:
+        if agg.column == column and agg.function is wanted:
+            row[agg.output_name] = value
