@@ -15,7 +15,6 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -291,21 +290,32 @@ def read_row_groups(
     """The rows of the table's file at `path` (its `columns`); with `targets`, only the row
     groups whose statistics say they may hold a row of one target: `time_column` in its window
     and `entity_id` among its entities (files are sorted by entity, in row groups). Rows are
-    not filtered further. A caller reading many files passes a `TargetIndex` built once."""
+    not filtered further. A caller reading many files passes a `TargetIndex` built once. A
+    column the file predates (added to the table after it was written) reads as nulls (of the
+    null type: the caller casts), as Delta reads it."""
     fs, root = filesystem_for(table_uri, storage_options)
     with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
-        cols = list(columns) if columns is not None else None
-        if targets is None:
-            return pq.read_table(fh, columns=cols)
         pf = pq.ParquetFile(fh)
+        names = pf.schema_arrow.names
+        wanted = list(columns) if columns is not None else names
+        cols = [c for c in wanted if c in names]
         meta = pf.metadata
-        index = targets if isinstance(targets, TargetIndex) else TargetIndex(targets)
-        groups = row_groups_for(meta, time_column, index)
-        if len(groups) == meta.num_row_groups:
-            return pf.read(columns=cols)
-        if not groups:
-            return pf.schema_arrow.empty_table().select(cols or pf.schema_arrow.names)
-        return pf.read_row_groups(groups, columns=cols)
+        groups = None
+        if targets is not None:
+            index = targets if isinstance(targets, TargetIndex) else TargetIndex(targets)
+            groups = row_groups_for(meta, time_column, index)
+        if groups is None or len(groups) == meta.num_row_groups:
+            rows = pf.read(columns=cols)
+        elif not groups:
+            rows = pf.schema_arrow.empty_table().select(cols)
+        else:
+            rows = pf.read_row_groups(groups, columns=cols)
+    if len(cols) == len(wanted):
+        return rows
+    for c in wanted:
+        if c not in names:
+            rows = rows.append_column(c, pa.nulls(rows.num_rows))
+    return rows.select(wanted)
 
 
 def row_groups_for(meta: pq.FileMetaData, time_column: str, targets: TargetIndex) -> list[int]:
@@ -313,14 +323,6 @@ def row_groups_for(meta: pq.FileMetaData, time_column: str, targets: TargetIndex
     return [
         i for i in range(meta.num_row_groups) if _may_hold(meta.row_group(i), time_column, targets)
     ]
-
-
-def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:
-    """The rows of `rows` whose columns `names` match a row of `keys`, in a copy of their own:
-    a join's output can share buffers the size of its whole input, and a read that narrows
-    hundreds of files this way would keep every file's buffers alive."""
-    kept = rows.join(keys, list(names), join_type="left semi").select(rows.column_names)
-    return kept.take(pa.array(np.arange(kept.num_rows)))
 
 
 def _may_hold(group: pq.RowGroupMetaData, time_column: str, targets: TargetIndex) -> bool:

@@ -233,6 +233,8 @@ def commit(
     def attempt() -> int:
         table = open_table(uri, storage_options)
         created[0] = table is None
+        if table is not None:
+            table = _with_columns_of(table, schema)
         p = plan(table)
         actions: list[AddAction | RemoveAction] = [*p.removes, *p.adds]
         if table is not None and not actions and not p.app_transactions:
@@ -272,6 +274,18 @@ def commit(
         )
 
     return with_retries(attempt, retryable=retryable, attempts=attempts, what=f"commit to {uri}")
+
+
+def _with_columns_of(table: DeltaTable, schema: pa.Schema) -> DeltaTable:
+    """`table`, given the columns of `schema` it lacks (a table written before they existed:
+    nullable, so its rows read them as null), in a commit of its own."""
+    have = set(pa.schema(table.schema().to_arrow()).names)
+    missing = [f for f in nullable_schema(schema) if f.name not in have]
+    if missing:
+        log.info("%s: adding column(s) %s", table.table_uri, ", ".join(f.name for f in missing))
+        table.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(missing)).fields))
+        table.update_incremental()
+    return table
 
 
 def remove_action(add: dict, now_ms: int | None = None) -> RemoveAction:

@@ -1,11 +1,23 @@
-"""The `<rollup>__genmap` pointer table: which generation is active per bucket (and entity).
+"""The `<rollup>__genmap` pointer table: which of a rollup's rows readers see.
 
-A pointer is `(bucket_start, bucket_end, entity_id, generation)`; `entity_id` null means every
-entity. The active generation of a row's (bucket, entity) is the newest pointer covering it,
-i.e. max(global pointer, entity pointer), and 0 when no pointer covers it (the forward lane).
-Generations only grow, so "newest" is "largest"; `active_mask` (Arrow) and `resolve_active_spark`
-(Spark) are the two readings of that rule. Flipping rewrites the (small) pointer table in one
-Delta commit: that commit is the moment readers switch to the new generation.
+A rollup's row table holds *base* rows (a cell's state: partials and companions) and
+*difference* rows (a change of a cell's values: `compute.folding`), of every generation. A
+pointer is `(bucket_start, bucket_end, entity_id, generation, delta)`; `entity_id` null means
+every entity of the bucket.
+
+  * A base pointer says which generation's base row a cell shows: the newest base pointer
+    covering it, i.e. max(bucket pointer, entity pointer), and 0 when none covers it (the
+    forward lane's rows). Only that generation's base row is visible: a cell the flip left
+    without a row (its source rows all gone) shows none, whatever older rows hold.
+  * A difference pointer (always a cell's own) says up to which generation the cell's
+    difference rows are visible: those newer than its base and not newer than the pointer. A
+    read folds them into the base (`compute.folding.fold`).
+
+Generations only grow, so "newest" is "largest"; `visible_mask` (Arrow) and
+`resolve_visible_spark` (Spark) are the two readings of that rule. Flipping rewrites the
+(small) pointer table in one Delta commit: that commit is the moment readers switch. A base
+flip supersedes every pointer of the cells it covers; a difference flip only the cell's
+previous difference pointer.
 
 The pointer table also carries the rollup's *fence*: a number (a Delta app transaction,
 `FENCE_APP`) that every action invalidating work in flight moves (a rewind, a rollback,
@@ -50,6 +62,9 @@ GENMAP_SCHEMA = pa.schema(
         ("job_id", pa.string()),
         ("run_id", pa.string()),
         ("flipped_at", TS),
+        # A difference pointer (see the module); base pointers are false (or null, when written
+        # before difference rows existed).
+        ("delta", pa.bool_()),
     ]
 )
 
@@ -59,7 +74,10 @@ FENCE_APP = "rollups.fence"
 
 
 def _conform(table: DeltaTable) -> pa.Table:
-    return pa.table(table.to_pyarrow_table()).select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
+    data = pa.table(table.to_pyarrow_table())
+    if "delta" not in data.column_names:
+        data = data.append_column("delta", pa.array([False] * data.num_rows, pa.bool_()))
+    return data.select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
 
 
 def fence_of(table: DeltaTable | None) -> int | None:
@@ -99,9 +117,19 @@ def read_pointers_at(
     return GENMAP_SCHEMA.empty_table() if table is None else _conform(table)
 
 
+def is_delta_pointer(pointers: pa.Table) -> pa.ChunkedArray:
+    """Mask: is each pointer a difference pointer?"""
+    return pc.fill_null(pointers["delta"], False)
+
+
+def base_pointers(pointers: pa.Table) -> pa.Table:
+    return pointers.filter(pc.invert(is_delta_pointer(pointers)))
+
+
 def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """(global pointers: bucket_start, g_all),
-    (entity pointers: bucket_start, entity_id, g_entity)."""
+    """Of the base pointers: (bucket pointers: bucket_start, g_all), (cell pointers:
+    bucket_start, entity_id, g_entity), the newest of each."""
+    pointers = base_pointers(pointers)
     is_global = pc.is_null(pointers["entity_id"])
     g = pointers.filter(is_global).group_by("bucket_start").aggregate([("generation", "max")])
     g = g.rename_columns(["bucket_start", "g_all"])
@@ -114,12 +142,21 @@ def split_pointers(pointers: pa.Table) -> tuple[pa.Table, pa.Table]:
     return g, s
 
 
+def delta_pointers(pointers: pa.Table) -> pa.Table:
+    """The difference pointers: bucket_start, entity_id, g_delta (the newest per cell)."""
+    d = pointers.filter(is_delta_pointer(pointers))
+    d = d.group_by(["bucket_start", "entity_id"]).aggregate([("generation", "max")])
+    return d.rename_columns(["bucket_start", "entity_id", "g_delta"])
+
+
 def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
     """`files` (rows of `file_actions` of a rollup's row table) less those whose every row is
     superseded, told from statistics alone: a file whose newest generation is older than the
-    global pointer of every bucket from its first to its last (contiguous global pointers, so
-    no bucket between them lacks one). A row's active generation is at least its bucket's global
-    pointer, so none of that file's rows can be active. A file without statistics is kept."""
+    bucket base pointer of every bucket from its first to its last (contiguous bucket pointers,
+    so no bucket between them lacks one). A visible row's generation is at least its bucket's
+    base pointer, so none of that file's rows can be visible. A file without statistics is
+    kept."""
+    pointers = base_pointers(pointers)
     is_global = pc.is_null(pointers["entity_id"])
     if not pointers.num_rows or not pc.any(is_global).as_py():
         return files
@@ -159,34 +196,68 @@ def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
     return out
 
 
-def active_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
-    """For rows with (bucket_start, entity_id, generation): is each row's generation active?"""
+def visible_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
+    """For rows with (bucket_start, entity_id, generation, and `delta` when difference rows may
+    be among them): is each row visible (see the module)? A base row when its generation is its
+    cell's base pointer, a difference row when newer than that and not newer than its cell's
+    difference pointer."""
     n = rows.num_rows
     if n == 0:
         return pa.chunked_array([pa.array([], pa.bool_())])
+    base = base_generation(rows, pointers)
+    generation = rows["generation"].to_numpy(zero_copy_only=False)
+    if "delta" not in rows.column_names:
+        return pa.chunked_array([pa.array(generation == base, pa.bool_())])
+    is_delta = pc.fill_null(rows["delta"], False).to_numpy(zero_copy_only=False)
+    visible = ~is_delta & (generation == base)
+    if is_delta.any():
+        upto = _delta_generation(rows, pointers)
+        visible |= is_delta & (generation > base) & (generation <= upto)
+    return pa.chunked_array([pa.array(visible, pa.bool_())])
+
+
+def base_generation(rows: pa.Table, pointers: pa.Table) -> np.ndarray:
+    """Per row (bucket_start, entity_id), its cell's base pointer (0 without one)."""
     if pointers.num_rows == 0:
-        return pc.equal(rows["generation"], 0)
+        return np.zeros(rows.num_rows, dtype=np.int64)
     g, s = split_pointers(pointers)
     starts = rows["bucket_start"].cast(TS)
-    # Global pointers: a lookup by bucket start, in row order (no join, no re-sort).
+    # Bucket pointers: a lookup by bucket start, in row order (no join, no re-sort).
     at = pc.index_in(starts, value_set=g["bucket_start"])
-    active = pc.fill_null(pc.take(g["g_all"], at), 0).to_numpy().copy()
+    base = pc.fill_null(pc.take(g["g_all"], at), 0).to_numpy().copy()
     if s.num_rows:
-        # Entity pointers cover few rows (the corrected entities): join just those rows.
-        candidates = pc.is_in(rows["entity_id"], value_set=pc.unique(s["entity_id"]))
-        picked = pc.indices_nonzero(candidates)
-        if len(picked):
-            keyed = pa.table(
-                {
-                    "__i": picked,
-                    "bucket_start": pc.take(starts, picked),
-                    "entity_id": pc.take(rows["entity_id"], picked),
-                }
-            ).join(s, ["bucket_start", "entity_id"], join_type="inner")
-            if keyed.num_rows:
-                i = keyed["__i"].to_numpy()
-                active[i] = np.maximum(active[i], keyed["g_entity"].to_numpy())
-    return pc.equal(rows["generation"], pa.array(active, pa.int64()))
+        _raise_at(base, rows, starts, s, "g_entity")
+    return base
+
+
+def _delta_generation(rows: pa.Table, pointers: pa.Table) -> np.ndarray:
+    """Per row, its cell's difference pointer (0 without one)."""
+    upto = np.zeros(rows.num_rows, dtype=np.int64)
+    d = delta_pointers(pointers) if pointers.num_rows else pointers
+    if d.num_rows:
+        _raise_at(upto, rows, rows["bucket_start"].cast(TS), d, "g_delta")
+    return upto
+
+
+def _raise_at(
+    values: np.ndarray, rows: pa.Table, starts: pa.ChunkedArray, cells: pa.Table, column: str
+) -> None:
+    """values[i] = max(values[i], cells' `column` of row i's cell), for the rows of those cells
+    (few: the corrected entities), joined on (bucket_start, entity_id)."""
+    candidates = pc.is_in(rows["entity_id"], value_set=pc.unique(cells["entity_id"]))
+    picked = pc.indices_nonzero(candidates)
+    if not len(picked):
+        return
+    keyed = pa.table(
+        {
+            "__i": picked,
+            "bucket_start": pc.take(starts, picked),
+            "entity_id": pc.take(rows["entity_id"], picked),
+        }
+    ).join(cells, ["bucket_start", "entity_id"], join_type="inner")
+    if keyed.num_rows:
+        i = keyed["__i"].to_numpy()
+        values[i] = np.maximum(values[i], keyed[column].to_numpy())
 
 
 def covered_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
@@ -195,7 +266,9 @@ def covered_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
     n = rows.num_rows
     if n == 0 or pointers.num_rows == 0:
         return pa.chunked_array([pa.array(np.zeros(n, dtype=bool), pa.bool_())])
-    g, s = split_pointers(pointers)
+    is_global = pc.is_null(pointers["entity_id"])
+    g = pointers.filter(is_global)
+    s = pointers.filter(pc.invert(is_global)).group_by(["bucket_start", "entity_id"]).aggregate([])
     starts = rows["bucket_start"].cast(TS)
     covered = pc.fill_null(pc.is_in(starts, value_set=g["bucket_start"]), False)
     mask = covered.to_numpy(zero_copy_only=False).copy()
@@ -226,15 +299,21 @@ def flipped_pointers(
     generation: int,
     job_id: str,
     run_id: str,
+    *,
+    delta: bool = False,
 ) -> pa.Table:
-    """The pointer table after making `generation` active on `cells`: a global pointer for a
-    bucket covering every entity, an entity pointer for each named cell.
+    """The pointer table after `generation` is flipped on `cells`.
 
-    Pointers the new ones supersede are dropped, so the table keeps one global pointer per bucket
-    at most, plus entity pointers newer than it.
+    A base flip (`delta` false): a bucket pointer for a bucket covering every entity, a cell
+    pointer for each named cell; every pointer of the cells it covers is superseded (their
+    difference rows are folded into the new base, or gone with it). A difference flip: a
+    difference pointer per named cell (never every entity), superseding only the cell's
+    previous difference pointer. Superseded pointers are dropped, so the table keeps one bucket
+    pointer per bucket at most, plus cell pointers newer than it.
     """
     whole = [w for w, scope in cells if scope is None]
     named = [(w, e) for w, scope in cells if scope is not None for e in sorted(scope)]
+    assert not (delta and whole), "a difference flip names its cells"
     superseded = pc.is_in(current["bucket_start"], value_set=pa.array([w.start for w in whole], TS))
     superseded = pc.fill_null(superseded, False).to_numpy(zero_copy_only=False).copy()
     if named and current.num_rows:
@@ -252,7 +331,11 @@ def flipped_pointers(
                 join_type="inner",
             )
         )
-        superseded[hits["__i"].to_numpy()] = True
+        hit = hits["__i"].to_numpy()
+        if delta:
+            # Only the cells' previous difference pointers: their base pointers stay.
+            hit = hit[is_delta_pointer(current).to_numpy(zero_copy_only=False)[hit]]
+        superseded[hit] = True
     kept = current.filter(pa.array(~superseded, pa.bool_()))
     now = datetime.now(UTC)
     new = pa.Table.from_pylist(
@@ -265,6 +348,7 @@ def flipped_pointers(
                 "job_id": job_id,
                 "run_id": run_id,
                 "flipped_at": now,
+                "delta": delta,
             }
             for w, e in [*((w, None) for w in whole), *named]
         ],
@@ -313,23 +397,35 @@ def write_pointer_table(
     )
 
 
-def resolve_active_spark(spark: SparkSession, rows: DataFrame, pointers: pa.Table) -> DataFrame:
-    """Keep rows whose generation is the active one for their (bucket, entity)."""
+def resolve_visible_spark(spark: SparkSession, rows: DataFrame, pointers: pa.Table) -> DataFrame:
+    """Keep the visible rows (`visible_mask`): a base row of its cell's base pointer's
+    generation, a difference row newer than that and not newer than its difference pointer."""
     if pointers.num_rows == 0:
-        return rows.where(F.col("generation") == 0)
+        return rows.where((F.col("generation") == 0) & ~F.coalesce(F.col("delta"), F.lit(False)))
     g, s = split_pointers(pointers)
+    d = delta_pointers(pointers)
     out = rows
-    active = F.lit(0)
+    base = F.lit(0)
     if g.num_rows:
         out = out.join(F.broadcast(spark.createDataFrame(g)), on="bucket_start", how="left")
-        active = F.greatest(active, F.coalesce(F.col("g_all"), F.lit(0)))
+        base = F.greatest(base, F.coalesce(F.col("g_all"), F.lit(0)))
     if s.num_rows:
         out = out.join(
             F.broadcast(spark.createDataFrame(s)), on=["bucket_start", "entity_id"], how="left"
         )
-        active = F.greatest(active, F.coalesce(F.col("g_entity"), F.lit(0)))
+        base = F.greatest(base, F.coalesce(F.col("g_entity"), F.lit(0)))
+    is_delta = F.coalesce(F.col("delta"), F.lit(False))
+    visible = ~is_delta & (F.col("generation") == base)
+    if d.num_rows:
+        out = out.join(
+            F.broadcast(spark.createDataFrame(d)), on=["bucket_start", "entity_id"], how="left"
+        )
+        upto = F.coalesce(F.col("g_delta"), F.lit(0))
+        visible = visible | (
+            is_delta & (F.col("generation") > base) & (F.col("generation") <= upto)
+        )
     cols = rows.columns
-    return out.where(F.col("generation") == active).select(*cols)
+    return out.where(visible).select(*cols)
 
 
 def _cell_keys(pointers: pa.Table) -> tuple[set[datetime], set[tuple[datetime, str]]]:

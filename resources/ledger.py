@@ -20,6 +20,7 @@ from resources.warehouse import Warehouse
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import (
     ChangeKind,
+    ChangePart,
     ChangeSource,
     CursorMove,
     Job,
@@ -76,6 +77,10 @@ LEDGER_SCHEMA = pa.schema(
         ("attempt", pa.int64()),
         ("not_before", TS),
         ("gave_up", pa.bool_()),
+        # Corrections: the parts of their work (source commits, and the first-level cells whose
+        # rows they changed); jobs that aggregate from their source: the source version read.
+        ("parts", pa.string()),
+        ("read_version", pa.int64()),
     ]
 )
 
@@ -117,6 +122,8 @@ def job_row(job: Job) -> dict:
         "attempt": job.attempt,
         "not_before": job.not_before,
         "gave_up": job.gave_up,
+        "parts": None if job.parts is None else _encoded_parts(job.parts),
+        "read_version": job.read_version,
     }
 
 
@@ -211,7 +218,28 @@ def _job_from_row(row: dict) -> Job:
         attempt=row.get("attempt") or 1,
         not_before=row.get("not_before"),
         gave_up=bool(row.get("gave_up")),
+        parts=_decoded_parts(row.get("parts")),
+        read_version=row.get("read_version"),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _encoded_parts(parts: tuple[ChangePart, ...]) -> str:
+    return json.dumps(
+        [[list(p.commits), json.loads(encode_cells(p.cells)), p.seen_at] for p in parts]
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _decoded_parts(text: str | None) -> tuple[ChangePart, ...] | None:
+    if text is None:
+        return None
+    out = []
+    for commits, cells, seen_at in json.loads(text):
+        decoded = decode_cells(json.dumps(cells))
+        part = ChangePart(tuple(commits), decoded if decoded is not None else Cells(), seen_at)
+        out.append(part)
+    return tuple(out)
 
 
 def _copy(snapshot: LedgerSnapshot) -> LedgerSnapshot:

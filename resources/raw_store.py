@@ -36,7 +36,6 @@ from resources.delta_files import (
     TargetIndex,
     Targets,
     read_row_groups,
-    rows_with_keys,
     targets_of,
 )
 from resources.delta_tables import (
@@ -53,6 +52,7 @@ from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_ch
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
+from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.asof import version_at
@@ -72,7 +72,16 @@ from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows, 
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
-RAW_CONFIGURATION = {**TABLE_CONFIGURATION, "delta.enableChangeDataFeed": "true"}
+# Raw files are capped (about 15,000 energy readings each), and an ingest's rows are sorted
+# by entity and time (`resources/batches.py`): a file holds a narrow range of entities of one
+# day, so an upsert rewrites only the capped files holding the rows it changes (the MERGE
+# skips the others by their statistics), whatever the number of entities or days.
+RAW_FILE_BYTES = 512 * 1024
+RAW_CONFIGURATION = {
+    **TABLE_CONFIGURATION,
+    "delta.enableChangeDataFeed": "true",
+    "delta.targetFileSize": str(RAW_FILE_BYTES),
+}
 MERGE_ATTEMPTS = 8
 _DAY = dt.timedelta(days=1)
 _LAST_DAYS = (dt.datetime.max - 2 * _DAY).date()  # later days: no window ends after them
@@ -205,10 +214,11 @@ class RawStore:
         return list(known)
 
     def ensure_table(self, spec: SourceSpec) -> int:
-        """Create the (empty) table if it does not exist; return its version."""
+        """Create the (empty) table if it does not exist (a table created before raw files were
+        capped gets the cap); return its version."""
         existing = self.table(spec)
         if existing is not None:
-            return existing.version()
+            return _configured(existing).version()
         write_deltalake(
             self.uri(spec),
             archive_schema(spec).empty_table(),
@@ -306,6 +316,7 @@ class RawStore:
             table = self.table(spec)
             if table is None:
                 table = DeltaTable(self.uri(spec), storage_options=self.options or None)
+            table = _configured(table)
             fence = retained_from(table)
             _require_retained(spec, summary, fence)
             checkpoint("merge_attempt", spec.name)
@@ -826,6 +837,17 @@ class RawStore:
             wanted = pa.array(sorted(entities), pa.string())
             data = data.filter(pc.is_in(data["entity_id"], value_set=wanted))
         return data
+
+
+def _configured(table: DeltaTable) -> DeltaTable:
+    """`table` with the raw tables' configuration (one commit changing no row, the first
+    time a table created before it is written)."""
+    configured = table.metadata().configuration
+    missing = {k: v for k, v in RAW_CONFIGURATION.items() if configured.get(k) != v}
+    if missing:
+        table.alter.set_table_properties(missing, raise_if_not_exists=False)
+        table.update_incremental()
+    return table
 
 
 def _validated(

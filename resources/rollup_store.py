@@ -1,14 +1,17 @@
 """Rollup tables on Delta: generation writes, pointer flips and the consistent read path.
 
-A rollup table holds rows of every generation; its `__genmap` says which one is active per bucket
-(and entity). Writers follow the optimistic atomic swap: write rows at a new generation, flip the
-pointers in one commit, then sweep what the flip superseded (`RollupTable`). The forward lane
-(closing and refreshing the open bucket) instead replaces generation-0 rows in place with one
-atomic commit.
+A rollup table holds base rows (a cell's state) and difference rows (a change of it) of every
+generation; its `__genmap` says which are visible per cell (`resources.genmap`). Writers follow
+the optimistic atomic swap: write rows at a new generation, flip the pointers in one commit,
+then sweep what the flip superseded (`RollupTable`). The forward lane (closing and refreshing
+the open bucket) instead replaces generation-0 rows in place with one atomic commit.
 
 Readers take the pointer table, then the row-table snapshot, then check that the pointer table
 did not move in between (a sweep only ever follows a flip, so an unchanged pointer version proves
-that every active row is still in the snapshot); otherwise they retry.
+that every visible row is still in the snapshot); otherwise they retry. A read returns one row
+per cell, in the shape of a base row: each cell's visible difference rows are folded into its
+base (`compute.folding`). A cell the fold cannot know exactly (its kept extremes all left) is
+aggregated again from its source by the `refill` the engine gives the store.
 """
 
 import json
@@ -19,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -31,7 +35,6 @@ from resources.delta_files import (
     TargetIndex,
     add_action,
     build_file_writer,
-    rows_with_keys,
     targets_of,
 )
 from resources.delta_tables import (
@@ -44,30 +47,34 @@ from resources.delta_tables import (
 )
 from resources.fill import Fill, run_fill
 from resources.genmap import (
-    active_mask,
     flipped_pointers,
     live_files,
     read_fence,
     read_pointers,
     read_pointers_at,
-    resolve_active_spark,
+    resolve_visible_spark,
+    visible_mask,
     write_pointer_table,
 )
 from resources.rollup_table import RollupTable, Written, cell_keys, in_windows
 from resources.schemas import (
+    DELTA_COLUMN,
     PART_COLUMN,
     data_schema,
     part_format,
     part_values,
     spark_schema,
     table_schema,
+    with_row_shape,
 )
 from resources.warehouse import data_file_uri, spark_uri
+from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.compute.folding import CellKey, fold
 from rollup_assets.model.asof import version_at, version_if_existed
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import AsOfUnavailableError
-from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
 
 log = logging.getLogger(__name__)
@@ -277,7 +284,31 @@ class RollupStore(RollupTable):
         uris = [spark_uri(data_file_uri(root, f["path"])) for f in files]
         df = spark.read.schema(read_schema).parquet(*uris)
         df = rows_within(df, "bucket_start", spans, entities)
-        return resolve_active_spark(spark, df, snap.pointers)
+        visible = resolve_visible_spark(spark, df, snap.pointers)
+        return self._folded_spark(spark, spec, visible, snap)
+
+    def _folded_spark(
+        self, spark: SparkSession, spec: RollupSpec, visible: DataFrame, snap: Snapshot
+    ) -> DataFrame:
+        """`visible` rows with each corrected cell's difference rows folded into its base. The
+        cells with difference rows are few (maintenance folds them into new bases): their rows
+        are folded on the driver and put back."""
+        changed = visible.where(F.col(DELTA_COLUMN)).select(ENTITY_COLUMN, "bucket_start")
+        keys = changed.distinct().toArrow()
+        if keys.num_rows == 0:
+            return visible
+        marked = spark.createDataFrame(
+            keys.append_column("__folded", pa.array([True] * keys.num_rows, pa.bool_()))
+        )
+        plain = (
+            visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="left")
+            .where(F.col("__folded").isNull())
+            .drop("__folded")
+        )
+        rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
+        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap)
+        schema = spark_schema(data_schema(spec))
+        return plain.unionByName(spark.createDataFrame(folded.select(schema.names), schema))
 
     def may_hold(
         self,
@@ -291,6 +322,10 @@ class RollupStore(RollupTable):
         if snap.table is None:
             return False
         return bool(self.overlapping(file_actions(snap.table), spans, entities))
+
+    # Aggregates cells of a rollup again from its source (set by the engine): a read folding a
+    # cell it cannot know exactly (`compute.folding.Unknowable`) asks it for that cell's row.
+    refill: "Callable[[RollupSpec, list[CellKey]], pa.Table] | None" = None
 
     def read_arrow(
         self,
@@ -311,7 +346,10 @@ class RollupStore(RollupTable):
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
         if columns is not None:
-            wanted = [*columns, *(["generation"] if "generation" not in columns else [])]
+            # The generation and the row kind resolve what is visible, a cell's bucket end names
+            # it for folding (dropped again after, but the generation).
+            extra = ("generation", DELTA_COLUMN, "bucket_end")
+            wanted = [*columns, *(c for c in extra if c not in columns)]
             schema = pa.schema([schema.field(c) for c in wanted])
         if snap.table is None:
             return schema.empty_table()
@@ -337,7 +375,64 @@ class RollupStore(RollupTable):
         # Reading and decoding Parquet releases the GIL: files are read side by side.
         parts = list(READERS.map(read, files))
         rows = pa.concat_tables(parts)
-        return rows.filter(active_mask(rows, snap.pointers))
+        rows = rows.filter(visible_mask(rows, snap.pointers))
+        if (
+            DELTA_COLUMN not in rows.column_names
+            or not pc.any(pc.fill_null(rows[DELTA_COLUMN], False)).as_py()
+        ):
+            return _requested(rows, columns)
+        # Corrected cells: every column of their rows, folded into one row each.
+        changed = rows.filter(pc.fill_null(rows[DELTA_COLUMN], False))
+        named = Cells.collect(
+            (
+                (Window(b, e), frozenset([x]))
+                for x, b, e in zip(
+                    changed[ENTITY_COLUMN].to_pylist(),
+                    changed["bucket_start"].to_pylist(),
+                    changed["bucket_end"].to_pylist(),
+                    strict=True,
+                )
+            ),
+            limit=None,
+        )
+        mine = _not_in(rows, cell_keys(named))
+        whole = self._cells_rows(spec, snap, named)
+        folded = self._folded_arrow(spec, whole, snap).select(schema.names).cast(schema)
+        out = pa.concat_tables([mine.select(schema.names), folded])
+        return _requested(out, columns)
+
+    def _cells_rows(self, spec: RollupSpec, snap: Snapshot, cells: Cells) -> pa.Table:
+        """Every column of the visible rows of named `cells` at `snap`."""
+        schema = data_schema(spec)
+        if snap.table is None:
+            return schema.empty_table()
+        spans = merge_windows(list(cells.windows))
+        targets = TargetIndex(list(cells))
+        keys = cell_keys(cells)
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, cells.entities), snap.pointers
+        )
+
+        def read(f: dict) -> pa.Table:
+            data = self._read_file(spec, f, schema.names, targets).cast(schema)
+            return _cells_only(data, keys, targets)
+
+        parts = list(READERS.map(read, files)) or [schema.empty_table()]
+        rows = pa.concat_tables(parts)
+        return rows.filter(visible_mask(rows, snap.pointers))
+
+    def _folded_arrow(self, spec: RollupSpec, rows: pa.Table, snap: Snapshot) -> pa.Table:
+        """The visible rows of some cells folded into one base-shaped row each; the cells the
+        fold cannot know are aggregated again from their source (`refill`)."""
+        folded, unknown = fold(rows.cast(data_schema(spec)), spec)
+        if not unknown:
+            return folded
+        if self.refill is None:
+            raise RuntimeError(f"'{spec.name}': {len(unknown)} cell(s) need a refill, none given")
+        again = self.refill(spec, unknown)
+        return pa.concat_tables(
+            [folded, _as_rows_of(again, folded.schema, generation=_newest(rows, unknown))]
+        )
 
     # -- generation writes -------------------------------------------------------------------
 
@@ -383,8 +478,13 @@ class RollupStore(RollupTable):
             .withColumn("job_id", F.lit(job_id))
             .withColumn("source_versions", F.lit(json.dumps(source_versions, sort_keys=True)))
             .withColumn(PART_COLUMN, F.date_format(F.col("bucket_start"), part_format(spec)))
-            .select(*table_schema(spec).names)
         )
+        target = spark_schema(table_schema(spec))
+        for f in target.fields:
+            if f.name not in df.columns:  # a base row's values entering and leaving: none
+                value = F.lit(False) if f.name == DELTA_COLUMN else F.lit(None)
+                df = df.withColumn(f.name, value.cast(f.dataType))
+        df = df.select(*target.names)
         parts = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
         # Entity-major inside each file: a recompute for a few entities reads their row groups.
         df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(
@@ -442,6 +542,7 @@ class RollupStore(RollupTable):
         for name, values in stamp.items():
             rows = rows.append_column(name, values)
         schema = table_schema(spec)
+        rows = with_row_shape(rows, schema)
         data = rows.select(schema.names).cast(schema)
         data = data.sort_by(
             [(PART_COLUMN, "ascending"), ("entity_id", "ascending"), ("bucket_start", "ascending")]
@@ -465,12 +566,14 @@ class RollupStore(RollupTable):
         job_id: str,
         run_id: str,
         fence: int | None,
+        delta: bool = False,
     ) -> int:
-        """The atomic commit point: `generation` becomes active on `cells`, if the rollup's
-        fence is still `fence` (read before the job read anything; else FenceMovedError)."""
+        """The atomic commit point: `generation`'s base rows (or, with `delta`, its difference
+        rows) become visible on `cells`, if the rollup's fence is still `fence` (read before
+        the job read anything; else FenceMovedError)."""
         return write_pointer_table(
             self.genmap_uri(spec),
-            lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id),
+            lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id, delta=delta),
             metadata={
                 "rollups.operation": "flip",
                 "rollups.generation": str(generation),
@@ -528,3 +631,57 @@ def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
         return rows.schema.empty_table()  # not a slice: it would keep the file's buffers
     rows = rows.filter(pc.is_in(rows["entity_id"], value_set=pa.array(sorted(near), pa.string())))
     return rows_with_keys(rows, keys, keys.column_names)
+
+
+def _not_in(rows: pa.Table, keys: pa.Table) -> pa.Table:
+    """`rows` of cells other than `keys` (bucket_start, entity_id)."""
+    names = ["bucket_start", "entity_id"]
+    # Only the keys and a row index join (a join carries no list column).
+    index = pa.table({n: rows[n] for n in names}).append_column(
+        "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    )
+    hit = index.join(keys.select(names), names, join_type="left semi")["__i"].to_numpy()
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[hit] = False
+    return rows.filter(pa.array(keep))
+
+
+def _newest(rows: pa.Table, cells: list[CellKey]) -> dict[CellKey, int]:
+    wanted = set(cells)
+    out: dict[CellKey, int] = {}
+    for e, b, g in zip(
+        rows[ENTITY_COLUMN].to_pylist(),
+        rows["bucket_start"].to_pylist(),
+        rows["generation"].to_pylist(),
+        strict=True,
+    ):
+        if (e, b) in wanted:
+            out[(e, b)] = max(out.get((e, b), 0), g)
+    return out
+
+
+def _as_rows_of(again: pa.Table, schema: pa.Schema, generation: dict[CellKey, int]) -> pa.Table:
+    """Partials aggregated again (`refill`), in the shape of stored rows at each cell's newest
+    visible generation."""
+    n = again.num_rows
+    keys = list(
+        zip(again[ENTITY_COLUMN].to_pylist(), again["bucket_start"].to_pylist(), strict=True)
+    )
+    columns = {}
+    for f in schema:
+        if f.name in again.column_names:
+            columns[f.name] = again[f.name].cast(f.type)
+        elif f.name == "generation":
+            columns[f.name] = pa.array([generation.get(k, 0) for k in keys], pa.int64())
+        elif f.name == DELTA_COLUMN:
+            columns[f.name] = pa.array([False] * n, pa.bool_())
+        else:
+            columns[f.name] = pa.nulls(n, f.type)
+    return pa.table(columns, schema=schema)
+
+
+def _requested(rows: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    """`rows` in the `columns` asked for and their generation (every column: None)."""
+    if columns is None:
+        return rows
+    return rows.select([*columns, *(["generation"] if "generation" not in columns else [])])

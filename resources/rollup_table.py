@@ -40,10 +40,10 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import (
-    active_mask,
     covered_mask,
     flipped_since,
     read_pointers,
+    visible_mask,
     write_pointer_table,
 )
 from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
@@ -238,7 +238,7 @@ class RollupTable:
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
             mask = pc.and_(
-                in_windows(rows["bucket_start"], buckets), pc.invert(active_mask(rows, pointers))
+                in_windows(rows["bucket_start"], buckets), pc.invert(visible_mask(rows, pointers))
             )
             if recent is not None:
                 mask = pc.and_(mask, pc.invert(covered_mask(rows, recent)))

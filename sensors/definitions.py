@@ -124,16 +124,20 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
         lookup.reap(run)
 
 
-def _flipped_jobs(engine: Engine) -> frozenset[str]:
-    """Ids of the jobs in Swapping state whose pointers are in their rollup's pointer table."""
-    swapping = {
-        j.rollup for j in engine.ledger.snapshot().jobs.values() if j.state is JobState.SWAPPING
-    }
-    return frozenset(
-        job_id
-        for name in swapping
-        for job_id in engine.rollups.flipped_jobs(engine.catalog.rollup(name))
-    )
+def _flipped_jobs(engine: Engine) -> dict[str, int | None]:
+    """The jobs in Swapping state whose pointers are in their rollup's pointer table, each with
+    its flip's version when it is a correction (its changes go up as corrections from there)."""
+    swapping = [j for j in engine.ledger.snapshot().jobs.values() if j.state is JobState.SWAPPING]
+    out: dict[str, int | None] = {}
+    for name in {j.rollup for j in swapping}:
+        spec = engine.catalog.rollup(name)
+        flipped = engine.rollups.flipped_jobs(spec)
+        for job in swapping:
+            if job.rollup == name and job.job_id in flipped:
+                out[job.job_id] = (
+                    engine.rollups.committed_by(spec, job.job_id, "flip") if job.corrects else None
+                )
+    return out
 
 
 def build_sensors(

@@ -3,7 +3,9 @@
 For every raw or time-range archive that activated rollups read, each commit after the cursor is
 examined (what it changed comes from a `ChangeReader`: the change feed in production, anything
 in tests). A changed row is retroactive for a dependent when `ts < consumed watermark` (a write
-exactly at the watermark is an Append, which the forward lane picks up). Re-ingesting identical
+exactly at the watermark is an Append, which the forward lane picks up). A job of changed rows
+the change feed names is a correction (`Job.parts`): its run applies them as differences.
+Re-ingesting identical
 rows makes nothing dirty: the ingest does not rewrite them, so they are not in the change feed
 (`RawStore.ingest`). Each commit's dirty cells (bucket, entity) become a Pending job for that
 dependent; a bucket touched for more entities than the limit is dirty for every entity.
@@ -20,7 +22,7 @@ import pyarrow.compute as pc
 from resources.change_feed import Changes
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import ChangeKind, Job, LedgerSnapshot, Trigger
+from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in, job_scope
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -229,6 +231,9 @@ def _dirty_job(
         source_version=changes.version,
         change_kind=ChangeKind.RETROACTIVE_MODIFY,
         change_source=changes.change_source,
+        # Changed rows the change feed names are applied as differences; a commit known only by
+        # its files' statistics has its cells aggregated again.
+        parts=(ChangePart((changes.version,), cells),) if changes.rows is not None else None,
     )
 
 

@@ -18,7 +18,7 @@ Per rollup, each tick:
 """
 
 import logging
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -61,20 +61,21 @@ def plan_drain(
     states: dict[str, ArchiveState],
     snapshot: LedgerSnapshot,
     runs: RunLookup,
-    flipped: Collection[str] = frozenset(),
+    flipped: Mapping[str, int | None] | None = None,
     entity_scope_limit: int = 32,
     policy: RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> DrainPlan:
     """What to launch, record and sweep this tick. `flipped` holds the ids of jobs whose pointers
-    are in their rollup's pointer table (a dead job among them had flipped before it died).
+    are in their rollup's pointer table (a dead job among them had flipped before it died), each
+    with its flip's version when known.
     `now` is the wall clock (a retry waits out its backoff by it); `policy` how often failed
     work is tried again."""
     plan = DrainPlan()
     policy = policy or RetryPolicy()
     now = now or datetime.now(UTC)
     settled = {
-        spec.name: _settle(catalog, spec, snapshot, runs, states, flipped, plan, policy, now)
+        spec.name: _settle(catalog, spec, snapshot, runs, states, flipped or {}, plan, policy, now)
         for spec in catalog.rollups.values()
     }
     for spec in catalog.rollups.values():
@@ -138,7 +139,7 @@ def _settle(
     snapshot: LedgerSnapshot,
     runs: RunLookup,
     states: dict[str, ArchiveState],
-    flipped: Collection[str],
+    flipped: Mapping[str, int | None],
     plan: DrainPlan,
     policy: RetryPolicy,
     now: datetime,
@@ -173,6 +174,7 @@ def _settle(
                 states,
                 f"completed on recovery: run {last_run} ended after the flip",
                 now,
+                flipped_at=flipped[job.job_id],
             )
             plan.events += events
             plan.sweeps.append(events[0])
@@ -228,6 +230,10 @@ def _merge(
     contributors = [j for j in pending if ready_by_job[j.job_id]]
     if not contributors:
         return
+    # Jobs that aggregate from their source run before corrections (whose changes they may
+    # hold already, `services.correction`); a run takes one kind.
+    bases = [j for j in contributors if not j.corrects]
+    contributors = bases or contributors
     if len(contributors) == 1 and not waiting_by_job[contributors[0].job_id]:
         job = contributors[0]
         plan.launches.append(
@@ -240,6 +246,10 @@ def _merge(
         entity_scope_limit,
     )
     windows, entities, exact = job_scope(cells, entity_scope_limit)
+    parts = None
+    if first.corrects:
+        # Each job's changes to its own cells: parts are joined, never crossed.
+        parts = tuple(p for j in contributors for p in j.parts_within(ready_by_job[j.job_id]) or ())
     merged = Job(
         spec.name,
         first.trigger,
@@ -250,12 +260,13 @@ def _merge(
         source_version=first.source_version,
         change_kind=first.change_kind,
         change_source=first.change_source,
+        parts=parts,
     )
     plan.events.append(merged)
     for job in contributors:
         rest = waiting_by_job[job.job_id]
         if rest:
-            plan.events.append(job.next(windows=tuple(rest)))
+            plan.events.append(job.narrowed(tuple(rest)))
         else:
             plan.events.append(
                 job.next(

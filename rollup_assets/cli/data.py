@@ -104,8 +104,9 @@ def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -
 def preview(archive: str, file: str, fmt: str) -> None:
     """Dry run of `rollups ingest ARCHIVE FILE`: validate FILE as the ingest does, and list the
     cells of every level the ingest and the recomputes it causes would change (old and new
-    values, frozen cells marked held) and the work each level would do (cells, technique and
-    why, rows to read). Writes nothing."""
+    values, frozen cells marked held, cells the correction aggregates again from their source
+    marked refill) and the work each level would do (cells, technique and why, rows to read).
+    Writes nothing."""
     import json
 
     from rollup_assets.services.preview import preview_ingest
@@ -141,6 +142,7 @@ def preview(archive: str, file: str, fmt: str) -> None:
             "bucket": str(c.bucket),
             "entity": c.entity,
             "held": c.held,
+            "refill": c.refill,
             "old": c.old,
             "new": c.new,
         }
@@ -156,13 +158,14 @@ def preview(archive: str, file: str, fmt: str) -> None:
             "bucket": str(c.bucket),
             "entity": c.entity,
             "column": name,
-            "old": None if c.old is None else c.old.get(name),
-            "new": new,
+            "old": (c.old or {}).get(name),
+            "new": (c.new or {}).get(name),
             "held": c.held,
+            "refill": c.refill,
         }
         for c in p.cells
-        for name, new in c.new.items()
-        if c.old is None or c.old.get(name) != new
+        for name in dict.fromkeys([*(c.old or {}), *(c.new or {})])
+        if (c.old or {}).get(name) != (c.new or {}).get(name) or c.refill
     ]
     if fmt == "csv":
         echo_data(values, fmt)

@@ -5,6 +5,7 @@ ledger's state is the fold of those events in order, where the first terminal st
 Pending jobs *are* the pending recompute ranges.
 """
 
+import bisect
 import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, merge_windows
 
 
 class Lane(StrEnum):
@@ -88,6 +89,33 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class ChangePart:
+    """Part of a correction's work: the changes `commits` of the source made to the rows of
+    `cells` (cells of the chain's first level: the rows' own buckets and entities). Up the
+    chain, `seen_at` is the version of the level below's pointer table from which it showed
+    them (None at the first level, whose changes each count from their own commit)."""
+
+    commits: tuple[int, ...]
+    cells: Cells
+    seen_at: int | None = None
+
+    def within(self, buckets: Iterable[Window]) -> "ChangePart":
+        """This part narrowed to the rows in `buckets` (of this level or one above): its cells'
+        spans cut to them (the first level's buckets nest in every level's)."""
+        spans = merge_windows(list(buckets))
+        starts = [b.start for b in spans]
+        kept = []
+        for w, scope in self.cells:
+            i = max(bisect.bisect_right(starts, w.start) - 1, 0)
+            while i < len(spans) and spans[i].start < w.end:
+                lo, hi = max(w.start, spans[i].start), min(w.end, spans[i].end)
+                if lo < hi:
+                    kept.append((Window(lo, hi), scope))
+                i += 1
+        return ChangePart(self.commits, Cells(tuple(kept)), self.seen_at)
+
+
+@dataclass(frozen=True)
 class Job:
     rollup: str
     trigger: Trigger
@@ -132,6 +160,20 @@ class Job:
     not_before: datetime | None = None
     # Failed with its last attempt spent: its work is queued by nobody (health shows it).
     gave_up: bool = False
+    # A correction (`services.correction`): which source rows' changes it applies to its cells
+    # as differences, as parts (the commits, and the first level's cells whose rows they are);
+    # None: a job that aggregates its cells again from their source. Each source commit's
+    # change to a cell is in one part of one job: merging corrections joins their parts.
+    parts: "tuple[ChangePart, ...] | None" = None
+    # A job that aggregated cells from their source (or a forward run): the version of the
+    # source it read (a raw table's version, or the level below's pointer table version). A
+    # correction of one of those cells skips the changes that version already holds.
+    read_version: int | None = None
+
+    @property
+    def corrects(self) -> bool:
+        """Does this job apply changes as differences (rather than aggregate again)?"""
+        return self.parts is not None
 
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""
@@ -150,7 +192,20 @@ class Job:
             change_kind=self.change_kind,
             change_source=self.change_source,
             cells=self.cells,
+            parts=self.parts if windows is None else self.parts_within(windows),
         )
+
+    def parts_within(self, buckets: Iterable[Window]) -> "tuple[ChangePart, ...] | None":
+        """A correction's parts narrowed to the rows in `buckets` (None for other jobs)."""
+        if self.parts is None:
+            return None
+        spans = tuple(buckets)
+        narrowed = (p.within(spans) for p in self.parts)
+        return tuple(p for p in narrowed if p.cells)
+
+    def narrowed(self, windows: tuple[Window, ...]) -> "Job":
+        """This job's next event, covering only `windows` of its work."""
+        return self.next(windows=windows, parts=self.parts_within(windows))
 
     def fail(
         self,

@@ -1,9 +1,10 @@
 """Chain propagation: a level that changed makes the containing cells of the next level dirty."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import ChangeKind, Job, JobState, Trigger
+from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of, job_scope
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -15,10 +16,13 @@ def propagation_jobs(
     cells: Cells,
     version: int | None,
     states: dict[str, ArchiveState],
+    parts: tuple[ChangePart, ...] | None = None,
 ) -> list[Job]:
     """Pending jobs for `spec`'s direct dependents: the cells of their already-consumed buckets
     that contain `cells` (written at table `version`), for the same entities; a dependent that
-    consumed nothing yet gets none."""
+    consumed nothing yet gets none. With `parts` (a correction's, shown by `spec`'s flip) the
+    jobs are corrections applying the same source changes; otherwise they aggregate their
+    cells again from `spec`."""
     jobs = []
     for dep in catalog.dependents(spec.name):
         state = states.get(dep.name) or ArchiveState(dep.name)
@@ -37,6 +41,11 @@ def propagation_jobs(
         if not lifted:
             continue
         windows, entities, exact = job_scope(lifted)
+        mine = None
+        if parts is not None:
+            mine = tuple(q for q in (p.within(windows) for p in parts) if q.cells)
+            if not mine:
+                continue
         jobs.append(
             Job(
                 rollup=dep.name,
@@ -47,6 +56,7 @@ def propagation_jobs(
                 source_archive=spec.name,
                 source_version=version,
                 change_kind=ChangeKind.RETROACTIVE_MODIFY,
+                parts=mine,
             )
         )
     return jobs
@@ -59,15 +69,22 @@ def completed_after_flip(
     states: dict[str, ArchiveState],
     why: str,
     now: datetime | None = None,
+    flipped_at: int | None = None,
 ) -> list[Job]:
     """The events of a job whose flip landed but whose run ended before recording it (a crash,
     or a failure after the flip): it is completed, and the levels above are queued for its cells
     as its own completion would have queued them. Queuing them again is never wrong; missing
-    them would leave the levels above behind with no work queued."""
+    them would leave the levels above behind with no work queued. A correction's changes go up
+    as corrections when its flip's version (`flipped_at`) is known; otherwise the cells above
+    are aggregated again (which holds them too)."""
     done = job.next(
         state=JobState.COMPLETED,
         finished_at=now or datetime.now(UTC),
         windows_processed=len(buckets_in(spec, list(job.windows))),
         error=why,
     )
-    return [done, *propagation_jobs(catalog, spec, cells_of(spec, job), None, states)]
+    parts = None
+    if job.parts is not None and flipped_at is not None:
+        parts = tuple(replace(p, seen_at=flipped_at) for p in job.parts)
+    above = propagation_jobs(catalog, spec, cells_of(spec, job), flipped_at, states, parts)
+    return [done, *above]

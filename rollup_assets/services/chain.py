@@ -34,7 +34,8 @@ from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, LevelChange, RunOutcome
+from rollup_assets.services.correction import SourceChange
+from rollup_assets.services.engine import Engine, RunOutcome
 from rollup_assets.services.forward import run_forward
 from rollup_assets.services.recompute import run_recompute
 
@@ -58,8 +59,9 @@ class RunGate(Protocol):
         ...
 
 
-def _queued(outcome: RunOutcome) -> list[tuple[Job, LevelChange | None]]:
-    """The jobs `outcome` queued one level up, each with what it flipped (None: not known)."""
+def _queued(outcome: RunOutcome) -> list[tuple[Job, SourceChange | None]]:
+    """The jobs `outcome` queued one level up, each with the source rows it applied (a
+    correction's; None otherwise)."""
     return [(job, outcome.change) for job in outcome.propagated]
 
 
@@ -88,14 +90,15 @@ class Chain:
         """Every level above `spec` this run brought up to date, with what it did, in order;
         yielded while the level's pool slot is still held, so the caller can report it."""
         # Each level once: what it wrote in this run (both lanes), and the jobs it queued above,
-        # each with what the run that queued it flipped, cell by cell, when it knows (a job
-        # above corrects its cells from that change: `services.incremental`).
+        # each with the source rows the run that queued it applied, when it was a correction (a
+        # correction above applies the same rows without reading them again:
+        # `services.correction`).
         queue = deque([(spec, list(outcome.buckets), _queued(outcome))])
         while queue:
             level, changed, propagated = queue.popleft()
             for dep in self.engine.catalog.dependents(level.name):
                 wrote: list[Window] = []
-                queued: list[tuple[Job, LevelChange | None]] = []
+                queued: list[tuple[Job, SourceChange | None]] = []
                 for done in self._bring_up(dep, changed, propagated):
                     yield dep, done
                     wrote += done.buckets
@@ -107,10 +110,10 @@ class Chain:
         self,
         spec: RollupSpec,
         changed: list[Window],
-        propagated: list[tuple[Job, LevelChange | None]],
+        propagated: list[tuple[Job, SourceChange | None]],
     ) -> Iterator[RunOutcome]:
-        """Under `spec`'s pool slot: its queued recomputes (each given what the run that
-        queued it flipped, when known), then its forward work."""
+        """Under `spec`'s pool slot: its queued recomputes (each given the source rows the run
+        that queued it applied, when known), then its forward work."""
         with self.gate.hold(spec) as held:
             if not held:
                 self.say(f"{spec.name}: another run writes it; the sensors take it from here")
@@ -128,7 +131,7 @@ class Chain:
                 yield forward
 
     def _recompute(
-        self, spec: RollupSpec, job: Job, below: LevelChange | None
+        self, spec: RollupSpec, job: Job, below: SourceChange | None
     ) -> RunOutcome | None:
         current = self.engine.ledger.job(job.job_id)
         if current is None or current.state is not JobState.PENDING:

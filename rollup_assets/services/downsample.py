@@ -64,7 +64,7 @@ def downsample_arrow(
         first, last = pc.min_max(rows["bucket_start"]).as_py().values()
         last = as_utc(last) + timedelta(microseconds=1)
         windows = list(Bucketing.of(step).windows(as_utc(first), last))
-    merged = partials_arrow(rows, windows, None, step, spec)
+    merged = partials_arrow(rows, windows, None, step, spec, companions=False)
     return _shaped(logical_arrow(merged, step), group_by)
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -19,22 +20,22 @@ from pyspark.sql import functions as F
 from resources.archive_states import ArchiveStateStore
 from resources.delta_tables import file_actions, prune_files
 from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, partials_schema, plan_parts, run_partials
-from resources.genmap import live_files
+from resources.genmap import delta_pointers, live_files
 from resources.ledger import Ledger
 from resources.raw_store import RawStore
-from resources.rollup_store import Reflected, RollupStore, Snapshot
+from resources.rollup_store import RollupStore, Snapshot
 from resources.rollup_table import cell_keys, in_windows
 from resources.schemas import data_schema
 from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
-from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_partials import partials_arrow, rows_with_keys
 from rollup_assets.compute.compare import (
     CHANGED,
     all_new,
     cell_changes,
     cell_changes_arrow,
 )
-from rollup_assets.model.bucketing import storage_partition
+from rollup_assets.model.bucketing import Bucketing, storage_partition
 from rollup_assets.model.cells import (
     CellCounts,
     Cells,
@@ -63,6 +64,7 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 log = logging.getLogger(__name__)
+CellKey = tuple[str, datetime]  # (entity, bucket start)
 TS = pa.timestamp("us", tz="UTC")
 # A job naming at most this many cells runs on the driver: aggregated from the row groups holding
 # its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
@@ -77,9 +79,7 @@ DRIVER_CELLS = 2_000
 DRIVER_SOURCE_ROWS = 2_000_000
 # A recompute of more named cells than `DRIVER_CELLS`, up to this many, aggregates them in Spark
 # tasks (one storage partition each) and compares them on the driver, where their fresh partials
-# (this many rows at most) and stored ones are; either way it keeps its changed cells' old and new
-# partials for the level above to correct its cells from in the same run (`LevelChange`); the
-# level above reads its own stored cells, not the level below. Larger jobs stay on Spark.
+# (this many rows at most) and stored ones are. Larger jobs stay on Spark.
 CHANGE_CELLS = 50_000
 
 
@@ -96,7 +96,9 @@ class RunOutcome:
     duration_ms: int = 0
     note: str = ""
     propagated: list[Job] = field(default_factory=list)  # pending jobs it queued one level up
-    change: "LevelChange | None" = None  # what a recompute flipped, cell by cell, when known
+    # The source rows a correction applied (`services.correction.SourceChange`), for the level
+    # above in the same run.
+    change: Any = None
 
 
 class Engine:
@@ -117,8 +119,39 @@ class Engine:
         # How often failed work is queued again, and after how long.
         self.retry = retry or RetryPolicy()
         self.rollups = RollupStore(warehouse, generation_retention)
+        self.rollups.refill = self._refill
         self.states = ArchiveStateStore(warehouse)
         self.ledger = Ledger(warehouse)
+
+    def _refill(self, spec: RollupSpec, keys: list[CellKey]) -> pa.Table:
+        """Cells of `spec` aggregated again from their source (a read that cannot fold them
+        exactly: `compute.folding.Unknowable`), in the shape of stored rows."""
+        b = Bucketing.of(spec)
+        cells = Cells.collect(((b.window_of(start), frozenset([e])) for e, start in keys), None)
+        rows, _ = self.driver_partials(spec, cells)
+        return rows.drop_columns([SOURCE_ROWS])
+
+    def read_version(self, spec: RollupSpec, versions: dict[str, int]) -> int | None:
+        """The version of `spec`'s source that partials computed from `versions` (what a read
+        of the source recorded) hold: a raw table's version, or the level below's pointer
+        table version (`services.correction`: the changes a correction may skip)."""
+        source = self.catalog.archive(spec.source)
+        name = source.genmap_name if isinstance(source, RollupSpec) else source.name
+        return versions.get(name)
+
+    def _corrected_below(self, spec: RollupSpec, cells: Cells, below: Snapshot | None) -> bool:
+        """Has the level below `spec` difference rows in `cells`' buckets? Spark tasks cannot
+        aggregate a cell below again when its fold cannot tell it (`resources.fill`): such
+        work takes a path that can."""
+        source = self.catalog.archive(spec.source)
+        if not isinstance(source, RollupSpec):
+            return False
+        pointers = (below or self.rollups.snapshot(source)).pointers
+        corrected = delta_pointers(pointers)
+        if corrected.num_rows == 0:
+            return False
+        spans = merge_windows(list(cells.windows))
+        return bool(pc.any(in_windows(corrected["bucket_start"], spans)).as_py())
 
     @classmethod
     def from_settings(cls, catalog: Catalog, warehouse: Warehouse, settings: Settings) -> "Engine":
@@ -295,6 +328,15 @@ class Engine:
         rows, _ = run_partials(spark, plan, cells)
         return rows, plan.versions
 
+    def source_versions(self, spec: RollupSpec) -> dict[str, int]:
+        """The versions of `spec`'s source as they stand now, as a recompute's rows record them
+        (`lineage`): what a correction's differences were made against."""
+        source = self.catalog.archive(spec.source)
+        if isinstance(source, RollupSpec):
+            return self.rollups.snapshot(source).lineage(source)
+        table = self.raw.table(source)
+        return {source.name: _v(None if table is None else table.version())}
+
     def source_rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
         """How many rows the source files that may hold `cells`' source rows contain, by their
         statistics (an upper bound of what `driver_partials` decodes); None when a file does not
@@ -391,20 +433,33 @@ class Engine:
         return Fill(spec, source, uri, options, versions, parts, pointers, sizes)
 
     def buckets_to_fold(
-        self, spec: RollupSpec, closed_before: datetime | None = None
+        self,
+        spec: RollupSpec,
+        *,
+        now: datetime | None = None,
+        closed_before: datetime | None = None,
     ) -> frozenset[Window]:
         """Buckets (ending by `closed_before`, when given) whose cell pointers folding replaces
-        (`model.cells.buckets_to_fold`)."""
+        (`model.cells.buckets_to_fold`). With `now`, leaving out every bucket a pointer of which
+        was flipped recently enough to be rolled back then (`model.keeping`): a fold supersedes
+        every pointer of its buckets, so it would take that rollback away."""
         pointers = self.rollups.snapshot(spec).pointers
         counts: dict[Window, int] = {}
-        for r in pointers.select(["bucket_start", "bucket_end", "entity_id"]).to_pylist():
+        recent: set[datetime] = set()
+        for r in pointers.select(
+            ["bucket_start", "bucket_end", "entity_id", "flipped_at"]
+        ).to_pylist():
+            flipped = r["flipped_at"]
+            if now is not None and flipped is not None and self.keeping.may_roll_back(flipped, now):
+                recent.add(r["bucket_start"])
             if r["entity_id"] is None:
                 continue
             if closed_before is not None and r["bucket_end"] > closed_before:
                 continue
             w = Window(r["bucket_start"], r["bucket_end"])
             counts[w] = counts.get(w, 0) + 1
-        return buckets_to_fold(counts, lambda t: storage_partition(spec, t))
+        foldable = {w: n for w, n in counts.items() if w.start not in recent}
+        return buckets_to_fold(foldable, lambda t: storage_partition(spec, t))
 
     def recompute(
         self,
@@ -413,49 +468,39 @@ class Engine:
         cells: Cells,
         raw_table: DeltaTable | None = None,
         *,
-        settled_only: bool = False,
         below: Snapshot | None = None,
-        stored: "Stored | None" = None,
     ) -> "Recomputed":
         """The fresh partials of `cells`, compared exactly with the stored ones: the rows of the
-        cells to write (`model.cells.changed_cells`; with `settled_only`, a fold's: only
-        folded buckets whose cells are all unchanged) and what the comparison found. A job of a
+        cells to write (`model.cells.changed_cells`) and what the comparison found. A job of a
         few named cells (at most `DRIVER_CELLS`) runs on the driver: their source row groups
         read with delta-rs and aggregated with Arrow (`driver_partials`). A job of more named
         cells (at most `CHANGE_CELLS`) aggregates them on Spark and brings their fresh partials
-        to the driver. Either is compared there with the stored rows of its cells (taken from
-        `stored` when given: the caller read them), and keeps them for the level above
-        (`Recomputed.before`). Other jobs (buckets for every entity, more cells) stay on Spark,
-        where the rows are cached until `Recomputed.release`. A rollup source is read at
-        snapshot `below` when given. Refuses (`RawRowsRetainedError`) cells whose raw rows
-        retention removed."""
+        to the driver. Either is compared there with the stored rows of its cells. Other jobs
+        (buckets for every entity, more cells) stay on Spark, where the rows are cached until
+        `Recomputed.release`. A rollup source is read at snapshot `below` when given. Refuses
+        (`RawRowsRetainedError`) cells whose raw rows retention removed."""
         self.require_source_rows(spec, list(cells.windows))
         spans = merge_windows(list(cells.windows))
         if cells.named is not None and cells.named <= CHANGE_CELLS:
             # Named cells: their fresh partials are at most `CHANGE_CELLS` rows, compared with
-            # the stored ones on the driver (the level above is handed both).
-            if cells.named <= DRIVER_CELLS:
+            # the stored ones on the driver.
+            if cells.named <= DRIVER_CELLS or self._corrected_below(spec, cells, below):
                 rows, versions = self.driver_partials(spec, cells, raw_table, below)
             else:
                 rows, versions = self._partials_in_tasks(spark, spec, cells, raw_table, below)
-            if stored is None:
-                own = self.rollups.snapshot(spec)
-                read = self.rollups.read_arrow(
-                    spec, spans, cells.entities, own, cells=cells, exact=True
-                )
-                stored = Stored(read, own.reflects)
-            mine = stored.rows.join(cell_keys(cells), KEYS, join_type="inner")
-            compared = cell_changes_arrow(rows, mine, spec).to_pylist()
-            found = _found(cells, compared, partial=None, settled_only=settled_only)
-            picked = rows.join(cell_keys(found.cells), KEYS, join_type="inner")
-            return Recomputed(
-                picked.drop_columns([SOURCE_ROWS]),
-                found,
-                versions,
-                before=Stored(mine, stored.read_at),
+            own = self.rollups.snapshot(spec)
+            stored = self.rollups.read_arrow(
+                spec, spans, cells.entities, own, cells=cells, exact=True
             )
+            mine = rows_with_keys(stored, cell_keys(cells), KEYS)
+            compared = cell_changes_arrow(rows, mine, spec).to_pylist()
+            found = _found(cells, compared, partial=None)
+            picked = rows_with_keys(rows, cell_keys(found.cells), KEYS)
+            return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
         held = self.rollups.may_hold(spec, spans, cells.entities)
-        fill = None if held or settled_only else self._fill(spec, cells, raw_table)
+        fill = None
+        if not held and not self._corrected_below(spec, cells, below):
+            fill = self._fill(spec, cells, raw_table)
         if fill is not None:
             return Recomputed(
                 fill,
@@ -499,11 +544,7 @@ class Engine:
                 )
 
             found = _found(
-                cells,
-                per_bucket,
-                partial=changed_rows,
-                folded=self._folded(spec, cells),
-                settled_only=settled_only,
+                cells, per_bucket, partial=changed_rows, folded=self._folded(spec, cells)
             )
             rows = _within(spark, fresh, found.cells).drop(SOURCE_ROWS)
         finally:
@@ -521,82 +562,18 @@ class CellOutcome:
     source_rows: int  # source rows aggregated
 
 
-@dataclass(frozen=True)
-class Stored:
-    """The stored rows of a job's named cells as a job read them (its old partials), and the
-    state of the rollup it read them at."""
-
-    rows: pa.Table
-    read_at: Reflected
-
-
-CellKey = tuple[str, datetime]  # (entity, bucket start)
-Partials = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LevelChange:
-    """What a recompute flipped, for the level above to correct its cells from rather than merge
-    them again: per changed cell, its partials before (as the job read them, at `read_at`) and
-    after (at `generation`); None where the cell had, or has, no row."""
-
-    rollup: str
-    read_at: Reflected
-    generation: int
-    version: int  # the row-table commit of its rows (the jobs it queued above name it)
-    cells: dict[CellKey, tuple[Partials | None, Partials | None]]
-
-    def queued(self, job: Job) -> bool:
-        """Did this change queue `job` (chain propagation of its flip)?"""
-        return job.source_archive == self.rollup and job.source_version == self.version
-
-    @classmethod
-    def of(
-        cls,
-        spec: RollupSpec,
-        before: Stored,
-        rows: pa.Table,
-        changed: Cells,
-        generation: int,
-        version: int,
-    ) -> "LevelChange | None":
-        """The change of a job that flipped `changed` to `generation` with `rows` (committed
-        at row-table `version`), its old partials being `before`; None when a bucket was
-        flipped for every entity (its cells are not all known)."""
-        if changed.named is None:
-            return None
-        names = [sc.name for sc in spec.stored_columns]
-
-        def by_cell(table: pa.Table) -> dict[CellKey, Partials]:
-            picked = table.join(cell_keys(changed), KEYS, join_type="inner")
-            return {
-                (r[ENTITY_COLUMN], r["bucket_start"]): {n: r[n] for n in names}
-                for r in picked.select([*KEYS, *names]).to_pylist()
-            }
-
-        old, new = by_cell(before.rows), by_cell(rows)
-        cells = {
-            (e, w.start): (old.get((e, w.start)), new.get((e, w.start)))
-            for w, scope in changed
-            for e in sorted(scope or ())
-        }
-        return cls(spec.name, before.read_at, generation, version, cells)
-
-
 @dataclass
 class Recomputed:
     """A recompute's rows to write (a Spark frame, or a table on the driver), what the comparison
     found, and the source versions read."""
 
     rows: DataFrame | pa.Table | Fill  # a first fill is aggregated as it is written
-    found: CellOutcome | None  # None for a first fill: `filled` tells, once it is written
+    # None for a first fill (`filled` tells, once it is written) and a fold (every cell of
+    # its buckets is rewritten)
+    found: CellOutcome | None
     versions: dict[str, int]
     release: Callable[[], object] = lambda: None  # drop what the comparison cached
-    technique: str = "recompute"  # how the partials were computed
-    reason: str = ""  # why that technique
-    change_rows: int = 0  # source change rows consumed (applied as deltas)
-    cells_applied: int = 0  # cells corrected from changes (changed or not)
-    before: Stored | None = None  # the old partials of a job of named cells
+    reason: str = ""  # how it was computed (a first fill says so)
 
 
 def _typed(partials: pa.Table, spec: RollupSpec) -> pa.Table:
@@ -617,7 +594,6 @@ def _found(
     compared: list[dict],
     partial: Callable[[list[datetime]], list[dict]] | None,
     folded: frozenset[Window] = frozenset(),
-    settled_only: bool = False,
 ) -> CellOutcome:
     """The outcome from compared cells: rows of (bucket_start, entity_id, CHANGED, SOURCE_ROWS)
     when `partial` is None; otherwise per-bucket counts (bucket_start, cells, changed, rows),
@@ -653,11 +629,7 @@ def _found(
                     r[ENTITY_COLUMN]
                 )
     written = changed_cells(
-        cells,
-        counts,
-        {w: frozenset(ids) for w, ids in changed_entities.items()},
-        folded,
-        settled_only,
+        cells, counts, {w: frozenset(ids) for w, ids in changed_entities.items()}, folded
     )
     total = sum(c.cells for c in counts.values())
     changed = sum(c.changed for c in counts.values())

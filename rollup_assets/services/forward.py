@@ -179,6 +179,7 @@ def run_forward(
         plan=plan,
         source_archive=src[0],
         source_version=src[1],
+        read_version=engine.read_version(spec, versions),
     )
     propagated = propagation_jobs(engine.catalog, spec, Cells.of(buckets), version, states)
     engine.ledger.record([done, *propagated])

@@ -159,5 +159,5 @@ def _aggregated(
         return schema.empty_table()
     last = pc.max(rows[source.time_column]).as_py()
     windows = [w for w in b.windows(lo, as_utc(last) + timedelta(microseconds=1)) if w.start < hi]
-    out = partials_arrow(rows, windows, None, spec, source)
+    out = partials_arrow(rows, windows, None, spec, source, companions=False)
     return out.drop_columns([SOURCE_ROWS]).select(schema.names).cast(schema)

@@ -1,22 +1,23 @@
 """The recompute lane: the optimistic atomic swap.
 
-1. Running:  claim a new generation N, correct the job's cells (from their source's changes
-             where that is exact and cheaper, otherwise from their source rows: see
-             `services.incremental`), and compare each cell with the stored one: unchanged
-             cells are left as they are (not written, not flipped, not propagated; a job
-             where nothing changed completes here). The changed cells' rows are written and
-             committed (still invisible).
+1. Running:  claim a new generation N and compute the job's rows: a correction's difference
+             rows, made from its source changes without reading the cells it corrects
+             (`services.correction`); a fold's (maintenance) rewrite of its buckets from their
+             visible rows; otherwise its cells aggregated again from their source and compared
+             with the stored ones: unchanged cells are left as they are (not written, not
+             flipped, not propagated; a job where nothing changed completes here). The rows are
+             written and committed (still invisible).
 2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
-             pointers to N in one commit - the moment readers switch. The flip is fenced: it
-             commits only if the rollup's fence (read before anything else) has not moved, so a
-             rewind, rollback, retention or disable that came in between makes it fail instead
-             of pointing readers at rows that action removed or computed from what it changed.
-3. Completed, together with the pending jobs the changed cells cause one level up (one ledger
-   commit); then sweep the generations the flip superseded.
-
-Once the job is recorded completed, the rollup's surface (`services.surface`) is published, so
-plain Delta readers see the change; a run publishes first too, repairing a surface an earlier
-run left lagging (it died between its flip and its publish).
+             pointers to N in one commit - the moment readers switch (a difference flip for a
+             correction's cells, a base flip otherwise). The flip is fenced: it commits only if
+             the rollup's fence (read before anything else) has not moved, so a rewind,
+             rollback, retention or disable that came in between makes it fail instead of
+             pointing readers at rows that action removed or computed from what it changed.
+3. Completed, together with the jobs the changed cells cause one level up (one ledger commit):
+   a correction queues the same source changes for the cells above, a recompute their
+   aggregation again from the level below. Then the rollup's surface (`services.surface`) is
+   published, so plain Delta readers see the change, and the generations the flip superseded
+   are swept.
 
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
@@ -30,13 +31,14 @@ again for its part before the rewind point (the forward lane aggregates the rest
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from resources.fill import Fill
-from resources.rollup_store import Reflected
+from resources.raw_store import ChangeFeedGone
+from resources.rollup_table import Written
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
@@ -51,12 +53,22 @@ from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
-from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import Engine, LevelChange, RunOutcome, filled
-from rollup_assets.services.incremental import correct
-from rollup_assets.services.surface import Known, publish
+from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.services.correction import (
+    DIFFERENCE,
+    Correction,
+    SourceChange,
+    correct,
+    shown_again,
+    undone_below,
+)
+from rollup_assets.services.engine import CellOutcome, Engine, Recomputed, RunOutcome, filled
+from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
+# How a job computed its rows (recorded as its technique).
+RECOMPUTE = "recompute"
+FOLD = "fold"
 
 
 def describe_cells(cells: Cells) -> str:
@@ -107,12 +119,12 @@ def run_recompute(
     run_id: str,
     log_progress: Callable[[str], None] | None = None,
     progress: Progress | None = None,
-    below: LevelChange | None = None,
+    below: SourceChange | None = None,
 ) -> RunOutcome:
     """Execute `job` (see the module); `log_progress` hears what happens, `progress` how many
     of the job's ready buckets are done (none when it starts, all when it has completed).
-    `below` is what the job of the level below that queued `job` flipped, as that run knows it
-    (`services.incremental`); it is ignored for any other job."""
+    `below` is the source rows the run that queued `job` applied to the level below (so a
+    correction up the chain does not read them again)."""
     say = log_progress or log.info
     t0 = time.monotonic()
     # The fence first: whatever moves it after this (a rewind, rollback, retention, disable)
@@ -137,6 +149,10 @@ def run_recompute(
 
     placement = place(buckets_in(spec, list(job.windows)), state)
     ready = placement.ready
+    if job.trigger is Trigger.MAINTENANCE:
+        # A fold leaves alone what was flipped since it was queued and may still be rolled back.
+        foldable = engine.buckets_to_fold(spec, now=datetime.now(UTC))
+        ready = [w for w in ready if w in foldable]
     waiting = placement.waiting(job.trigger)
     events: list[Job] = []
     if waiting:
@@ -162,17 +178,15 @@ def run_recompute(
         say(f"{spec.name}: {note}")
         return RunOutcome(done, [], note=note)
 
-    publish(engine, spec)  # repair a surface an earlier run left behind its pointers
     if progress is not None:
         progress(spec.name, 0, len(ready))
     cells = cells_of(spec, job).restrict(ready)
     generation = engine.next_generation(spec)
-    running = job.next(
+    running = job.narrowed(tuple(ready)).next(
         state=JobState.RUNNING,
         run_id=run_id,
         started_at=datetime.now(UTC),
         generation=generation,
-        windows=tuple(ready),
     )
     engine.ledger.record([*events, running])
     try:
@@ -184,52 +198,27 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
-        mine = below if below is not None and below.queued(job) else None
-        result = correct(
-            engine, spark, spec, cells, fold=job.trigger is Trigger.MAINTENANCE, below=mine
-        )
-        say(f"{spec.name}: {result.technique}: {result.reason}")
-        versions = result.versions
+        work = _work(engine, spark, spec, running, cells, below, say)
+        say(f"{spec.name}: {work.technique}: {work.reason}")
         try:
-            if isinstance(result.rows, Fill):
-                # A first fill is aggregated as it is written; what it wrote is what changed.
-                written = engine.rollups.write_fill(
-                    spark,
-                    result.rows,
-                    generation=generation,
-                    job_id=job.job_id,
-                    run_id=run_id,
-                    source_versions=versions,
-                )
-                found = filled(cells, written.counts)
-            else:
-                assert result.found is not None
-                found = result.found
-                if found.cells:
-                    written = engine.rollups.write_rows(
-                        result.rows,
-                        spec,
-                        generation=generation,
-                        job_id=job.job_id,
-                        run_id=run_id,
-                        source_versions=versions,
-                    )
+            written, found = _write(engine, spark, spec, work, generation, running, run_id, cells)
         finally:
-            result.release()
+            work.release()
         changed = found.cells
         say(
             f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "
             f"unchanged (left as they are), from {found.source_rows} source row(s) and "
-            f"{result.change_rows} change row(s)"
+            f"{work.change_rows} change row(s)"
         )
         counted = {
-            "technique": result.technique,
-            "plan": result.reason,
+            "technique": work.technique,
+            "plan": work.reason,
             "source_rows": found.source_rows,
-            "change_rows": result.change_rows,
-            "cells_applied": result.cells_applied,
+            "change_rows": work.change_rows,
+            "cells_applied": work.cells_applied,
             "cells_changed": found.cells_changed,
             "cells_skipped": found.cells_skipped,
+            "read_version": work.read_version,
         }
         if not changed:
             duration = int((time.monotonic() - t0) * 1000)
@@ -244,13 +233,10 @@ def run_recompute(
             engine.ledger.record([done])
             if progress is not None:
                 progress(spec.name, len(ready), len(ready))
-            note = (
-                "nothing to fill: the source holds no row in these buckets"
-                if isinstance(result.rows, Fill)
-                else "nothing changed: every recomputed cell equals the stored one"
+            say(f"{spec.name}: {work.nothing}")
+            return RunOutcome(
+                done, [], 0, generation, None, work.versions, duration, note=work.nothing
             )
-            say(f"{spec.name}: {note}")
-            return RunOutcome(done, [], 0, generation, None, versions, duration, note=note)
         checkpoint("after_write", spec.name)
         version = engine.rollups.commit_generation(
             spec,
@@ -268,15 +254,15 @@ def run_recompute(
         _check_still_ours(engine, spec, running)
         checkpoint("before_flip", spec.name)
         flipped = engine.rollups.flip(
-            spec, changed, generation, job_id=job.job_id, run_id=run_id, fence=fence
+            spec,
+            changed,
+            generation,
+            job_id=job.job_id,
+            run_id=run_id,
+            fence=fence,
+            delta=work.correction is not None,
         )
         checkpoint("after_flip", spec.name)
-        after = result.rows if isinstance(result.rows, pa.Table) else None  # rows on the driver
-        change = (
-            LevelChange.of(spec, result.before, after, changed, generation, version)
-            if result.before is not None and after is not None
-            else None
-        )
         duration = int((time.monotonic() - t0) * 1000)
         done = swapping.next(
             state=JobState.COMPLETED,
@@ -284,17 +270,36 @@ def run_recompute(
             finished_at=datetime.now(UTC),
             duration_ms=duration,
         )
-        propagated = propagation_jobs(engine.catalog, spec, changed, version, engine.states.all())
-        engine.ledger.record([done, *propagated])
+        change = None if work.correction is None else work.correction.applied.shown_at(flipped)
+        if change is not None:
+            again = shown_again(engine, spec, changed, generation)
+            if again:
+                # The levels above hold what a rollback propagated: aggregate them again.
+                say(
+                    f"{spec.name}: {describe_cells(again)} show again differences a rollback "
+                    "hid; the levels above are aggregated again there"
+                )
+                change = None
+        states = engine.states.all()
+        propagated = propagation_jobs(
+            engine.catalog,
+            spec,
+            changed,
+            flipped if change is not None else version,
+            states,
+            parts=None if change is None else change.parts,
+        )
+        current = engine.ledger.job(job.job_id)
+        if current is not None and current.state is JobState.COMPLETED:
+            # An operator action found the flip landed and completed the job, queuing the levels
+            # above itself (`Operations._requeue_running`): nothing more to record or carry up.
+            done, propagated, change = current, [], None
+        else:
+            engine.ledger.record([done, *propagated])
         checkpoint("during_sweep", spec.name)
         # After the ledger: a publish that fails leaves the job completed and propagated, and
-        # its surface lagging for the next publish to repair. The changed cells' rows are the
-        # ones just written (unless another commit came in between).
-        known = None
-        if after is not None and changed.named is not None:
-            keys = frozenset((e, w.start) for w, scope in changed for e in scope or ())
-            known = Known(after, keys, Reflected(flipped, version))
-        publish(engine, spec, known)
+        # its surface lagging for the next publish to repair.
+        publish(engine, spec)
         swept = engine.rollups.sweep(
             spec,
             list(changed.windows),
@@ -303,7 +308,7 @@ def run_recompute(
             generation=generation,
         )
         say(
-            f"{spec.name}: generation {generation} active on {describe_cells(changed)}; "
+            f"{spec.name}: generation {generation} visible on {describe_cells(changed)}; "
             f"swept {swept} superseded row(s)"
         )
         if progress is not None:
@@ -314,7 +319,7 @@ def run_recompute(
             written.rows,
             generation,
             version,
-            versions,
+            work.versions,
             duration,
             propagated=propagated,
             change=change,
@@ -323,6 +328,125 @@ def run_recompute(
         # Dagster stops a run with a BaseException: the job must not stay Running behind it.
         record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
         raise
+
+
+@dataclass
+class _Work:
+    """What a job computes: difference rows (a correction), or partials aggregated from the
+    source (a table on the driver, a Spark frame, or a first fill written as it aggregates)."""
+
+    technique: str
+    reason: str
+    versions: dict[str, int]
+    correction: Correction | None = None
+    recomputed: Recomputed | None = None
+    change_rows: int = 0
+    cells_applied: int = 0
+    read_version: int | None = None
+    nothing: str = "nothing changed: every recomputed cell equals the stored one"
+
+    def release(self) -> None:
+        if self.recomputed is not None:
+            self.recomputed.release()
+
+
+def _work(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    job: Job,
+    cells: Cells,
+    below: SourceChange | None,
+    say: Callable[[str], None],
+) -> _Work:
+    """The job's rows: a correction's differences when it is one and the change feed still
+    holds its changes; a fold's rows (maintenance: the cells' visible state, rewritten whole);
+    otherwise the cells aggregated again from their source."""
+    gone = undone_below(engine, spec, job) if job.corrects else None
+    if gone is not None:
+        say(
+            f"{spec.name}: job {gone} below, whose change this correction carries, was rolled "
+            "back since: its cells are aggregated again from the level below"
+        )
+    if job.corrects and gone is None:
+        try:
+            fix = correct(engine, spec, job, cells, below)
+            return _Work(
+                DIFFERENCE,
+                fix.reason,
+                engine.source_versions(spec),
+                correction=fix,
+                change_rows=fix.change_rows,
+                cells_applied=fix.rows.num_rows,
+                nothing="nothing changed: every change was held already or changed no value",
+            )
+        except ChangeFeedGone as gone:
+            say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
+    if job.trigger is Trigger.MAINTENANCE:
+        spans = merge_windows(list(cells.windows))
+        frame = engine.rollups.read_spark(spark, spec, spans, cells.entities)
+        return _Work(
+            FOLD,
+            f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
+            "differences and cell pointers folded)",
+            {},
+            recomputed=Recomputed(frame, None, {}),
+            nothing="nothing to fold",
+        )
+    result = engine.recompute(spark, spec, cells)
+    reason = result.reason or "aggregated again from the source"
+    if gone is not None:
+        reason = f"job {gone} below was rolled back since; {reason}"
+    return _Work(
+        RECOMPUTE,
+        reason,
+        result.versions,
+        recomputed=result,
+        read_version=engine.read_version(spec, result.versions),
+        nothing=(
+            "nothing to fill: the source holds no row in these buckets"
+            if isinstance(result.rows, Fill)
+            else "nothing changed: every recomputed cell equals the stored one"
+        ),
+    )
+
+
+def _write(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    work: _Work,
+    generation: int,
+    job: Job,
+    run_id: str,
+    cells: Cells,
+) -> tuple[Written, CellOutcome]:
+    """Write the job's rows (nothing committed yet): what was written and which cells change."""
+    stamp = {
+        "generation": generation,
+        "job_id": job.job_id,
+        "run_id": run_id,
+        "source_versions": work.versions,
+    }
+    if work.correction is not None:
+        fix = work.correction
+        found = CellOutcome(fix.changed, fix.rows.num_rows, 0, 0)  # a difference row per cell
+        if not fix.changed:
+            return Written([], 0), found
+        return engine.rollups.write_rows(fix.rows, spec, **stamp), found  # type: ignore[arg-type]
+    result = work.recomputed
+    assert result is not None
+    if isinstance(result.rows, Fill):
+        # A first fill is aggregated as it is written; what it wrote is what changed.
+        written = engine.rollups.write_fill(spark, result.rows, **stamp)  # type: ignore[arg-type]
+        return written, filled(cells, written.counts)
+    if result.found is None:  # a fold: every cell of its buckets is rewritten whole
+        written = engine.rollups.write_rows(result.rows, spec, **stamp)  # type: ignore[arg-type]
+        return written, CellOutcome(Cells.of(cells.windows), written.rows, 0, 0)
+    found = result.found
+    if not found.cells:
+        return Written([], 0), found
+    return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
 
 
 def record_failure(
@@ -339,8 +463,11 @@ def record_failure(
         return
     if current.state is JobState.SWAPPING and job_id in engine.rollups.flipped_jobs(spec):
         why = f"completed after its flip, though its run then failed: {reason}"
+        at = engine.rollups.committed_by(spec, job_id, "flip") if current.corrects else None
         engine.ledger.record(
-            completed_after_flip(engine.catalog, spec, current, engine.states.all(), why)
+            completed_after_flip(
+                engine.catalog, spec, current, engine.states.all(), why, flipped_at=at
+            )
         )
         return
     mark = engine.states.get(spec.name).watermark

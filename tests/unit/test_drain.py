@@ -66,7 +66,7 @@ def plan(
         drain.states,
         drain.ledger.snapshot(),
         runs or FakeRuns(),
-        flipped,
+        dict.fromkeys(flipped),
         policy=policy,
         now=now or datetime.now(UTC),
     )

@@ -1,5 +1,6 @@
-"""The active generation of a row is max(global pointer of its bucket, pointer of its bucket and
-entity), 0 without either: `active_mask` against a plain-Python reading of that rule."""
+"""A cell's base generation is max(bucket pointer, cell pointer), 0 without either; its base row
+of that generation is visible, and its difference rows newer than it and not newer than its
+difference pointer: `visible_mask` against a plain-Python reading of that rule."""
 
 import random
 from datetime import UTC, datetime, timedelta
@@ -8,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from resources.genmap import GENMAP_SCHEMA, active_mask, live_files
+from resources.genmap import GENMAP_SCHEMA, live_files, visible_mask
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
@@ -18,16 +19,21 @@ def expected(rows: list[dict], pointers: list[dict]) -> list[bool]:
     out = []
     for r in rows:
         covering = [
-            p["generation"]
+            p
             for p in pointers
             if p["bucket_start"] == r["bucket_start"]
             and (p["entity_id"] is None or p["entity_id"] == r["entity_id"])
         ]
-        out.append(r["generation"] == max(covering, default=0))
+        base = max((p["generation"] for p in covering if not p["delta"]), default=0)
+        upto = max((p["generation"] for p in covering if p["delta"]), default=0)
+        g = r["generation"]
+        out.append(base < g <= upto if r.get("delta") else g == base)
     return out
 
 
-def pointer(start: datetime, generation: int, entity: str | None = None) -> dict:
+def pointer(
+    start: datetime, generation: int, entity: str | None = None, delta: bool = False
+) -> dict:
     return {
         "bucket_start": start,
         "bucket_end": start + timedelta(hours=1),
@@ -36,31 +42,43 @@ def pointer(start: datetime, generation: int, entity: str | None = None) -> dict
         "job_id": "j",
         "run_id": "r",
         "flipped_at": T0,
+        "delta": delta,
     }
 
 
 @pytest.mark.parametrize("seed", range(25))
-def test_active_mask_follows_the_pointer_rule(seed):
+def test_visible_mask_follows_the_pointer_rule(seed):
     rng = random.Random(seed)
     buckets = [T0 + timedelta(hours=h) for h in range(rng.randint(1, 12))]
     entities = [f"m{i}" for i in range(rng.randint(1, 6))]
     pointers = [
         pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice([None, *entities]))
         for _ in range(rng.randint(0, 15))
+    ] + [
+        pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice(entities), delta=True)
+        for _ in range(rng.randint(0, 10))
     ]
     rows = [
-        {"bucket_start": b, "entity_id": e, "generation": g}
+        {"bucket_start": b, "entity_id": e, "generation": g, "delta": d}
         for b in buckets
         for e in entities
         for g in range(7)
+        for d in (False, True)
         if rng.random() < 0.5
     ]
     rng.shuffle(rows)
     table = pa.Table.from_pylist(
         rows,
-        pa.schema([("bucket_start", TS), ("entity_id", pa.string()), ("generation", pa.int64())]),
+        pa.schema(
+            [
+                ("bucket_start", TS),
+                ("entity_id", pa.string()),
+                ("generation", pa.int64()),
+                ("delta", pa.bool_()),
+            ]
+        ),
     )
-    mask = active_mask(table, pa.Table.from_pylist(pointers, GENMAP_SCHEMA))
+    mask = visible_mask(table, pa.Table.from_pylist(pointers, GENMAP_SCHEMA))
     assert mask.to_pylist() == expected(rows, pointers)
 
 
@@ -83,14 +101,18 @@ def test_live_files_never_drop_a_file_holding_an_active_row(seed):
     pointers = [
         pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice([None, None, *entities]))
         for _ in range(rng.randint(0, 20))
+    ] + [
+        pointer(rng.choice(buckets), rng.randint(1, 6), rng.choice(entities), delta=True)
+        for _ in range(rng.randint(0, 8))
     ]
     files = {}
     for n in range(rng.randint(1, 8)):
         first = rng.randrange(len(buckets))
         span = buckets[first : first + rng.randint(1, 4)]
         gen = rng.randint(0, 6)
+        delta = rng.random() < 0.3
         rows = [
-            {"bucket_start": b, "entity_id": e, "generation": gen}
+            {"bucket_start": b, "entity_id": e, "generation": gen, "delta": delta}
             for b in span
             for e in entities
             if rng.random() < 0.7
