@@ -22,7 +22,7 @@ from resources.raw_store import CHANGE_TYPE, ChangeFeedGone
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, LedgerSnapshot
-from rollup_assets.model.placement import held_cells
+from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.services.engine import Engine
@@ -79,6 +79,17 @@ def _rows(engine: Engine, spec: RollupSpec, job: Job, cells: Cells) -> int | Non
         return None  # a manual or chain job without a commit of its own
     source = engine.catalog.archive(job.source_archive)
     spans = list(cells.windows)
+    if isinstance(source, RollupSpec) and job.parts is not None:
+        # A correction up the chain names the changed cells (in the first level's buckets):
+        # the rows of the level below they changed, one per cell there.
+        changed = {
+            (b.start, e)
+            for part in job.parts_within(cells.windows) or ()
+            for w, scope in part.cells
+            for b in buckets_in(source, [w])
+            for e in sorted(scope or ())
+        }
+        return len(changed)
     if isinstance(source, RollupSpec):
         try:
             rows = engine.rollups.committed_rows(

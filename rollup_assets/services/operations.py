@@ -20,6 +20,7 @@ from rollup_assets.model.errors import (
 from rollup_assets.model.forward import initial_watermark
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in, held_cells
+from rollup_assets.model.propagation import completed_after_flip
 from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprint
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, as_utc
@@ -183,13 +184,33 @@ class Operations:
 
         A disabled rollup's pending work waits for it to be enabled (as work detected while it is
         disabled does): dropping it would lose the corrections it stands for. A running job's
-        run stops before its flip (it re-checks the status), so its buckets are queued again.
+        run stops before its flip (it re-checks the status, and the fence moved), so its buckets
+        are queued again; a job whose flip already landed is completed instead, as its run would
+        have completed it (queuing its correction again would apply its change twice).
         """
         snap = self.engine.ledger.snapshot()
+        spec = self.catalog.archive(name)
         now = datetime.now(UTC)
         events: list[Job] = []
         for j in snap.for_rollup(name):
             if not j.state.active:
+                continue
+            flipped = (
+                self.engine.rollups.committed_by(spec, j.job_id, "flip")
+                if isinstance(spec, RollupSpec) and j.state is JobState.SWAPPING
+                else None
+            )
+            if flipped is not None:
+                assert isinstance(spec, RollupSpec)
+                events += completed_after_flip(
+                    self.catalog,
+                    spec,
+                    j,
+                    self.engine.states.all(),
+                    f"completed: its flip landed before it was stopped ({why})",
+                    now,
+                    flipped_at=flipped if j.corrects else None,
+                )
                 continue
             events.append(j.next(state=JobState.FAILED, error=f"stopped: {why}", finished_at=now))
             events.append(j.again())

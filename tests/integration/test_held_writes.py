@@ -2,14 +2,14 @@
 observation), not applied while frozen, and applied on unfreeze up the chain (oracle)."""
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from resources.delta_tables import read_commit
 from rollup_assets.cli import app as cli
-from rollup_assets.model.jobs import ChangeSource, Trigger
+from rollup_assets.model.jobs import ChangeSource, JobState, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.tenancy import NO_TENANT
 from rollup_assets.services.health import health
@@ -36,7 +36,8 @@ H = timedelta(hours=1)
 
 
 def commit_info(world: World, rollup: str, version: int) -> dict:
-    uri = world.engine.rollups.uri(world.catalog.rollup(rollup))
+    """The commit info of pointer-table version `version` of `rollup`."""
+    uri = world.engine.rollups.genmap_uri(world.catalog.rollup(rollup))
     actions = read_commit(uri, version, world.engine.rollups.options)
     return next(a["commitInfo"] for a in actions if "commitInfo" in a)
 
@@ -104,6 +105,7 @@ def test_writes_into_a_frozen_range_are_held_listed_and_applied_on_unfreeze(
 
     # Unfreeze the hourly level: its held writes are applied; the daily level, still frozen,
     # now holds the hourly level's change (the commit that flipped the corrected hours).
+    thawed = datetime.now(UTC)
     state = world.ops.unfreeze(HOURLY)
     assert state.accept_gaps is False
     assert world.engine.states.history(HOURLY)[-1].reason == (
@@ -114,12 +116,22 @@ def test_writes_into_a_frozen_range_are_held_listed_and_applied_on_unfreeze(
     assert problems(world, (HOURLY,)) == []
     [up] = held_writes(world.engine, DAILY)
     assert up.job.trigger is Trigger.CHAIN and up.source_archive == HOURLY
-    # The hourly commit it names is the recompute that applied the held writes.
+    # The hourly version it names is the flip that showed the held writes' differences.
     assert up.source_version is not None
     info = commit_info(world, HOURLY, up.source_version)
-    assert info["rollups.operation"] == "recompute"
+    assert info["rollups.operation"] == "flip"
     applied = world.engine.ledger.job(info["rollups.job_id"])
-    assert applied is not None and applied.rollup == HOURLY and applied.cells_changed == 3
+    assert applied is not None and applied.rollup == HOURLY
+    # The held writes' jobs corrected the three cells (m1@10, m1@12, m2@12) between them.
+    released = [
+        j
+        for j in world.engine.ledger.history(HOURLY)
+        if (j.finished_at or j.created_at) >= thawed
+        and j.state is JobState.COMPLETED
+        and j.cells_changed
+    ]
+    assert applied.job_id in {j.job_id for j in released}
+    assert sum(j.cells_changed or 0 for j in released) == 3
     assert (up.start, up.end, up.rows) == (DAY_09.start, DAY_09.end, 3)  # m1@10, m1@12, m2@12
     assert problems(world, (DAILY,)) != []
 
