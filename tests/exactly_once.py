@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from resources.delta_tables import open_table
-from resources.genmap import read_pointers
+from resources.genmap import read_pointers, visible_mask
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
@@ -107,18 +107,18 @@ def stored_rows(engine: Engine, spec: RollupSpec) -> pa.Table:
 def inactive_rows(
     engine: Engine, spec: RollupSpec, windows: Iterable[datetime] | None = None
 ) -> int:
-    """Stored rows that are not the active generation (superseded or orphaned), optionally only
-    in the windows starting at `windows`."""
+    """Stored rows no reader sees (superseded or orphaned: neither a cell's base nor one of its
+    visible difference rows), optionally only in the windows starting at `windows`."""
     rows = stored_rows(engine, spec)
+    if rows.num_rows == 0:
+        return 0
     if windows is not None:
         starts = pa.array(
             sorted(pd.Timestamp(w).to_pydatetime() for w in windows), rows["bucket_start"].type
         )
         rows = rows.filter(pc.is_in(rows["bucket_start"], value_set=starts))
-    active = engine.rollups.read_arrow(spec)
-    if windows is not None:
-        active = active.filter(pc.is_in(active["bucket_start"], value_set=starts))
-    return rows.num_rows - active.num_rows
+    pointers, _ = read_pointers(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options)
+    return rows.num_rows - pc.sum(visible_mask(rows, pointers)).as_py() if rows.num_rows else 0
 
 
 def dangling_pointers(engine: Engine, spec: RollupSpec, raw: pd.DataFrame) -> list[str]:

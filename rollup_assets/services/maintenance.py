@@ -14,18 +14,18 @@ and vacuum deletes unreferenced files older than the retention (which must excee
 read or run, or pinned snapshots would lose their files, and is never less than the generation
 retention, so as-of reads within it find their files).
 
-Corrections flip cell pointers; a bucket corrected cell by cell gathers one pointer per cell, and
-every read resolves generations against them. Maintenance folds them: when the closed buckets of
-one storage partition (a UTC day of hourly buckets, a month of days, a year above) carry at least
-`FOLD_MIN_POINTERS` cell pointers in all, each of those buckets gets recomputed for every entity
-in a pending job (trigger Maintenance), which the recompute lane runs like any other (its pool
-slot, a new generation, one flip) and rewrites whole under a single bucket pointer, provided
-every cell's stored partials still equal its source's (a fold changes the layout, never values:
-cells a rollback gave back an earlier generation stay as they are). Scattered
-corrections (one cell per bucket) are folded too, so fewer than `FOLD_MIN_POINTERS` cell pointers
-per partition remain. Buckets a retention delete reached are
-not folded at the first level: their raw rows are gone, so the stored rows are the only record
-(`Engine.removed_spans`).
+Corrections flip difference pointers, one per corrected cell, and every read folds a cell's
+difference rows into its base. Maintenance folds them for good: when the closed buckets of one
+storage partition (a UTC day of hourly buckets, a month of days, a year above) carry at least
+`FOLD_MIN_POINTERS` cell pointers in all, those buckets are queued in a pending job (trigger
+Maintenance), which the recompute lane runs like any other (its pool slot, a new generation,
+one flip): it rewrites each bucket whole from its visible rows under one bucket pointer, so a
+fold changes the layout, never a value (cells a rollback gave back an earlier state keep it). A
+bucket a pointer of which could still be rolled back is left until the generation retention
+has passed since its flip (`model.keeping`), checked again when the fold runs: a fold
+supersedes every pointer of its buckets and would take that rollback away. Buckets a retention
+delete reached are not folded at the first level: their raw rows are gone, so the stored rows
+are the only record (`Engine.removed_spans`).
 
 Every rollup's surface is published (`services.surface`: built when missing, brought up to date
 when a run died between its commit and its publish) and then kept like the other tables.
@@ -94,8 +94,9 @@ class MaintenanceReport:
             self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
-    """Pending jobs folding the cell pointers of closed buckets (one job per rollup)."""
+def fold_jobs(engine: Engine, busy: set[str], now: datetime) -> list[Job]:
+    """Pending jobs folding the cell pointers of closed buckets (one job per rollup), none of
+    whose pointers could still be rolled back at `now`."""
     jobs = []
     snapshot = engine.ledger.snapshot()
     statuses = engine.states.all()
@@ -104,7 +105,7 @@ def fold_jobs(engine: Engine, busy: set[str]) -> list[Job]:
         queued = any(j.trigger is Trigger.MAINTENANCE for j in snapshot.pending(spec.name))
         if spec.name in busy or queued or state is None or state.watermark is None:
             continue
-        buckets = sorted(engine.buckets_to_fold(spec, closed_before=state.watermark))
+        buckets = sorted(engine.buckets_to_fold(spec, now=now, closed_before=state.watermark))
         source = engine.catalog.archive(spec.source)
         if buckets and not isinstance(source, RollupSpec):
             kept = engine.removed_spans(source)
@@ -158,7 +159,7 @@ def maintain(
         if spec.name not in statuses:
             continue
         report.step(f"{spec.name}: publish", partial(_publish, engine, spec, report))
-    folds = fold_jobs(engine, set(active))
+    folds = fold_jobs(engine, set(active), now or datetime.now(UTC))
     if folds:
         engine.ledger.record(folds)
         for job in folds:

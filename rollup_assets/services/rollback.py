@@ -8,6 +8,13 @@ completed `Rollback` job naming the job it undid, together with the chain propag
 cells cause one level up: the levels above are recomputed like after any change. Then it
 publishes the rollup's surface table, as a recompute does after its flip.
 
+A correction flips difference pointers (`resources.genmap`): rolling it back restores each of
+its cells' previous difference pointer, which hides its difference rows again. They stay in the
+table like any superseded rows: a later correction of such a cell flips a pointer past them and
+shows them again, which brings the cell back to its source (the undone change included), as a
+recompute would; that correction has the levels above aggregated again on those cells rather
+than corrected with its own change alone (`services.correction.shown_again`).
+
 It is fenced and records its intent first: it reads the rollup's fence before anything else,
 records itself as a Swapping `Rollback` job, and commits the pointers only if the fence has not
 moved (the commit moves it on, so a recompute that read the rows the rollback changes cannot

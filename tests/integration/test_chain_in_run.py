@@ -3,8 +3,6 @@ run when it can take each level's pool slot, and leaves a level to the sensors w
 holds it."""
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -16,11 +14,9 @@ from pyspark.sql import SparkSession
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.runner import tick
-from rollup_assets.services.chain import Chain
 from rollup_assets.services.recompute import run_recompute
 from rollup_assets.services.rollback import rollback
 from tests.conftest import World, days, world_of
@@ -64,34 +60,26 @@ def chain_jobs(world: World, since: datetime) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("where", ["driver", "tasks"])
-def test_one_run_carries_a_correction_through_every_level(
-    world: World, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
-    if (
-        where == "tasks"
-    ):  # the hourly cell is aggregated in Spark tasks, which hand its change up too
-        for module in ("engine", "incremental"):
-            monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
+def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
     setup_chain(world)
     since = datetime.now(UTC)
     world.ingest(correction(40.0), source="Manual")
     reports = world.tick(NOW)
     runs = [r for rep in reports for r in rep.runs]
-    # One run: the hourly recompute, then in the same run the daily and weekly recomputes and
+    # One run: the hourly correction, then in the same run the daily and weekly corrections and
     # the refresh of the open month and year, which now contain the corrected hour. The hourly
     # open bucket is far from the correction, so no forward run is launched either.
     assert [r.job_name for r in runs] == ["energy_hourly_job"], [r.job_name for r in runs]
     jobs = chain_jobs(world, since)
     first = [j for j in world.engine.ledger.history("energy_hourly") if j.created_at >= since]
-    assert [j.technique for j in first] == ["delta" if where == "driver" else "recompute"]
+    assert [j.technique for j in first] == ["difference"]
     for name in ("energy_daily", "energy_weekly"):
         assert [j.state for j in jobs[name]] == [JobState.COMPLETED], (name, jobs[name])
         assert jobs[name][0].run_id == runs[0].run_id
-        # Corrected from the level below's old and new partials, reading none of its rows.
+        # Corrected from the change rows the run carried up, reading no rows of the level below.
         job = jobs[name][0]
-        assert job.technique == "delta" and job.cells_applied == 1, (job.technique, job.plan)
-        assert job.source_rows == 0 and job.change_rows == 1, job.plan
+        assert job.technique == "difference" and job.cells_applied == 1, (job.technique, job.plan)
+        assert not job.source_rows and job.change_rows, job.plan
     for name in ("energy_monthly", "energy_yearly"):
         refreshed = [
             j
@@ -127,9 +115,8 @@ def test_a_level_whose_pool_is_taken_is_left_to_the_sensor(world: World) -> None
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
 
-def manual_correction(world: World, spark: SparkSession, hour: datetime, factor: float):
-    """meter-0001's readings of `hour` scaled by `factor`, and a manual recompute of that hourly
-    cell run on its own (what it queues above stays pending)."""
+def scaled(world: World, hour: datetime, factor: float) -> pa.Table:
+    """meter-0001's stored readings of `hour`, scaled by `factor`."""
     stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
     ts = stored["ts"]
     rows = stored.filter(
@@ -141,77 +128,46 @@ def manual_correction(world: World, spark: SparkSession, hour: datetime, factor:
             ),
         )
     ).select(["entity_id", "ts", "energy_kwh"])
-    world.ingest(rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], factor)))
-    job = Job(
-        rollup="energy_hourly",
-        trigger=Trigger.MANUAL,
-        windows=(Window(hour, hour + timedelta(hours=1)),),
-        entities=frozenset(["meter-0001"]),
-    )
-    hourly = world.catalog.rollup("energy_hourly")
-    return run_recompute(world.engine, spark, hourly, job, run_id="test")
+    return rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], factor))
 
 
-class OpenGate:
-    """Every level's slot is free and no other run is about."""
+def corrected_below_only(world: World, hour: datetime, factor: float) -> tuple[Job, Job]:
+    """A correction of meter-0001's `hour`, carried by the sensor to the hourly level while
+    another writer holds the daily level's slot: the hourly job, and the daily job it left
+    pending."""
+    storage = world.instance.event_log_storage
+    daily = world.catalog.rollup("energy_daily")
+    since = datetime.now(UTC)
+    assert storage.claim_concurrency_slot(pool_name(daily), "other-run", "energy_daily").is_claimed
+    try:
+        world.ingest(scaled(world, hour, factor), source="Manual")
+        hourly = tick(world.defs, world.instance, NOW, sensors=("retroactive_write_sensor",))
+        assert all(r.success for r in hourly.runs), [r.error for r in hourly.runs]
+    finally:
+        storage.free_concurrency_slot_for_step("other-run", "energy_daily")
+    [job] = [
+        j
+        for j in world.engine.ledger.history("energy_hourly")
+        if j.created_at >= since and j.state is JobState.COMPLETED and j.windows_processed
+    ]
+    [day] = [j for j in chain_jobs(world, since)["energy_daily"] if j.state is JobState.PENDING]
+    assert job.technique == "difference" and day.corrects
+    return job, day
 
-    @contextmanager
-    def hold(self, spec: RollupSpec) -> Iterator[bool]:
-        yield True
 
-    def launched_for(self, job_id: str) -> bool:
-        return False
-
-    def forward_in_flight(self) -> set[str]:
-        return set()
-
-
-def test_a_cell_above_with_a_change_below_not_yet_applied_is_merged_again(
-    world: World, spark: SparkSession
+def test_two_corrections_of_a_day_carried_up_out_of_order_are_each_applied_once(
+    world: World,
 ) -> None:
     """Two corrections of one meter's day, the first's propagation still pending when the
-    second's run carries it up: the day's stored row does not reflect the first, so taking the
-    second's old partials out would lose it. The day is merged again from the hours (with both),
-    and the levels above it, which did reflect the day as the run found it, are corrected from
-    its old and new partials."""
+    second's run carries it up: the day takes the second's difference at once and the first's
+    when its pending job runs, each exactly once."""
     setup_chain(world)
-    hourly = world.catalog.rollup("energy_hourly")
-    first = manual_correction(world, spark, HOUR_START, 2.0)  # its day's job stays pending
-    assert [j.rollup for j in first.propagated] == ["energy_daily"]
-    second = manual_correction(world, spark, HOUR_START + timedelta(hours=3), 3.0)  # same day
-    assert second.change is not None and len(second.change.cells) == 1
-    done = {
-        s.name: o
-        for s, o in Chain(world.engine, spark, OpenGate(), "test", NOW).run(hourly, second)
-    }
-    # Every level is right before the first correction's pending day job even runs.
-    assert compare_all(world.query, world.raw(), world.catalog) == []
-    day, week = done["energy_daily"].job, done["energy_weekly"].job
-    assert day.technique == "delta+recompute" and day.cells_applied == 0, day.plan
-    assert "energy_hourly changed below it since it was stored" in (day.plan or "")
-    assert week.technique == "delta" and week.cells_applied == 1, week.plan
-    world.tick(NOW)
-    assert compare_all(world.query, world.raw(), world.catalog) == []
-
-
-def test_a_bucket_above_queued_for_every_entity_takes_the_entities_that_changed_below(
-    world: World, spark: SparkSession
-) -> None:
-    """A day queued for every meter (as past the entity limit) in the run that changed an hour
-    below it is corrected for the meter whose hour changed, from its old and new partials."""
-    setup_chain(world)
-    change = manual_correction(world, spark, HOUR_START, 2.0)
-    assert change.change is not None
-    day = next(j for j in change.propagated if j.rollup == "energy_daily")
-    whole = replace(day, entities=None, cells=None)  # the same job, for every meter
-    daily = world.catalog.rollup("energy_daily")
-    done = run_recompute(world.engine, spark, daily, whole, run_id="test", below=change.change)
-    assert done.job.technique == "delta" and done.job.cells_applied == 1, done.job.plan
-    assert "queued for every entity" in (done.job.plan or "")
-    # The day is right at once (the hourly and daily levels; the pending jobs above run next).
-    names = ["energy_hourly", "energy_daily"]
-    assert compare_all(world.query, world.raw(), world.catalog, names=names) == []
-    world.tick(NOW)
+    corrected_below_only(world, HOUR_START, 2.0)  # its day's job stays pending
+    since = datetime.now(UTC)
+    world.ingest(scaled(world, HOUR_START + timedelta(hours=3), 3.0), source="Manual")
+    world.tick(NOW)  # the second in one run up the chain, and the first's pending day job
+    days_ = [j for j in world.engine.ledger.history("energy_daily") if j.created_at >= since]
+    assert days_ and all(j.technique == "difference" for j in days_ if j.technique), days_
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
 
@@ -224,18 +180,16 @@ def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[Wor
 def test_a_change_below_undone_before_the_level_above_runs_is_not_applied(
     kept: World, spark: SparkSession
 ) -> None:
-    """An hour corrected, then rolled back before the day above it runs: the pointers are as
-    the correction found them, but its change no longer holds, so the day is merged again from
-    the hours as they are (not corrected from the undone change)."""
+    """An hour corrected, then rolled back before the day above it runs: its change no longer
+    holds below, so the day is aggregated again from the hours as they are (not corrected with
+    the undone change)."""
     world = kept
     setup_chain(world)
-    change = manual_correction(world, spark, HOUR_START, 2.0)
-    assert change.change is not None
-    rollback(world.engine, "energy_hourly", change.job.job_id)
-    day = next(j for j in change.propagated if j.rollup == "energy_daily")
+    job, day = corrected_below_only(world, HOUR_START, 2.0)
+    rollback(world.engine, "energy_hourly", job.job_id)
     daily = world.catalog.rollup("energy_daily")
-    done = run_recompute(world.engine, spark, daily, day, run_id="test", below=change.change)
-    assert "changed again" in (done.job.plan or ""), done.job.plan
+    done = run_recompute(world.engine, spark, daily, day, run_id="test")
+    assert f"job {job.job_id} below was rolled back since" in (done.job.plan or ""), done.job
     span = day.windows[0]
     hours = world.query("energy_hourly", start=span.start, end=span.end, entities=["meter-0001"])
     days_ = world.query("energy_daily", start=span.start, end=span.end, entities=["meter-0001"])
@@ -244,13 +198,9 @@ def test_a_change_below_undone_before_the_level_above_runs_is_not_applied(
     ]
 
 
-def test_a_late_reading_in_an_hour_with_nothing_stored_is_carried_up_from_spark(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The hourly level on Spark, for a cell of an hour with nothing stored yet (after the
-    data, before the watermark): it hands its change up with no old partials."""
-    for module in ("engine", "incremental"):
-        monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
+def test_a_late_reading_in_an_hour_with_nothing_stored_is_carried_up(world: World) -> None:
+    """A cell of an hour with nothing stored yet (after the data, before the watermark): its
+    difference has no base to fold into, at any level."""
     setup_chain(world)
     empty = datetime(2025, 6, 15, 12, 0, tzinfo=UTC)
     reading = [{"entity_id": "meter-0001", "ts": empty, "energy_kwh": 5.0}]

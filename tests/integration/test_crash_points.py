@@ -326,9 +326,9 @@ def crash_and_recover(
     periodic = [j for j in engine.ledger.history("energy_hourly") if j.created_at >= since]
     detected = {j.source_version for j in periodic if j.trigger is Trigger.PERIODIC}
     assert detected == {version}, detected  # the raw commit was detected, and only it
-    # The first level corrected its cells from the change feed (the delta-apply path).
+    # The first level corrected its cells from the change feed, as differences.
     applied = [j for j in periodic if j.state is JobState.COMPLETED and j.cells_applied]
-    assert applied and all((j.technique or "").startswith("delta") for j in applied), periodic
+    assert applied and all(j.technique == "difference" for j in applied), periodic
     assert engine.ledger.snapshot().cursors.get("energy_raw") == version
     if point != "sensor_planned":
         after = engine.ledger.job(dead.job_id)

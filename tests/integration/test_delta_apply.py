@@ -1,12 +1,14 @@
-"""Corrections applied as deltas from the change feed equal a fresh aggregation at every level.
+"""Corrections applied as differences from the change feed equal a fresh aggregation at every
+level.
 
 The data spans the autumn DST switch (a 25-hour Vienna day), ISO weeks, month ends and the end
 of 2025 (closed at NOW). Waves of mixed changes land in several source versions before the
 sensors run: late inserts, updates, deletes, retractions of the stored minimum and maximum, a
 value going NaN, an optional column left null (COALESCE keeps the stored value) and identical
-re-ingests. After each wave every level equals the pandas oracle, the first level corrected
-its cells from the changes (recomputing from source rows only the cells a change cannot
-correct), and the job records say so.
+re-ingests; then more retractions of one day's highest voltage than a cell keeps spare extremes.
+After each wave every level equals the pandas oracle, every level corrected its cells as
+differences from the changes without reading a stored cell (aggregating again from the source
+only a cell whose spare extremes ran out), and the job records say so.
 """
 
 from datetime import UTC, date, datetime, timedelta
@@ -18,8 +20,10 @@ from deltalake import DeltaTable
 
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
+from rollup_assets.model.partials import SPARES
 from rollup_assets.model.windows import Window
 from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.query import query_arrow
 from tests.conftest import World, days
 from tests.oracle import compare_all
 
@@ -54,10 +58,10 @@ def jobs_since(world: World, since: datetime, rollup: str = "energy_hourly") -> 
 def corrected_from_below(world: World, since: datetime) -> None:
     for name in ("energy_daily", "energy_weekly", "energy_monthly", "energy_yearly"):
         jobs = jobs_since(world, since, name)
-        assert jobs and all(j.technique == "delta" and j.source_rows == 0 for j in jobs), [
+        assert jobs and all(j.technique == "difference" and not j.source_rows for j in jobs), [
             (name, j.technique, j.plan) for j in jobs
         ]
-        assert all("old and new partials" in (j.plan or "") for j in jobs)
+        assert all("no stored cell read" in (j.plan or "") for j in jobs)
 
 
 def extreme_reading(table: pa.Table, entity: str, hour: datetime, lowest: bool) -> pa.Table:
@@ -95,7 +99,7 @@ def cell_pointers(world: World, rollup: str, start: datetime) -> int:
     return sum(1 for e in rows["entity_id"].to_pylist() if e is not None)
 
 
-def test_mixed_waves_applied_as_deltas_equal_the_oracle(
+def test_mixed_waves_applied_as_differences_equal_the_oracle(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = base()
@@ -149,27 +153,27 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
     jobs = jobs_since(world, wave1)
-    assert jobs and all(j.technique and j.technique.startswith("delta") for j in jobs), [
+    assert jobs and all(j.technique == "difference" for j in jobs), [
         (j.technique, j.plan) for j in jobs
     ]
-    plans = " ".join(j.plan or "" for j in jobs)
-    assert "retracts the stored" in plans
-    assert "a delete may leave the cell empty" in plans
-    assert "NaN" in plans
-    applied = sum(j.cells_applied or 0 for j in jobs)
+    assert all("no stored cell read" in (j.plan or "") for j in jobs)
     late_cells = {
         (e, t.replace(minute=0))
         for e, t in zip(late["entity_id"].to_pylist(), late["ts"].to_pylist(), strict=True)
     }
-    assert applied == len(late_cells) + 1  # the late inserts' cells and the tripled reading's
+    # The late inserts' cells, the tripled reading's, the two retracted extremes', the deleted
+    # reading's and the NaN one's (set and restored: two differences that cancel out).
+    applied = sum(j.cells_applied or 0 for j in jobs)
+    assert applied == len(late_cells) + 5, [(j.cells_applied, j.plan) for j in jobs]
     assert sum(j.change_rows or 0 for j in jobs) >= HELD_BACK + 2
-    # The first level read no source rows for the cells it corrected from changes.
-    assert sum(j.source_rows or 0 for j in jobs) <= 4 * 4  # four recomputed cells, 4 readings each
-    # Every level above took the old partials of the cells below out and the new ones in,
-    # reading none of the level below's rows (the run carried the change up).
+    # The first level read no source rows and no stored cell: differences only.
+    assert sum(j.source_rows or 0 for j in jobs) == 0
+    # Every level above applied the same change rows as differences, reading none of the level
+    # below's rows (the run carried the change up).
     corrected_from_below(world, wave1)
+    mid, raw_mid = datetime.now(UTC), world.raw()
 
-    # Wave 2: the same cells change again (their stored partials now come from deltas).
+    # Wave 2: the same cells change again (their visible state now folds earlier differences).
     wave2 = datetime.now(UTC)
     again = updated.set_column(2, "energy_kwh", pc.multiply(updated["energy_kwh"], 0.5))
     world.ingest(again, source="Manual")
@@ -177,10 +181,35 @@ def test_mixed_waves_applied_as_deltas_equal_the_oracle(
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
     jobs = jobs_since(world, wave2)
-    assert jobs and all(j.technique == "delta" for j in jobs), [(j.technique, j.plan) for j in jobs]
+    assert jobs and all(j.technique == "difference" for j in jobs), [
+        (j.technique, j.plan) for j in jobs
+    ]
     assert sum(j.source_rows or 0 for j in jobs) == 0
     assert sum(j.cells_changed or 0 for j in jobs) >= 2
     corrected_from_below(world, wave2)
+
+    # Wave 3: one meter's nine highest voltages of a day lowered, one more than a cell keeps
+    # spare extremes: the day's maximum is no longer known from its differences, so reads (and
+    # a fold) aggregate that cell again from its source; every level still equals the oracle.
+    day = datetime(2025, 11, 18, 23, 0, tzinfo=UTC)  # the local (Vienna) day 2025-11-19
+    ts = stored["ts"]
+    in_day = pc.and_(
+        pc.equal(stored["entity_id"], meter),
+        pc.and_(
+            pc.greater_equal(ts, pa.scalar(day, ts.type)),
+            pc.less(ts, pa.scalar(day + timedelta(days=1), ts.type)),
+        ),
+    )
+    rows = stored.filter(pc.and_(in_day, pc.is_valid(stored["voltage_v"])))
+    top = rows.sort_by([("voltage_v", "descending")]).slice(0, SPARES + 1)
+    world.ingest(
+        top.set_column(4, "voltage_v", pc.subtract(top["voltage_v"], 50.0)), source="Manual"
+    )
+    world.tick(NOW)
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+    # As of the time between the first and second waves (differences flipped, none folded).
+    at_mid = lambda name: query_arrow(world.engine, name, as_of=mid)  # noqa: E731
+    assert compare_all(at_mid, raw_mid, world.catalog) == []
 
     # Folding: an hour corrected for named meters carries one cell pointer per meter; maintenance
     # queues it, the recompute lane rewrites it whole under one bucket pointer.

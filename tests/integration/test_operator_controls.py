@@ -106,7 +106,8 @@ def stored_rows(world: World, name: str, until: datetime) -> list[tuple]:
         return []
     rows = pa.table(snap.table.to_pyarrow_table())
     rows = rows.filter(pc.less_equal(rows["bucket_end"], pa.scalar(until, rows["bucket_end"].type)))
-    return sorted(tuple(sorted(r.items())) for r in rows.to_pylist())
+    # Lists (a cell's kept extremes) and nulls do not compare: order by their text.
+    return sorted((tuple(sorted(r.items())) for r in rows.to_pylist()), key=repr)
 
 
 def pointers(world: World, name: str) -> list[dict]:

@@ -6,8 +6,7 @@ weekly and monthly -> yearly, in Europe/Vienna) covers both 2025 DST switches (a
 25-hour local day), the 2024/2025 year end and ISO week 2025-W01, and month ends. Each row
 belongs to the bucket holding its `range_start`; ingest has already refused any row a bucket
 would split. After the backfill, and after late, corrected and deleted range rows (applied as
-deltas from the change feed, keyed by entity, range_start and range_end, where that is exact;
-recomputed where a retraction removes an extreme or a delete may empty a cell), every level
+differences from the change feed, keyed by entity, range_start and range_end), every level
 equals a fresh aggregation of the rows, and a batch with a row an hour would split is refused
 whole.
 """
@@ -159,13 +158,9 @@ def hourly_jobs_since(world: World, since: datetime) -> list[Job]:
     ]
 
 
-@pytest.mark.parametrize("where", ["driver", "tasks"])
 def test_time_range_chain_equals_the_oracle_after_backfill_and_corrections(
-    ranges_world: World, monkeypatch: pytest.MonkeyPatch, where: str
+    ranges_world: World,
 ) -> None:
-    if where == "tasks":  # corrections aggregated in Spark tasks (a job of many named cells)
-        for module in ("engine", "incremental"):
-            monkeypatch.setattr(f"rollup_assets.services.{module}.DRIVER_CELLS", 0)
     world = ranges_world
     data = sample()
     # Two quarter hours of the 25-hour local day arrive late (they are missing at first).
@@ -235,17 +230,13 @@ def test_time_range_chain_equals_the_oracle_after_backfill_and_corrections(
     assert compare_all(world.query, world.raw(ARCHIVE), world.catalog) == []
 
     jobs = hourly_jobs_since(world, since)
-    if where == "tasks":
-        assert jobs and all(j.technique == "recompute" for j in jobs), [j.plan for j in jobs]
-        assert all("aggregated again on Spark" in (j.plan or "") for j in jobs)
-    else:
-        assert jobs and all(j.technique and j.technique.startswith("delta") for j in jobs), [
-            (j.technique, j.plan) for j in jobs
-        ]
-        plans = " ".join(j.plan or "" for j in jobs)
-        assert "retracts the stored" in plans and "a delete may leave the cell empty" in plans
-        # Inserts (two late, one new key) and the pre- and post-images of three updates.
-        assert sum(j.change_rows or 0 for j in jobs) >= 3 + 2 * 3
+    assert jobs and all(j.technique == "difference" for j in jobs), [
+        (j.technique, j.plan) for j in jobs
+    ]
+    assert all("no stored cell read" in (j.plan or "") for j in jobs)
+    assert sum(j.source_rows or 0 for j in jobs) == 0
+    # Inserts (two late, one new key) and the pre- and post-images of three updates.
+    assert sum(j.change_rows or 0 for j in jobs) >= 3 + 2 * 3
     half_hour = world.query(HOURLY, start=spring, end=spring + HOUR, entities=["meter-hourly"])
     assert half_hour["energy_kwh_count"].to_pylist() == [2]
     again = world.tick(NOW)

@@ -1,0 +1,103 @@
+"""A fold that fails or dies at any point of its run leaves every level equal to the oracle, and
+a later run folds what it did not.
+
+A fold is a recompute job (trigger Maintenance) that rewrites buckets whole from their visible
+rows (base and differences), under one bucket pointer. It fails here at each point of a
+recompute: before anything is written, after its files are written, after its commit (rows
+there, pointers not flipped), and after its flip (the job not yet recorded completed). Readers
+see the old layout or the new one, never a mix, and the values never change.
+"""
+
+from datetime import UTC, date, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from rollup_assets import faults
+from rollup_assets.demo.sample_data import day_batch
+from rollup_assets.model.jobs import JobState, Trigger
+from rollup_assets.model.windows import Window
+from rollup_assets.orchestration.runner import tick
+from rollup_assets.services.maintenance import maintain
+from tests.conftest import World, days
+from tests.oracle import compare_all
+
+NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
+FIRST = date(2025, 6, 2)
+METERS = 3
+HOUR = datetime(2025, 6, 10, 7, 0, tzinfo=UTC)
+HOURLY = "energy_hourly"
+
+
+def cell_pointers(world: World, start: datetime) -> int:
+    pointers = world.engine.rollups.snapshot(world.catalog.rollup(HOURLY)).pointers
+    at = pa.scalar(start, pointers.schema.field("bucket_start").type)
+    rows = pointers.filter(pc.equal(pointers["bucket_start"], at))
+    return sum(1 for e in rows["entity_id"].to_pylist() if e is not None)
+
+
+@pytest.mark.parametrize("point", ["before_correct", "after_write", "after_commit", "after_flip"])
+def test_a_fold_failing_at_any_point_changes_no_value_and_is_done_later(
+    world: World, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, METERS, seed=5) for d in days(FIRST, 9)]))
+    world.activate_all(NOW)
+    world.backfill([Window(datetime(2025, 6, 2, tzinfo=UTC), datetime(2025, 6, 11, tzinfo=UTC))])
+    world.tick(NOW)
+    # Every meter's readings of one hour corrected: a difference pointer per meter.
+    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+    ts = stored["ts"]
+    rows = stored.filter(
+        pc.and_(
+            pc.greater_equal(ts, pa.scalar(HOUR, ts.type)),
+            pc.less(ts, pa.scalar(HOUR + timedelta(hours=1), ts.type)),
+        )
+    ).select(["entity_id", "ts", "energy_kwh"])
+    world.ingest(
+        rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)),
+        "energy_raw",
+        "Manual",
+    )
+    world.tick(NOW)
+    assert cell_pointers(world, HOUR) == METERS
+    truth = world.raw()
+    assert compare_all(world.query, truth, world.catalog) == []
+
+    maintain(world.engine, now=NOW)  # queues the fold
+    [fold] = [
+        j
+        for j in world.engine.ledger.snapshot().pending(HOURLY)
+        if j.trigger is Trigger.MAINTENANCE
+    ]
+
+    fired: list[str] = []
+
+    def fail(at: str, archive: str | None) -> None:
+        if at == point and archive == HOURLY and not fired:
+            fired.append(at)
+            raise faults.FaultInjected(f"{at}: storage unavailable")
+
+    with faults.hooked(fail):
+        reports = tick(world.defs, world.instance, NOW)
+    failed = [r for r in reports.runs if not r.success]
+    assert fired and failed and all("storage unavailable" in (r.error or "") for r in failed)
+    # Whatever the fold got to, every value is as it was.
+    assert compare_all(world.query, truth, world.catalog) == []
+
+    # The next ticks finish it (a retry, or the recovery of a flip that landed).
+    world.tick(NOW)
+    left = world.engine.ledger.job(fold.job_id)
+    assert left is not None and left.state in (JobState.COMPLETED, JobState.FAILED), left
+    done = [
+        j
+        for j in world.engine.ledger.history(HOURLY)
+        if j.trigger is Trigger.MAINTENANCE
+        and j.state is JobState.COMPLETED
+        and j.windows_processed
+    ]
+    assert done, world.engine.ledger.history(HOURLY)
+    assert cell_pointers(world, HOUR) == 0
+    assert compare_all(world.query, world.raw(), world.catalog) == []
