@@ -132,6 +132,7 @@ def configure(config: MetricsConfig, *, reader: "MetricReader | None" = None) ->
     if not readers:
         _state = _State(_OFF.instruments, None, config)
         return
+    # The SDK is imported only when metrics are on: a process with them off loads the API only.
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
 
