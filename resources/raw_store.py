@@ -53,6 +53,7 @@ from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_ch
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
+from rollup_assets import metrics
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.asof import version_at
@@ -241,14 +242,19 @@ class RawStore:
         while True:
             table = self.table(spec)
             seen = table.version() if table is not None else -1
-            result = self._ingest(
-                self.applied(spec, table),
-                path,
-                change_source,
-                not_before=not_before,
-                progress=progress,
-            )
+            try:
+                result = self._ingest(
+                    self.applied(spec, table),
+                    path,
+                    change_source,
+                    not_before=not_before,
+                    progress=progress,
+                )
+            except Exception as exc:
+                metrics.ingest_failed(spec.name, exc)
+                raise
             if not columns_changed_between(self.uri(spec), self.options, seen, result.version):
+                metrics.ingested(result)
                 return result
             log.info("'%s': computed columns changed during an ingest; upserting again", spec.name)
 

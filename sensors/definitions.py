@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.jobs import JobState, Lane
 from rollup_assets.model.placement import buckets_in
@@ -178,6 +179,7 @@ def build_sensors(
             engine.ledger.record(
                 detection.jobs, detection.cursors, tables=detection.tables, forget=detection.forget
             )
+            metrics.detected(catalog, detection)
         for note in detection.notes:
             context.log.info(note)
         lookup = DagsterRunLookup(context.instance, scope)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rollup_assets import metrics
 from rollup_assets.cli.format import render
 from rollup_assets.faults import arm
 from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError, TenantError
@@ -59,6 +60,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def settings() -> Settings:
     configured = Settings.from_env()
     arm(configured.fault)  # a drill or crash test arms this process at its edge
+    metrics.configure(configured.metrics)  # flushed when the command's process exits
     return configured
 
 

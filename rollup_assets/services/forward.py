@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
@@ -154,6 +155,7 @@ def run_forward(
             },
         )
     except BaseException as exc:
+        metrics.failed("forward", exc)
         # Dagster stops a run with a BaseException: record the failure and let go of the claim
         # whatever ended the run (the forward sensor plans the buckets again from the watermark).
         engine.ledger.record(
@@ -183,6 +185,7 @@ def run_forward(
     propagated = propagation_jobs(engine.catalog, spec, Cells.of(buckets), version, states)
     engine.ledger.record([done, *propagated])
     if closed:
+        metrics.buckets_closed(spec.name, len(closed))
         new_mark = closed[-1].end
         engine.states.update(
             spec.name,

@@ -47,6 +47,7 @@ from deltalake.exceptions import CommitFailedError
 from resources.delta_tables import open_table, with_retries
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
+from rollup_assets import metrics
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
@@ -91,6 +92,7 @@ class MaintenanceReport:
             )
         except Exception as exc:
             log.warning("maintenance: %s failed: %s", what, exc)
+            metrics.failed("maintenance", exc)
             self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
 
 

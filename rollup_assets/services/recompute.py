@@ -37,6 +37,7 @@ from pyspark.sql import SparkSession
 
 from resources.fill import Fill
 from resources.rollup_store import Reflected
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
@@ -320,6 +321,7 @@ def run_recompute(
             change=change,
         )
     except BaseException as exc:
+        metrics.failed("recompute", exc)
         # Dagster stops a run with a BaseException: the job must not stay Running behind it.
         record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
         raise

@@ -57,7 +57,7 @@ import os
 import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 
@@ -83,6 +83,7 @@ from resources.rollup_store import READERS, REPLACED_KEY, Reflected, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema, part_values
 from resources.warehouse import filesystem_for
+from rollup_assets import metrics
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import Cells
@@ -116,6 +117,8 @@ class Published:
     spans: int
     rows_written: int
     surface_version: int
+    # When the oldest flip it brought to the surface was made (None: it brought none).
+    oldest_flip: datetime | None = None
 
     @property
     def changed(self) -> bool:
@@ -303,6 +306,7 @@ def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Pub
                 0 if changed is None else len(changed.spans),
                 written,
                 -1,
+                None if changed is None else changed.oldest_flip(snap.pointers),
             )
         )
         return CommitPlan(
@@ -329,9 +333,8 @@ def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Pub
             done.reflects.genmap,
             done.reflects.rows,
         )
-    return Published(
-        done.rollup, done.reflects, done.rebuilt, done.spans, done.rows_written, version
-    )
+    metrics.surface_published(spec.name, done.oldest_flip)
+    return replace(done, surface_version=version)
 
 
 def publish_all(engine: Engine) -> list[Published]:
@@ -393,6 +396,22 @@ class Changed:
                 if items[i][0].overlaps(span):
                     picked[i] = None
         return Cells(tuple(items[i] for i in sorted(picked)))
+
+    def oldest_flip(self, pointers: pa.Table) -> datetime | None:
+        """When the oldest of the differing pointers still in `pointers` (the newer version's,
+        with `flipped_at`) was flipped; None when there is none (pointers only dropped)."""
+        if self.pointers.num_rows == 0:
+            return None
+        keys = list(POINTER_KEY)
+
+        # Joins do not match null keys: a global pointer's entity is keyed as GLOBAL here.
+        def keyed(t: pa.Table) -> pa.Table:
+            entity = t.schema.get_field_index("entity_id")
+            return t.set_column(entity, "entity_id", pc.fill_null(t["entity_id"], _GLOBAL))
+
+        flips = keyed(pointers.select([*keys, "flipped_at"]))
+        brought = keyed(self.pointers.select(keys)).join(flips, keys, join_type="inner")
+        return pc.min(brought["flipped_at"]).as_py() if brought.num_rows else None
 
     def mask(self, rows: pa.Table) -> pa.ChunkedArray:
         """For rows with (bucket_start, entity_id): is each row's cell changed?"""
