@@ -226,9 +226,32 @@ def _steps_spark(
     group_by: str,
 ) -> DataFrame:
     """`_steps_arrow` on Spark, shaped as `_shaped` shapes it: the steps of the rows whose
-    time is in [start, end) (None: from the first row's step, to the last row's)."""
+    time is in [start, end) (None: from the first row's step, to the last row's). The one place
+    a query on Spark turns rows into partials and partials into values."""
     if group_by == "all":
         rows = rows.withColumn(ENTITY_COLUMN, F.lit(None).cast("string"))
+    targets = _step_targets(spark, rows, time_column, start, end, step)
+    merged = logical_columns(rollup_partials(rows, targets, step, source), step)
+    out = merged.withColumnRenamed("bucket_start", "step_start").withColumnRenamed(
+        "bucket_end", "step_end"
+    )
+    if group_by == "all":
+        return out.drop(ENTITY_COLUMN).orderBy("step_start")
+    return out.select("step_start", "step_end", ENTITY_COLUMN, *step.output_names).orderBy(
+        "step_start", ENTITY_COLUMN
+    )
+
+
+def _step_targets(
+    spark: SparkSession,
+    rows: DataFrame,
+    time_column: str,
+    start: datetime | None,
+    end: datetime | None,
+    step: RollupSpec,
+) -> DataFrame:
+    """One row (`bucket_start`, `bucket_end`, UTC) per step in [start, end), an open bound
+    taken from the rows' first or last time."""
     lo, hi = start, end
     if lo is None or hi is None:
         # As microseconds: Python reads a collected Spark timestamp in its own local zone.
@@ -242,22 +265,13 @@ def _steps_spark(
         if lo is not None and hi is not None
         else []
     )
-    targets = spark.createDataFrame(
+    return spark.createDataFrame(
         pa.table(
             {
                 "bucket_start": pa.array([w.start for w in windows], TS),
                 "bucket_end": pa.array([w.end for w in windows], TS),
             }
         )
-    )
-    merged = logical_columns(rollup_partials(rows, targets, step, source), step)
-    out = merged.withColumnRenamed("bucket_start", "step_start").withColumnRenamed(
-        "bucket_end", "step_end"
-    )
-    if group_by == "all":
-        return out.drop(ENTITY_COLUMN).orderBy("step_start")
-    return out.select("step_start", "step_end", ENTITY_COLUMN, *step.output_names).orderBy(
-        "step_start", ENTITY_COLUMN
     )
 
 
