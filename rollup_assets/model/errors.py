@@ -80,7 +80,17 @@ class InvalidTimeRangeError(RollupsError):
 
 
 class InvalidStepError(RollupsError):
-    """A downsampling step is unparseable or does not nest the rollup's buckets."""
+    """A downsampling step is unparseable or does not nest the archive's buckets (a rollup's, or
+    a time-range archive's declared period)."""
+
+
+class InvalidAggregationError(RollupsError):
+    """A query's `COLUMN:FUNCTION` names no column of the archive, no aggregate function, a
+    function the column's type does not support, or is missing where the query needs one."""
+
+
+class InvalidTimeZoneError(RollupsError):
+    """A query's zone is not an IANA time zone, or not the zone a rollup's buckets are kept in."""
 
 
 class RecomputeAbortedError(RollupsError):
