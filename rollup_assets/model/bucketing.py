@@ -1,7 +1,12 @@
 """Bucket arithmetic in UTC: floor an instant to its bucket, step to the next one.
 
-The same alignment becomes the Dagster partitions definition in the orchestration layer; tests
-check that the two agree across DST switches.
+A FixedSize bucket is an absolute duration counted from the rollup's origin (the Unix epoch
+unless the spec declares one); the reference zone does not move it. Calendar buckets follow
+local midnights in the reference zone.
+
+The same alignment becomes the Dagster partitions definition in the orchestration layer (one
+partition per bucket, or a whole number of them: `model.grid`); tests check that the two agree
+across DST switches.
 """
 
 from collections.abc import Iterable, Iterator
@@ -18,20 +23,22 @@ class Bucketing:
     alignment: Alignment
     zone: ZoneInfo
     size: timedelta | None = None
+    origin: datetime = EPOCH  # FixedSize: a bucket boundary (UTC); every other is size apart
 
     @classmethod
     def of(cls, spec: RollupSpec) -> "Bucketing":
-        return cls(spec.alignment, ZoneInfo(spec.reference_time_zone), spec.size)
+        return cls(spec.alignment, ZoneInfo(spec.reference_time_zone), spec.size, spec.origin)
 
     def floor(self, t: datetime) -> datetime:
         """Start (UTC) of the bucket containing instant `t`."""
         t = as_utc(t)
         if self.alignment is Alignment.FIXED_SIZE:
             assert self.size is not None
-            # Offset-invariance is validated, so flooring in UTC equals flooring in local time.
+            # An absolute duration from the origin: the zone's offsets do not move it. Python's
+            # `%` floors, so an instant before the origin falls in the bucket that holds it too.
             step = self.size // timedelta(microseconds=1)
-            micros = (t - EPOCH) // timedelta(microseconds=1)
-            return EPOCH + timedelta(microseconds=micros - micros % step)
+            since = (t - self.origin) // timedelta(microseconds=1)
+            return t - timedelta(microseconds=since % step)
         local = t.astimezone(self.zone)
         d = local.date()
         if self.alignment is Alignment.ISO8601_WEEK:
