@@ -9,9 +9,9 @@ bucket boundary, in every UTC offset the zone uses, so each bucket is a whole nu
 partitions. A bucket that is one grid step (every FixedSize rollup valid before origins and
 longer buckets existed) keeps exactly the partitions it had.
 
-In UTC such a grid is regular: every instant `phase (mod step)` after the epoch, whatever the
-zone's offset at that instant (the offsets the zone uses are congruent modulo the step), so a
-bucket's partitions are `step` apart from its start.
+In UTC such a grid is regular: the instants a fixed time (modulo the step) after the epoch,
+whatever the zone's offset at each (the offsets the zone uses are congruent modulo the step),
+so a bucket's partitions are `step` apart from its start.
 """
 
 from collections.abc import Iterable
@@ -45,14 +45,12 @@ class Grid:
     """A cron-expressible partition grid.
 
     `step` is the length of every partition (UTC time); `local_phase` the local wall-clock time
-    of day of the boundaries, modulo `step` (the cron schedule's minute and hour); `phase` the
-    same boundaries as UTC time since the epoch, modulo `step`; `per_bucket` how many partitions
-    make one bucket (1 for calendar buckets).
+    of day of the boundaries, modulo `step` (the cron schedule's minute and hour); `per_bucket`
+    how many partitions make one bucket.
     """
 
     step: timedelta
     local_phase: timedelta
-    phase: timedelta
     per_bucket: int
 
 
@@ -86,7 +84,7 @@ def fixed_size_grid(size: timedelta, origin: datetime, offsets: Iterable[timedel
         local_phase = local.pop()
         if local_phase % MINUTE:
             continue
-        return Grid(step, local_phase, since % step, size // step)
+        return Grid(step, local_phase, size // step)
     return None
 
 
