@@ -1,8 +1,9 @@
 """Downsampling steps: the coarser buckets a query merges a rollup's stored buckets into.
 
 A step is `day`, `week` (ISO 8601, Monday to Sunday), `month` or `year` in the rollup's reference
-zone (DST days last 23 or 25 hours), or a fixed duration (`15m`, `2h`, `PT6H`) aligned to the
-Unix epoch in UTC, as FixedSize buckets are. A step must nest the rollup's buckets, by the same
+zone (DST days last 23 or 25 hours), or a fixed duration (`15m`, `2h`, `PT6H`) counted in UTC
+from the rollup's origin (the Unix epoch unless a FixedSize rollup declares another), as
+FixedSize buckets are. A step must nest the rollup's buckets, by the same
 rule a rollup must nest its source's (`bucket_rules.check_nesting`): each step is a whole number
 of the rollup's buckets. Anything else is refused with `InvalidStepError`.
 """
