@@ -494,14 +494,17 @@ def _origin(name: str, value: Any) -> datetime:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
             parsed = None
-    if not isinstance(parsed, datetime) or parsed.tzinfo is None:
-        raise SpecError(
-            name,
-            "origin",
-            f"'origin' {value!r} is not an instant with its UTC offset "
-            "(e.g. 2024-01-01T06:00:00Z or 2024-01-01T00:00:00+01:00)",
-        )
-    return parsed.astimezone(UTC)
+    if isinstance(parsed, datetime) and parsed.tzinfo is not None:
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:  # an offset taking it before year 1 or past 9999
+            pass
+    raise SpecError(
+        name,
+        "origin",
+        f"'origin' {value!r} is not an instant with its UTC offset in the years 1 to 9999 "
+        "(e.g. 2024-01-01T06:00:00Z or 2024-01-01T00:00:00+01:00)",
+    )
 
 
 def _start(name: str, value: Any) -> datetime:

@@ -508,7 +508,16 @@ def test_origin_defaults_to_the_epoch_and_leaves_the_fingerprint_as_it_was() -> 
 
 @pytest.mark.parametrize(
     "origin",
-    ["2024-01-01", "2024-01-01T00:30:00", datetime(2024, 1, 1, 0, 30), "soon", 1800, True],
+    [
+        "2024-01-01",
+        "2024-01-01T00:30:00",
+        datetime(2024, 1, 1, 0, 30),
+        "soon",
+        1800,
+        True,
+        "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "9999-12-31T23:30:00-01:00",  # past 9999 in UTC
+    ],
 )
 def test_origin_needs_its_offset(origin: Any) -> None:
     rejected(catalog(h=rollup(origin=origin)), "h", "origin", "UTC offset")
