@@ -3,12 +3,12 @@ aggregates a raw or time-range archive's rows into.
 
 A step is `day`, `week` (ISO 8601, Monday to Sunday), `month` or `year` in a zone (a rollup's
 reference zone; the zone a query over a raw or time-range archive names, UTC by default; DST
-days last 23 or 25 hours), or a fixed duration (`15m`, `2h`, `PT6H`) aligned to the Unix epoch in
-UTC, as FixedSize buckets are. A step must nest its source's buckets, by the same rule a rollup
-must nest its source's (`bucket_rules.check_nesting`): each step is a whole number of a rollup's
-buckets, or of a time-range archive's declared period (so no step splits a row's range); a raw
-archive's readings are instants, which any step holds. Anything else is refused with
-`InvalidStepError`.
+days last 23 or 25 hours), or a fixed duration (`15m`, `2h`, `PT6H`) counted in UTC from an
+origin (a FixedSize rollup's declared origin, else the Unix epoch), as FixedSize buckets are.
+A step must nest its source's buckets, by the same rule a rollup must nest its source's
+(`bucket_rules.check_nesting`): each step is a whole number of a rollup's buckets, or of a
+time-range archive's declared period (so no step splits a row's range); a raw archive's
+readings are instants, which any step holds. Anything else is refused with `InvalidStepError`.
 """
 
 import dataclasses
