@@ -214,5 +214,5 @@ def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
     ensure_pools(instance, catalog())
     # One session for every run of this command: the warm server's when it is up.
     remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
-    build_session(master=s.spark_master, remote=remote)
+    build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)
     return defs, instance

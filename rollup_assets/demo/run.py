@@ -105,6 +105,7 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
         master=settings.spark_master,
         remote=settings.spark_remote,
         conf={"spark.ui.showConsoleProgress": "false"},
+        delta_jars=settings.delta_jars,
     )
 
     today = datetime.now(UTC).date()
