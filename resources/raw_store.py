@@ -9,7 +9,7 @@ value when the incoming one is null (COALESCE), so several producers can fill on
 import datetime as dt
 import logging
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, WriterProperties, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batch_conversion import with_stored_operands
@@ -38,6 +38,7 @@ from resources.delta_tables import (
     open_table,
     prune_files,
     read_commit,
+    refuse_deletion_vectors,
     with_retries,
 )
 from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
@@ -430,7 +431,8 @@ class RawStore:
         days = sorted(
             {
                 day
-                for f in file_actions(table)
+                # Whole days are deleted by delta-rs, which applies deletion vectors itself.
+                for f in file_actions(table, deletion_vectors="mark")
                 for day in [_partition_day(f)]
                 if day is not None and day < first_kept
             }
@@ -478,14 +480,17 @@ class RawStore:
         spans: Sequence[Window] | None,
         entities: frozenset[str] | None,
     ) -> list[dict]:
-        """Live files that may hold rows whose time falls in `spans` (partition day + stats)."""
-        return prune_files(
-            file_actions(table),
+        """Live files that may hold rows whose time falls in `spans` (partition day + stats);
+        UnsupportedTableFeatureError when one of them has rows deleted by a deletion vector."""
+        files = prune_files(
+            file_actions(table, deletion_vectors="mark"),
             time_column=spec.time_column,
             spans=spans,
             entities=entities,
             day_column=DAY_COLUMN,
         )
+        refuse_deletion_vectors(table, files)
+        return files
 
     def read_spark(
         self,
@@ -571,10 +576,18 @@ class RawStore:
                     for kind in ("add", "remove")
                     if kind in a and a[kind].get("dataChange", True)
                 ]
-            for body, change_type in files:
-                if not _day_may_overlap(body, merged):
-                    continue
-                rows = self._read_change_file(spec, body["path"], change_type)
+            changed: Iterable[pa.Table]
+            if not cdc and any(body.get("deletionVector") for body, _ in files):
+                # Rows deleted through deletion vectors: the commit has no change files, and
+                # its files read whole would hold the deleted rows.
+                changed = [self._derived_changes(spec, version)]
+            else:
+                changed = (
+                    self._read_change_file(spec, body["path"], change_type)
+                    for body, change_type in files
+                    if _day_may_overlap(body, merged)
+                )
+            for rows in changed:
                 read += rows.num_rows
                 mask = in_windows(rows[spec.time_column], merged)
                 if entities is not None:
@@ -596,6 +609,21 @@ class RawStore:
             with fs.open_input_file(f"{root}/{urllib.parse.unquote(body['path'])}") as fh:
                 total += pq.ParquetFile(fh).metadata.num_rows
         return total
+
+    def _derived_changes(self, spec: SourceSpec, version: int) -> pa.Table:
+        """The row changes of commit `version`, derived by delta-rs (a commit that deleted rows
+        through deletion vectors has no change files, and its files read whole would hold
+        the deleted rows), with the archive's columns as stored and `CHANGE_TYPE`."""
+        schema = archive_data_schema(spec)
+        table = self.table(spec)
+        if table is None:
+            raise ChangeFeedGone(f"'{spec.name}': its table is gone")
+        try:
+            data = pa.table(table.load_cdf(starting_version=version, ending_version=version))
+        except DeltaError as exc:
+            raise ChangeFeedGone(f"'{spec.name}': commit {version}'s changes: {exc}") from None
+        kinds = data[CHANGE_TYPE].cast(pa.string())
+        return data.select(schema.names).cast(schema).append_column(CHANGE_TYPE, kinds)
 
     def _read_change_file(self, spec: SourceSpec, path: str, change_type: str | None) -> pa.Table:
         """One change file (its `CHANGE_TYPE` column), or a data file whose every row had
