@@ -44,6 +44,7 @@ from resources.delta_tables import (
 from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
+from resources.upsert import ingest_metadata, upsert_clauses
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.model.asof import version_at
@@ -258,31 +259,12 @@ class RawStore:
         values and would not be corrected from the raw rows).
         """
         reader, summary = _validated(spec, path, not_before, progress)
-        keys = key_columns(spec)
-        days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
-        predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
-        # A computed column always takes the batch's value: it was evaluated over the row the
-        # upsert leaves (see `with_stored_operands`), and null is a value it may have.
-        takes_batch = {c.name for c in spec.columns if c.required or c.is_computed}
-        updates = {
-            c.name: f"s.{c.name}" if c.name in takes_batch else f"COALESCE(s.{c.name}, t.{c.name})"
-            for c in spec.columns
-        }
-        differs = " OR ".join(
-            f"(s.{c.name} IS DISTINCT FROM t.{c.name})"
-            if c.name in takes_batch
-            else f"(s.{c.name} IS NOT NULL AND s.{c.name} IS DISTINCT FROM t.{c.name})"
-            for c in spec.columns
-        )
+        clauses = upsert_clauses(spec, summary.days)
+        predicate, updates, differs = clauses.predicate, clauses.updates, clauses.differs
         operands = stored_operands(spec)
-        metadata = {
-            "rollups.operation": "ingest",
-            "rollups.change_source": change_source.value,
-            "rollups.rows": str(summary.rows),
-            "rollups.min_ts": summary.min_ts.isoformat(),
-            "rollups.max_ts": summary.max_ts.isoformat(),
-            "rollups.file": Path(path).name,
-        }
+        metadata = ingest_metadata(
+            change_source, summary.rows, summary.min_ts, summary.max_ts, Path(path).name
+        )
 
         def merge() -> tuple[int, dict]:
             table = self.table(spec)
