@@ -75,7 +75,7 @@ def commit_history(table: DeltaTable) -> list[tuple[Commit, dict]]:
     """Every commit the table's log still holds, oldest first: its version and time (a vacuum's
     with the retention it kept files for), and its commit info (custom metadata included)."""
     out = []
-    for info in table.history():
+    for info in map(with_user_metadata, table.history()):
         retention = None
         if info.get("operation") == "VACUUM START":
             params = info.get("operationParameters") or {}
@@ -85,6 +85,27 @@ def commit_history(table: DeltaTable) -> list[tuple[Commit, dict]]:
         at = dt.datetime.fromtimestamp(int(info["timestamp"]) / 1000, tz=dt.UTC)
         out.append((Commit(int(info["version"]), at, retention), info))
     return sorted(out, key=lambda c: c[0].version)
+
+
+def with_user_metadata(info: dict) -> dict:
+    """A commit's info with the `rollups.*` keys a delta-spark commit of this project carries
+    as a JSON object in `userMetadata` (the one free-form field delta-spark writes) set as keys
+    of their own, where delta-rs commits carry them."""
+    text = info.get("userMetadata")
+    if not isinstance(text, str) or not text.startswith("{"):
+        return info
+    try:
+        extra = json.loads(text)
+    except ValueError:
+        return info
+    if not isinstance(extra, dict):
+        return info
+    return {**{k: str(v) for k, v in extra.items() if k.startswith("rollups.")}, **info}
+
+
+def commit_info(actions: Sequence[dict]) -> dict:
+    """The commit info of one commit's actions (`read_commit`), with `with_user_metadata`."""
+    return with_user_metadata(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
 
 
 def commit_file(root: str, version: int) -> str:

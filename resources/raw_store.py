@@ -34,12 +34,14 @@ from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
     commit_history,
+    commit_info,
     file_actions,
     open_table,
     prune_files,
     read_commit,
     refuse_deletion_vectors,
     with_retries,
+    with_user_metadata,
 )
 from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
 from resources.rollup_table import in_windows
@@ -151,7 +153,7 @@ class RawStore:
         table = self.table(spec)
         if table is None or table.version() <= after:
             return False
-        for commit in table.history(limit=table.version() - after):
+        for commit in map(with_user_metadata, table.history(limit=table.version() - after)):
             if (
                 commit.get("version", after + 1) <= after
                 or commit.get("operation") in NO_DATA_OPERATIONS
@@ -180,7 +182,7 @@ class RawStore:
         if version < known_version:  # a table created again under this name
             known_version, known = -1, []
         if version > known_version:
-            commits = table.history(limit=version - known_version)
+            commits = [with_user_metadata(c) for c in table.history(limit=version - known_version)]
             known = known + [
                 span
                 for commit in sorted(commits, key=lambda c: c.get("version", 0))
@@ -525,7 +527,7 @@ class RawStore:
                 raise ChangeFeedGone(
                     f"'{spec.name}': commit {version} is no longer in the table's log"
                 ) from None
-            info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info = commit_info(actions)
             if info.get("rollups.operation") == COLUMNS_OPERATION:
                 # The stored partials predate new formulas: changes cannot bring them up to date.
                 raise ChangeFeedGone(f"'{spec.name}': its computed columns changed at {version}")

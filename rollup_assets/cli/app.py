@@ -20,6 +20,7 @@ from rollup_assets.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     import dagster as dg
+    from pyspark.sql import SparkSession
 
     from rollup_assets.model.specs import Catalog
     from rollup_assets.orchestration.tenancy import Scope
@@ -204,15 +205,21 @@ def main() -> None:
 def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
     """The code location and the Dagster instance, for commands that execute runs in this
     process; starts the one Spark session every run of the command shares."""
-    from resources.spark import build_session
-    from resources.spark_server import usable_url
     from rollup_assets.definitions import defs
     from rollup_assets.orchestration.instance import ensure_pools, get_instance
 
     s = settings()
     instance = get_instance(s)
     ensure_pools(instance, catalog())
-    # One session for every run of this command: the warm server's when it is up.
-    remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
-    build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)
+    spark_session()
     return defs, instance
+
+
+def spark_session() -> "SparkSession":
+    """The command's Spark session, as configured: the warm server's when it is up."""
+    from resources.spark import build_session
+    from resources.spark_server import usable_url
+
+    s = settings()
+    remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
+    return build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)
