@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -218,15 +219,22 @@ def _ingest(
     inserted = updated = 0
     for attempt in range(MERGE_ATTEMPTS):
         base = DeltaTable(uri, storage_options=raw.options or None).version()
+        # Computed once (conversion, formulas, the join with the stored rows), then counted and
+        # merged from the copy Spark keeps.
         changing = _changing_rows(spark, spec, uri, base, rows, summary.days, clauses)
+        changing = changing.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            metrics = {} if changing.isEmpty() else _merge(spark, uri, changing, clauses, metadata)
+            metrics = (
+                {} if not changing.count() else _merge(spark, uri, changing, clauses, metadata)
+            )
         except Exception as exc:
             if not _conflicted(exc) or attempt == MERGE_ATTEMPTS - 1:
                 raise
             log.debug("ingest into %s conflicted (%s); retrying", spec.name, exc)
             time.sleep(0.05 * 2**attempt)
             continue
+        finally:
+            changing.unpersist()
         inserted += int(metrics.get("num_inserted_rows", 0) or 0)
         updated += int(metrics.get("num_updated_rows", 0) or 0)
         version, read = _committed(uri, raw.options, metadata["rollups.ingest_id"])
