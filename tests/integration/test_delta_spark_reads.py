@@ -233,3 +233,34 @@ def test_the_checkpoints_maintenance_writes_are_read(
         assert [c.name for c in (copy / "_delta_log").glob("*.json")] == [f"{checkpoint:020d}.json"]
         ours = DeltaTable(uri).to_pyarrow_table()
         assert rows(delta_read(spark, str(copy))) == rows(ours), uri
+
+
+def test_an_asset_of_yours_reads_a_rollup_through_delta_spark(
+    built: Built, spark: SparkSession
+) -> None:
+    """The example of `SparkResource`'s docstring, run as it is written there."""
+    import dagster as dg
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    from rollup_assets.orchestration.resources import SparkResource, WarehouseResource
+
+    seen: dict = {}
+
+    @dg.asset(deps=["energy_daily"])
+    def daily_peaks(spark: SparkResource, warehouse: WarehouseResource) -> None:
+        path = spark_uri(warehouse.get().surface_path("energy_daily"))
+        daily = spark.session.read.format("delta").load(path)
+        seen["peaks"] = dict(daily.groupBy("entity_id").max("current_a_max").collect())
+        seen["history"] = SparkDeltaTable.forPath(spark.session, path).history(5).collect()
+
+    root = built.world.engine.warehouse.root
+    result = dg.materialize(
+        [daily_peaks],
+        resources={"spark": SparkResource(), "warehouse": WarehouseResource(root=root)},
+    )
+    assert result.success
+    queried = query_arrow(built.world.engine, "energy_daily")
+    peaks = queried.group_by("entity_id").aggregate([("current_a_max", "max")]).to_pylist()
+    assert seen["peaks"] == {r["entity_id"]: r["current_a_max_max"] for r in peaks}
+    latest = DeltaTable(built.world.engine.warehouse.surface_path("energy_daily")).version()
+    assert [r["version"] for r in seen["history"]] == list(range(latest, max(latest - 5, -1), -1))
