@@ -57,8 +57,8 @@ STORED = "__stored"
 # The line of a CSV row that does not have the header's fields (Spark's corrupt record column).
 MALFORMED = "__malformed_line"
 # What each validation task reports: its partition, its rows, its first offending row (local
-# index) and why (`whole`: an offence of the batch as a whole), and the time range (µs since
-# the epoch) and UTC days of its rows.
+# index) and why (`whole`: an offence of the batch as a whole; `MALFORMED`: a CSV line without
+# the header's fields), and the time range (µs since the epoch) and UTC days of its rows.
 CHECKED_DDL = (
     "part int, rows long, bad_row long, reason string, whole boolean, "
     "min_us long, max_us long, days string"
@@ -156,7 +156,7 @@ def validate_frame(
     why."""
     converter = BatchConverter(spec, archive_schema(spec))
     converter.check_columns([c for c in frame.columns if c != MALFORMED])
-    checked = frame.mapInArrow(_checking_task(spec, file), CHECKED_DDL).collect()
+    checked = frame.mapInArrow(_checking_task(spec), CHECKED_DDL).collect()
     parts = sorted(checked, key=lambda r: r["part"])
     offsets, total = {}, 0
     for p in parts:
@@ -183,7 +183,13 @@ def validate_frame(
         )
     if first_bad is not None:
         row, part = first_bad
-        raise IngestValidationError(spec.name, None if part["whole"] else row, part["reason"])
+        reason = part["reason"]
+        if reason == MALFORMED:  # a CSV line the header's fields do not fit
+            reason = (
+                f"{file or 'the file'} is not a readable CSV file (its row {row} does not have "
+                "the header's fields)"
+            )
+        raise IngestValidationError(spec.name, None if part["whole"] else row, reason)
     ranged = [p for p in parts if p["rows"] and p["min_us"] is not None]
     if not ranged:
         raise IngestValidationError(spec.name, None, f"{file or 'the frame'} holds no rows")
@@ -374,7 +380,7 @@ def _without_malformed(batch: pa.RecordBatch) -> pa.Table:
 
 
 def _checking_task(
-    spec: SourceSpec, file: str | None
+    spec: SourceSpec,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -397,12 +403,7 @@ def _checking_task(
                     if pc.any(broken).as_py():
                         at = pc.index(broken, True).as_py()
                         chunk = chunk.slice(0, at)
-                        offence = (
-                            rows + at,
-                            f"{file or 'the file'} is not a readable CSV file (its row "
-                            f"{rows + at} does not have the header's fields)",
-                            True,
-                        )
+                        offence = (rows + at, MALFORMED, True)
                 try:
                     t = converter.convert(chunk, rows)
                 except IngestValidationError as err:

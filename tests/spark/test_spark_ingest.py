@@ -202,20 +202,29 @@ def test_a_bad_row_is_refused_as_the_driver_refuses_it(
 def test_a_file_that_is_not_well_formed_is_refused_whole(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    rows = readings_csv(10)
+    rows = readings_csv(40)
     text = as_csv(rows).splitlines()
-    text[6] += ",12"  # a decimal comma: one field too many
+    text[31] += ",12"  # row 30 has a decimal comma: one field too many
     path = tmp_path / "comma.csv"
     path.write_text("\n".join(text) + "\n")
     with pytest.raises(IngestValidationError) as on_driver:
         store(tmp_path / "driver").ingest(ENERGY, path, ChangeSource.PIPELINE)
     executors = store(tmp_path / "executors")
-    with pytest.raises(IngestValidationError) as on_executors:
-        ingest_frame(
-            executors, spark, ENERGY, read_file(spark, ENERGY, path), ChangeSource.PIPELINE
-        )
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "400")  # rows in several partitions
+    try:
+        with pytest.raises(IngestValidationError) as on_executors:
+            ingest_frame(
+                executors,
+                spark,
+                ENERGY,
+                read_file(spark, ENERGY, path),
+                ChangeSource.PIPELINE,
+                file=path.name,
+            )
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
     assert on_driver.value.row is None and on_executors.value.row is None
-    assert "is not a readable CSV file" in str(on_executors.value)
+    assert "comma.csv is not a readable CSV file (its row 30 " in str(on_executors.value)
     assert DeltaTable(executors.uri(ENERGY)).version() == 0
     # Columns the archive does not declare, or a computed one supplied: the same refusal.
     for header in ("entity_id,ts,energy_kwh,watts", "entity_id,ts,energy_kwh,current_a"):
