@@ -109,16 +109,22 @@ def ingest_frame(
 
 def read_file(spark: SparkSession, spec: SourceSpec, path: str | Path) -> DataFrame:
     """A Parquet or CSV file read by Spark as a file ingest reads it: a CSV's columns as text
-    (only an empty cell is missing), converted by the ingest's rules."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if not path.exists():
-        raise IngestValidationError(spec.name, None, f"file {path} does not exist")
+    (only an empty cell is missing), converted by the ingest's rules. `path` is a local path
+    (which a cluster's executors must see at the same place) or a URI they can read."""
+    text = str(path)
+    suffix = Path(text.rsplit("/", 1)[-1]).suffix.lower()
+    if "://" in text:
+        uri = spark_uri(text)
+    elif not Path(text).exists():
+        raise IngestValidationError(spec.name, None, f"file {text} does not exist")
+    else:
+        uri = spark_uri(str(Path(text).resolve()))
     if suffix in (".parquet", ".pq"):
-        return spark.read.parquet(spark_uri(str(path.resolve())))
+        return spark.read.parquet(uri)
     if suffix in (".csv", ".txt"):
-        with path.open(encoding="utf-8-sig", errors="replace") as f:
-            header = [c.strip().strip('"') for c in f.readline().strip().split(",")]
+        first = spark.read.text(uri).first()
+        line = "" if first is None else str(first[0]).lstrip("\ufeff")
+        header = [c.strip().strip('"') for c in line.strip().split(",")]
         schema = ", ".join(f"`{c}` string" for c in [*header, MALFORMED])
         return (
             spark.read.option("header", True)
@@ -127,7 +133,7 @@ def read_file(spark: SparkSession, spec: SourceSpec, path: str | Path) -> DataFr
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", MALFORMED)
             .schema(schema)
-            .csv(spark_uri(str(path.resolve())))
+            .csv(uri)
         )
     raise IngestValidationError(
         spec.name, None, f"unsupported file type '{suffix}' (use .parquet or .csv)"

@@ -76,13 +76,14 @@ def ingest_with_spark(
     source: DataFrame | str | Path,
     change_source: ChangeSource,
 ) -> IngestResult:
-    """Upsert `source` (a DataFrame with a file's columns, or a Parquet or CSV file Spark reads)
-    into an activated raw or time-range archive with delta-spark's MERGE on the executors:
-    validated whole in Spark tasks, then one commit, as `ingest_file` does on the driver."""
+    """Upsert `source` (a DataFrame with a file's columns, or a Parquet or CSV file, path or URI,
+    that Spark reads) into an activated raw or time-range archive with delta-spark's MERGE on
+    the executors: validated whole in Spark tasks, then one commit, as `ingest_file` does on the
+    driver."""
     spec, state = writable_archive(engine, archive)
     file = None
     if not isinstance(source, DataFrame):
-        file = Path(source).name
+        file = str(source).rstrip("/").rsplit("/", 1)[-1]
         source = spark_ingest.read_file(spark, spec, source)
     return spark_ingest.ingest_frame(
         engine.raw, spark, spec, source, change_source, not_before=state.retained_from, file=file
