@@ -230,6 +230,26 @@ def table_rows(results: dict) -> list[dict]:
                 b["bare_spark_chain"]["rows_read"]["total"],
             ),
         ]
+    if w := sc.get("writers"):
+        for case in w["cases"]:
+            for writer, f in case["writers"].items():
+                note = (
+                    f"{case['rows']:,} rows: {f['inserted']:,} inserted, {f['updated']:,} "
+                    f"updated; JVM {f['jvm_peak_mb']:,.0f} MiB"
+                )
+                if "purge" in f:
+                    note += f"; purge {f['purge']['seconds']:.1f}s"
+                if not case["same_rows"]:
+                    note += "; TABLES DIFFER"
+                rows.append(
+                    _row(
+                        "writers",
+                        f"{case['case']}: {writer}",
+                        f["seconds"],
+                        peak=f["driver_peak_mb"],
+                        note=note,
+                    )
+                )
     if c := sc.get("correction"):
         for case in c["cases"]:
             changed = case["windows_changed"]

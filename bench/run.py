@@ -27,6 +27,7 @@ from bench.metrics import MemorySampler, Probe, SparkEventLog, lifetime_peak_rss
 from bench.reads import run_read_modes, run_reads
 from bench.report import judge, plot, render, table_rows, write_json
 from bench.scaling import run_scaling
+from bench.writers import run_writers
 from rollup_assets.model.spec_loader import load_catalog
 
 
@@ -67,6 +68,9 @@ def scenarios_on(
     with BenchWorld.create(bench.work / "main") as world:
         sc["backfill"] = run_backfill(bench, world, dataset)
         saved()
+        if "writers" in scenarios:
+            sc["writers"] = run_writers(bench, world, dataset)
+            saved()
         if "correction" in scenarios or "scaling" in scenarios:
             sc["correction"] = run_corrections(bench, world, dataset, chain_dir(bench))
             saved()

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
-from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
+from resources.delta_tables import NO_DATA_OPERATIONS, commit_info, open_table, read_commit
 from resources.raw_columns import COLUMNS_OPERATION, formula_changed
 from resources.raw_store import RETENTION_OPERATION, RawStore
 from resources.rollup_store import RollupStore
@@ -93,7 +93,7 @@ def read_changes(
 ) -> Changes | None:
     """What commit `version` of a source table changed, or None for a commit without data change."""
     actions = read_commit(raw.uri(spec), version, raw.options)
-    info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    info = commit_info(actions)
     at = info.get("timestamp")
     committed_at = None if at is None else datetime.fromtimestamp(int(at) / 1000, tz=UTC)
     if info.get("operation") in NO_DATA_OPERATIONS and not any("cdc" in a for a in actions):

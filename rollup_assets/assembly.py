@@ -77,6 +77,7 @@ def build_definitions(
                 "spark": SparkResource(
                     master=settings.spark_master,
                     remote=settings.spark_remote,
+                    delta_jars=str(settings.delta_jars),
                     warm_server_dir=str(settings.warm_spark_dir)
                     if settings.uses_warm_spark
                     else None,

@@ -5,6 +5,7 @@ demo, the benchmark) and the values are passed down; nothing below reads the env
 """
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +19,8 @@ DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
 # How long rows of a superseded generation stay before a sweep deletes them (as-of reads and
 # rollbacks within it find them), and the least vacuum keeps unreferenced files for.
 DEFAULT_GENERATION_RETENTION_HOURS = 168
+# Delta's jars for Spark: `make install` puts them into the environment this process runs in.
+DEFAULT_DELTA_JARS = Path(sys.prefix) / "delta-jars"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Settings:
     fault: Fault | None = None
     # Where this process's metrics go (off unless ROLLUPS_METRICS says otherwise).
     metrics: MetricsConfig = MetricsConfig()
+    # The directory of Delta's jars that every Spark session this process starts loads.
+    delta_jars: Path = DEFAULT_DELTA_JARS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -119,6 +124,9 @@ class Settings:
             retry_backoff_seconds=_int(env, "ROLLUPS_RETRY_BACKOFF_SECONDS", 10),
             fault=_fault(env),
             metrics=_metrics(env),
+            delta_jars=Path(env["ROLLUPS_DELTA_JARS"]).resolve()
+            if env.get("ROLLUPS_DELTA_JARS")
+            else DEFAULT_DELTA_JARS,
         )
 
     @property

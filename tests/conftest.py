@@ -52,7 +52,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark():
+    """The one session of a test process; Delta-enabled like every session the project starts
+    (Delta's jars from where `make install` put them, or $ROLLUPS_DELTA_JARS)."""
     from resources.spark import build_session
+    from rollup_assets.settings import Settings
 
     session = build_session(
         master="local[2]",
@@ -61,6 +64,7 @@ def spark():
             "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
         },
+        delta_jars=Settings.from_env().delta_jars,
     )
     yield session
     session.stop()

@@ -224,4 +224,4 @@ def spark_session() -> "SparkSession":
 
     s = settings()
     remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
-    return build_session(master=s.spark_master, remote=remote)
+    return build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)

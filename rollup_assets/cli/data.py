@@ -57,22 +57,37 @@ def validate(fmt: str) -> None:
     show_default=True,
     help="Provenance recorded with the commit (shown in job history).",
 )
+@click.option(
+    "--spark",
+    "with_spark",
+    is_flag=True,
+    help="Read FILE with Spark and upsert it with delta-spark's MERGE on the executors (for a "
+    "file larger than this process should hold; same rules, one commit).",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @QUIET
 @tenant_option
 @handle_errors
-def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -> None:
+def ingest(
+    archive: str, file: str, change_source: str, with_spark: bool, fmt: str, quiet: bool
+) -> None:
     """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing). On a
     terminal, a progress line counts the rows validated, then upserted, and their rate."""
     from rollup_assets.cli.progress import Meter
     from rollup_assets.model.jobs import ChangeSource
-    from rollup_assets.services.ingest import ingest_file
+    from rollup_assets.services.ingest import ingest_file, ingest_with_spark
 
-    meter = Meter(f"ingest {file}", quiet=quiet)
-    try:
-        result = ingest_file(engine(), archive, file, ChangeSource(change_source), meter)
-    finally:
-        meter.close()
+    if with_spark:
+        from rollup_assets.cli.app import spark_session
+
+        source = ChangeSource(change_source)
+        result = ingest_with_spark(engine(), spark_session(), archive, file, source)
+    else:
+        meter = Meter(f"ingest {file}", quiet=quiet)
+        try:
+            result = ingest_file(engine(), archive, file, ChangeSource(change_source), meter)
+        finally:
+            meter.close()
     row = {
         "archive": archive,
         "version": result.version,

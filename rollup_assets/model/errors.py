@@ -70,6 +70,16 @@ class IngestValidationError(RollupsError):
         )
 
 
+class UnsupportedTableFeatureError(RollupsError):
+    """A Delta table uses a feature this project's readers do not apply (deletion vectors):
+    reading its files as they are would give wrong rows, so nothing is read."""
+
+    def __init__(self, table: str, feature: str, message: str) -> None:
+        self.table = table
+        self.feature = feature
+        super().__init__(f"'{table}' uses the Delta table feature `{feature}`: {message}")
+
+
 class RawRowsRetainedError(RollupsError):
     """A first-level recompute (or rewind) needs raw rows that retention removed; the stored
     buckets keep their values and nothing was written."""
