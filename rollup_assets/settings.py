@@ -63,6 +63,9 @@ class Settings:
     retry_backoff_seconds: int = 10
     # A fault point this process is armed with (`rollup_assets.faults`; tests and drills).
     fault: Fault | None = None
+    # Seconds a surface may lag behind its rollup's last flip: the surface publish sensor
+    # publishes a lagging rollup at most every half of it (0: at every tick).
+    surface_max_lag_seconds: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -98,6 +101,7 @@ class Settings:
             retry_attempts=_int(env, "ROLLUPS_RETRY_ATTEMPTS", 5, minimum=1),
             retry_backoff_seconds=_int(env, "ROLLUPS_RETRY_BACKOFF_SECONDS", 10),
             fault=_fault(env),
+            surface_max_lag_seconds=_int(env, "ROLLUPS_SURFACE_MAX_LAG_SECONDS", 60),
         )
 
     @property

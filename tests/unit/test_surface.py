@@ -30,6 +30,7 @@ from rollup_assets.services.surface import (
     reflected,
 )
 from rollup_assets.services.surface_files import compact as compact_surface
+from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag, surface_lag
 
 DAY = timedelta(days=1)
 # Local (Vienna) days as UTC windows, across the end of a month.
@@ -332,6 +333,10 @@ def wide() -> dict[Cell, float]:
     return {(e, w): float(i + 100 * j) for i, w in enumerate(WINDOWS) for j, e in enumerate(METERS)}
 
 
+def snapshot_of(engine: Engine, spec: RollupSpec):
+    return engine.rollups.snapshot(spec).reflects
+
+
 def files_of(engine: Engine, spec: RollupSpec) -> list[dict]:
     return file_actions(DeltaTable(engine.rollups.surface_uri(spec)))
 
@@ -425,3 +430,61 @@ def test_maintenance_merges_small_neighbouring_files_and_keeps_what_the_surface_
     assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) == recorded
     assert surface_rows(engine, spec) == expected(spec, cells)
     assert compact_surface(engine, spec) == 0
+
+
+# -- the lag: from the logs alone -------------------------------------------------------------
+
+
+def test_the_lag_runs_from_the_oldest_flip_the_surface_does_not_show(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    assert surface_lag(engine, spec).needs_publish  # never published: no surface yet
+    publish(engine, spec)
+    assert surface_lag(engine, spec) == SurfaceLag(spec.name, snapshot_of(engine, spec), None)
+    before = datetime.now(UTC)
+    correct(engine, spec, {("meter-a", WINDOWS[0]): 1.0})
+    flipped = datetime.now(UTC)
+    correct(engine, spec, {("meter-b", WINDOWS[1]): 2.0})
+    lag = surface_lag(engine, spec)
+    assert lag.needs_publish and lag.since is not None
+    # The first flip's commit time (Delta keeps milliseconds), not the second's.
+    assert before - timedelta(milliseconds=1) <= lag.since <= flipped
+    assert lag.seconds(lag.since + timedelta(seconds=5)) == 5.0
+    publish(engine, spec)
+    assert not surface_lag(engine, spec).needs_publish
+
+
+def test_commits_that_leave_the_active_rows_lag_nothing_until_there_are_many(engine, spec) -> None:
+    write_forward(engine, spec, base())
+    publish(engine, spec)
+    store = engine.rollups
+
+    def invisible() -> None:  # a recompute's rows, committed and never flipped
+        rows = partials(spec, {("meter-a", WINDOWS[0]): 3.0})
+        g = store.next_generation(spec)
+        written = store.write_rows(
+            rows, spec, generation=g, job_id=f"j{g}", run_id="r", source_versions={}
+        )
+        store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+
+    for _ in range(NEUTRAL_SLACK):
+        invisible()
+    lag = surface_lag(engine, spec)
+    assert lag.since is None and lag.behind == NEUTRAL_SLACK and not lag.needs_publish
+    invisible()
+    lag = surface_lag(engine, spec)
+    assert lag.since is None and lag.seconds(datetime.now(UTC)) == 0.0 and lag.needs_publish
+    publish(engine, spec)
+    assert not surface_lag(engine, spec).needs_publish
+
+
+def test_a_surface_of_re_created_tables_cannot_tell_its_lag(engine, spec) -> None:
+    write_forward(engine, spec, base())
+    for i in range(3):
+        correct(engine, spec, {("meter-a", WINDOWS[1]): float(i)})
+    publish(engine, spec)
+    engine.warehouse.drop_table(engine.rollups.uri(spec))
+    engine.warehouse.drop_table(engine.rollups.genmap_uri(spec))
+    write_forward(engine, spec, {(e, WINDOWS[0]): 5.0 for e in ENTITIES})
+    lag = surface_lag(engine, spec)
+    assert lag.unknown and lag.needs_publish and lag.seconds(datetime.now(UTC)) is None
