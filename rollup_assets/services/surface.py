@@ -26,12 +26,16 @@ whole, still in one commit.
 
 Atomicity. A flip (or forward commit) and the surface commit are two Delta commits. A plain
 reader between them sees the surface's previous state: every row active as of the previous
-flip, consistent in itself. A crash between them leaves the surface lagging, and since it says
-what it reflects, the next `publish` repairs it: the recompute and forward lanes publish before
-their own work and right after their commit, maintenance publishes every rollup, the asset check
-publishes the rollup it checks, a restore publishes every rollup, and `rollups publish` does it
-on demand. A surface missing for an existing rollup (an archive created before surfaces
-existed) is built whole by the first of these.
+flip, consistent in itself. The runs that flip or write do not publish: the surface publish
+sensor (`sensors.surface_plan`) sees from the logs that the surface lags (`surface_lag`) and
+launches one publish run for the lagging rollups, each at most every half of
+`ROLLUPS_SURFACE_MAX_LAG_SECONDS`, so a plain reader is at most that far behind the last flip
+and a stream of corrections coalesces into few publishes. Since a surface says what it reflects,
+any publish repairs whatever it lags by: maintenance publishes every rollup, the asset check the
+rollup it checks, a rewind and a rollback the rollup they changed, a restore every rollup, and
+`rollups publish` on demand. A surface missing for an existing rollup (an archive created before
+surfaces existed) is built whole by the first of these. The project's own reads never wait for
+it: a query reads the surface only while it is current (`current_rows`).
 
 Cost. The surface is partitioned like the row table (by UTC day below a day, month for days,
 year above), and each partition is written as files of whole entities by entity range, of at
@@ -74,6 +78,7 @@ from resources.rollup_store import READERS, Reflected, Snapshot
 from resources.rollup_table import in_windows
 from resources.schemas import PART_COLUMN, data_schema
 from rollup_assets.compute.arrow_partials import logical_arrow
+from rollup_assets.faults import checkpoint
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
@@ -298,6 +303,7 @@ def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Pub
         fits = known is not None and changed is not None and known.covers(changed, target)
         held = known.rows if fits and known is not None else None
         done = rewrite(engine, spec, surface, changed, snap, schema, held)
+        checkpoint("publish_written", spec.name)
         metadata["rollups.genmap_version"] = str(target.genmap)
         metadata["rollups.rows_version"] = str(target.rows)
         metadata["rollups.rebuilt"] = str(changed is None).lower()
