@@ -17,7 +17,7 @@ from bench.context import SIZES
 HERE = Path(__file__).parent
 
 
-SCENARIOS = ("backfill", "correction", "read", "scaling", "daemon")
+SCENARIOS = ("backfill", "correction", "read", "surface", "scaling", "daemon")
 
 
 def main(argv: list[str] | None = None) -> int:
