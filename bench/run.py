@@ -65,7 +65,12 @@ def scenarios_on(
     scenarios: tuple[str, ...],
     saved: Callable[[], None],
 ) -> None:
-    """Run the chosen scenarios in order, calling `saved` after each (partial results)."""
+    """Run the chosen scenarios in order, calling `saved` after each (partial results). The
+    surface scenario alone needs no main archive (it writes its own rows)."""
+    if set(scenarios) <= {"surface"}:
+        sc["surface"] = run_surface(bench)
+        saved()
+        return
     with BenchWorld.create(bench.work / "main") as world:
         sc["backfill"] = run_backfill(bench, world, dataset)
         saved()
@@ -144,9 +149,12 @@ def run(
     results: dict = {"scenarios": {}}
     try:
         warm_up(bench)
-        say(f"generating {bench.meters} meters x {bench.days} days of 15-minute readings")
-        dataset = write_dataset(work / "data", bench.meters, bench.days, seed=bench.seed)
-        say(f"generated {dataset.rows:,} rows in {len(dataset.files)} Parquet file(s)")
+        if set(scenarios) <= {"surface"}:
+            dataset = Dataset(work / "data", [], bench.meters, bench.days, 0, bench.seed)
+        else:
+            say(f"generating {bench.meters} meters x {bench.days} days of 15-minute readings")
+            dataset = write_dataset(work / "data", bench.meters, bench.days, seed=bench.seed)
+            say(f"generated {dataset.rows:,} rows in {len(dataset.files)} Parquet file(s)")
         with run_logs(work / "runs.log"):
             scenarios_on(
                 bench,
