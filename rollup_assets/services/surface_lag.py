@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from deltalake.exceptions import DeltaError
 from pyarrow.fs import FileType
 
-from resources.delta_tables import NO_DATA_OPERATIONS, commit_file, open_table, read_commit
+from resources.delta_tables import NO_DATA_OPERATIONS, LatestCache, commit_file, read_commit
 from resources.rollup_store import Reflected
 from resources.warehouse import filesystem_for
 from rollup_assets.model.specs import RollupSpec
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 # Neutral commits a surface may be behind before a publish records the newer versions: half of
 # what a query trusts, so the publish lands before queries stop reading the surface.
 NEUTRAL_SLACK = MAX_NEUTRAL_COMMITS // 2
+# The versions each surface records, read again only when it has moved (a sensor asks every
+# tick; while nothing is published, that costs two file stats per rollup).
+_RECORDED = LatestCache(reflected)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ def surface_lag(engine: Engine, spec: RollupSpec) -> SurfaceLag:
     records (a rollup with no tables and no surface has nothing to publish: no lag)."""
     options = engine.warehouse.storage_options
     try:
-        recorded = reflected(open_table(engine.rollups.surface_uri(spec), options))
+        cached = _RECORDED.get(engine.rollups.surface_uri(spec), options)
+        recorded = None if cached is None else cached[0]
     except (OSError, DeltaError) as exc:
         log.warning("%s: surface log not readable (%s)", spec.name, exc)
         recorded = None
