@@ -353,7 +353,7 @@ def build_surface_sensor(
         if not plan.rollups:
             if events or new_cursor != context.cursor:
                 return dg.SensorResult(cursor=new_cursor, asset_events=events)
-            return dg.SkipReason("every surface shows its rollup's flips")
+            return dg.SkipReason("; ".join(plan.notes) or "every surface shows its rollup's flips")
         host = launcher_host(context.instance)
         config = {"config": {"rollups": list(plan.rollups)}}
         request = dg.RunRequest(
