@@ -128,16 +128,28 @@ def split_by_entity(rows: pa.Table, cap: int | None = None) -> list[pa.Table]:
 
 def in_query_order(parts: Sequence[pa.Table]) -> pa.Table:
     """The rows of one partition's files, given in entity order (each ordered by bucket start,
-    then entity, with disjoint entity ranges), merged into query order: a stable sort on bucket
-    start alone, over as many sorted runs as there are files."""
+    then entity, with disjoint entity ranges), merged into query order (bucket start, entity):
+    for each bucket start, each file's slice of it in turn. Slices copy nothing; a file not
+    ordered by bucket start is merged by a stable sort instead."""
     if not parts:
         raise ValueError("in_query_order needs at least one file's rows")
-    rows = pa.concat_tables(parts)
-    if len(parts) == 1 or rows.num_rows < 2:
-        return rows
-    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
-    order = np.argsort(starts, kind="stable")
-    return rows.take(pa.array(order))
+    if len(parts) == 1:
+        return parts[0]
+    starts = [p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts]
+    if any(len(s) > 1 and bool((np.diff(s) < 0).any()) for s in starts):
+        rows = pa.concat_tables(parts)
+        order = np.argsort(np.concatenate(starts), kind="stable")
+        return rows.take(pa.array(order))
+    keys = np.unique(np.concatenate(starts))
+    lows = [np.searchsorted(s, keys, side="left") for s in starts]
+    highs = [np.searchsorted(s, keys, side="right") for s in starts]
+    pieces = [
+        part.slice(int(lo[k]), int(hi[k] - lo[k]))
+        for k in range(len(keys))
+        for part, lo, hi in zip(parts, lows, highs, strict=True)
+        if hi[k] > lo[k]
+    ]
+    return pa.concat_tables(pieces)
 
 
 def by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:

@@ -120,6 +120,13 @@ def test_files_in_entity_order_merge_into_query_order() -> None:
     assert len(pieces) > 2
     merged = in_query_order(pieces)
     assert merged.equals(table.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")]))
+    # A file not ordered by bucket start (another writer's) is merged by a stable sort: every
+    # row once, by bucket start.
+    backwards = pieces[0].take(pa.array(range(pieces[0].num_rows - 1, -1, -1)))
+    merged = in_query_order([backwards, *pieces[1:]])
+    assert sorted(merged.to_pylist(), key=str) == sorted(table.to_pylist(), key=str)
+    starts = merged["bucket_start"].to_pylist()
+    assert starts == sorted(starts)
 
 
 def test_small_neighbours_are_merged_up_to_half_the_cap() -> None:
