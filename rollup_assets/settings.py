@@ -88,6 +88,9 @@ class Settings:
     metrics: MetricsConfig = MetricsConfig()
     # The directory of Delta's jars that every Spark session this process starts loads.
     delta_jars: Path = DEFAULT_DELTA_JARS
+    # Seconds a surface may lag behind its rollup's last flip: the surface publish sensor
+    # publishes a lagging rollup at most every half of it (0: at every tick).
+    surface_max_lag_seconds: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -127,6 +130,7 @@ class Settings:
             delta_jars=Path(env["ROLLUPS_DELTA_JARS"]).resolve()
             if env.get("ROLLUPS_DELTA_JARS")
             else DEFAULT_DELTA_JARS,
+            surface_max_lag_seconds=_int(env, "ROLLUPS_SURFACE_MAX_LAG_SECONDS", 60),
         )
 
     @property

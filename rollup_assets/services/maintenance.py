@@ -28,7 +28,8 @@ not folded at the first level: their raw rows are gone, so the stored rows are t
 (`Engine.removed_spans`).
 
 Every rollup's surface is published (`services.surface`: built when missing, brought up to date
-when a run died between its commit and its publish) and then kept like the other tables.
+when its publish lags) and then kept like the other tables, except that its small neighbouring
+files are merged by entity range (`services.surface_files.compact`), not by Delta's compaction.
 
 Each step of each table runs on its own (`MaintenanceReport.step`): a compaction that loses a
 commit race to an ingest is run again on the newest version, and a step that still fails is
@@ -55,6 +56,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import RetentionOutcome, apply_retention
 from rollup_assets.services.surface import publish
+from rollup_assets.services.surface_files import compact as compact_surface
 
 log = logging.getLogger(__name__)
 DEFAULT_RETENTION_HOURS = 168
@@ -168,12 +170,18 @@ def maintain(
             report.details.append(
                 f"{job.rollup}: {len(job.windows)} bucket(s) queued to fold their cell pointers"
             )
+    surfaces = {warehouse.surface_path(s.name): s for s in catalog.rollups.values()}
     for uri in table_uris(warehouse, catalog):
         if open_table(uri, warehouse.storage_options) is None:
             continue
         report.tables += 1
         name = uri.rstrip("/").rsplit("/", 1)[-1]
-        if not uri.endswith("__genmap"):
+        if uri in surfaces:
+            # Delta's compaction would pack files of unrelated entity ranges together, and the
+            # next publish of a changed cell would rewrite the whole partition again.
+            step = partial(_compact_surface, engine, surfaces[uri], report)
+            report.step(f"{name}: compaction", step)
+        elif not uri.endswith("__genmap"):
             report.step(f"{name}: compaction", partial(_compact, warehouse, uri, report))
         report.step(
             f"{name}: vacuum",
@@ -207,6 +215,10 @@ def _publish(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> Non
         report.surfaces_published += 1
         how = "rebuilt" if published.rebuilt else f"updated on {published.spans} span(s)"
         report.details.append(f"{spec.name}: surface {how}")
+
+
+def _compact_surface(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> None:
+    report.files_compacted += compact_surface(engine, spec)
 
 
 def _compact(warehouse: Warehouse, uri: str, report: MaintenanceReport) -> None:

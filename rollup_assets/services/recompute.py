@@ -14,9 +14,8 @@
 3. Completed, together with the pending jobs the changed cells cause one level up (one ledger
    commit); then sweep the generations the flip superseded.
 
-Once the job is recorded completed, the rollup's surface (`services.surface`) is published, so
-plain Delta readers see the change; a run publishes first too, repairing a surface an earlier
-run left lagging (it died between its flip and its publish).
+A run does not publish the rollup's surface (`services.surface`): the surface publish sensor
+does, off the correction's critical path, within `ROLLUPS_SURFACE_MAX_LAG_SECONDS` of the flip.
 
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
@@ -36,7 +35,6 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from resources.fill import Fill
-from resources.rollup_store import Reflected
 from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
@@ -55,7 +53,6 @@ from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine, LevelChange, RunOutcome, filled
 from rollup_assets.services.incremental import correct
-from rollup_assets.services.surface import Known, publish
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +160,6 @@ def run_recompute(
         say(f"{spec.name}: {note}")
         return RunOutcome(done, [], note=note)
 
-    publish(engine, spec)  # repair a surface an earlier run left behind its pointers
     if progress is not None:
         progress(spec.name, 0, len(ready))
     cells = cells_of(spec, job).restrict(ready)
@@ -268,7 +264,7 @@ def run_recompute(
         engine.ledger.record([swapping])
         _check_still_ours(engine, spec, running)
         checkpoint("before_flip", spec.name)
-        flipped = engine.rollups.flip(
+        engine.rollups.flip(
             spec, changed, generation, job_id=job.job_id, run_id=run_id, fence=fence
         )
         checkpoint("after_flip", spec.name)
@@ -288,14 +284,6 @@ def run_recompute(
         propagated = propagation_jobs(engine.catalog, spec, changed, version, engine.states.all())
         engine.ledger.record([done, *propagated])
         checkpoint("during_sweep", spec.name)
-        # After the ledger: a publish that fails leaves the job completed and propagated, and
-        # its surface lagging for the next publish to repair. The changed cells' rows are the
-        # ones just written (unless another commit came in between).
-        known = None
-        if after is not None and changed.named is not None:
-            keys = frozenset((e, w.start) for w, scope in changed for e in scope or ())
-            known = Known(after, keys, Reflected(flipped, version))
-        publish(engine, spec, known)
         swept = engine.rollups.sweep(
             spec,
             list(changed.windows),
