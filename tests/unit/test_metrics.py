@@ -29,7 +29,7 @@ from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
-from rollup_assets.services.surface import POINTER_KEY, Changed
+from rollup_assets.services.surface_changes import POINTER_KEY, Changed
 from rollup_assets.settings import MetricsConfig, Settings, SettingsError
 from tests.metric_points import read, reading
 
