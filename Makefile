@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Delta's jars for Spark, fetched once from Maven Central by `make install` (never at run time).
+DELTA_JARS := $(VENV)/delta-jars
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
 export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
@@ -25,7 +27,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $@
 
-install: $(VENV)/.installed ## Create .venv and install the project with its dev tools
+# The jars pinned in resources/delta_jars.py, checked against their pinned SHA-256.
+$(DELTA_JARS)/.installed: $(VENV)/.installed resources/delta_jars.py
+	$(BIN)/python -m resources.delta_jars $(DELTA_JARS)
+	@touch $@
+
+install: $(VENV)/.installed $(DELTA_JARS)/.installed ## Create .venv, install the project with its dev tools and Delta's jars
 
 check-java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || \

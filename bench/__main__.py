@@ -17,7 +17,7 @@ from bench.context import SIZES
 HERE = Path(__file__).parent
 
 
-SCENARIOS = ("backfill", "correction", "read", "scaling", "daemon")
+SCENARIOS = ("backfill", "writers", "correction", "read", "surface", "scaling", "daemon")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (backfill always runs)",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (backfill always runs, but for "
+        "surface alone)",
     )
     parser.add_argument("--no-daemon", action="store_true", help="skip the real-daemon run")
     parser.add_argument("--meters", type=int, help="override the size's meter count")

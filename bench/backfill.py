@@ -27,13 +27,16 @@ def ingest_and_backfill(bench: Bench, world: BenchWorld, dataset: Dataset) -> di
     with measure(bench.probe, "backfill: chain propagation to the levels above") as chain:
         world.tick(NOW, sensors=("retroactive_write_sensor",))
     with measure(bench.probe, "backfill: forward lane closes the rest") as forward:
-        world.tick(NOW)
-    steps = [first, chain, forward]
+        world.tick(NOW, ("retroactive_write_sensor", "forward_aggregation_sensor"))
+    with measure(bench.probe, "backfill: surfaces built (one publish run)") as surfaces:
+        world.tick(NOW, ("surface_publish_sensor",))
+    steps = [first, chain, forward, surfaces]
     return {
         "ingest": ingest.as_dict(),
         "first_level": {**first.as_dict(), "breakdown": breakdown(bench, first)},
         "chain": chain.as_dict(),
         "forward": forward.as_dict(),
+        "surfaces": surfaces.as_dict(),
         "total": _total(steps),
         "levels": windows_by_level(world, since),
     }

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import bucket_start
 from rollup_assets.model.specs import AggregateFunction, Alignment, ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.model.windows import EPOCH
 
 _MERGE = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
 _FIRST = {"sum": F.sum, "count": F.count, "min": F.min, "max": F.max}
@@ -150,6 +151,9 @@ def bucket_sql(spec: RollupSpec, column: str = "ts") -> str:
     if spec.alignment is Alignment.FIXED_SIZE:
         assert spec.size is not None
         step = int(spec.size / timedelta(seconds=1))
+        origin = int((spec.origin - EPOCH) / timedelta(seconds=1)) % step  # buckets' phase
+        if origin:
+            return f"to_timestamp(floor((epoch({column}) - {origin}) / {step}) * {step} + {origin})"
         return f"to_timestamp(floor(epoch({column}) / {step}) * {step})"
     return f"date_trunc('{_TRUNC[spec.alignment]}', {column})"
 

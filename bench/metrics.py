@@ -26,6 +26,7 @@ import pyarrow as pa
 
 import rollup_assets.services.engine as engine_module
 import rollup_assets.services.surface as surface_module
+import rollup_assets.services.surface_files as surface_files_module
 from resources.fill import Fill
 from resources.raw_store import RawStore
 from resources.rollup_store import RollupStore
@@ -318,6 +319,7 @@ class DriverReads:
         engine_module.run_partials = counted_run_partials  # type: ignore[assignment]
         RollupStore.write_fill = counted_write_fill  # type: ignore[method-assign]
         surface_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
+        surface_files_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
         RollupStore.read_arrow = asked_read_arrow  # type: ignore[method-assign]
         RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
         RawStore._read_file = counted_raw_file  # type: ignore[method-assign]
@@ -330,6 +332,7 @@ class DriverReads:
             RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
             RollupStore.read_arrow = self._originals["read_arrow"]  # type: ignore[method-assign]
             surface_module.read_row_groups = self._originals["surface"]
+            surface_files_module.read_row_groups = self._originals["surface"]
             RollupStore.write_fill = self._originals["write_fill"]  # type: ignore[method-assign]
             engine_module.run_partials = self._originals["run_partials"]
             self._originals = {}

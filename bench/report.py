@@ -22,6 +22,10 @@ GOALS = {
     "realtime_read_vs_plain_read": ("<=", 1.5, "x"),
     "downsample_daily_to_months_vs_plain_read": ("<=", 1.5, "x"),
     "scaling_largest_vs_smallest_archive": ("<=", 1.2, "x"),
+    "surface_plain_read_vs_partition_files": ("<=", 1.3, "x"),
+    "surface_publish_rows_written_per_level_max": ("<=", 16_384.0, "rows"),
+    "surface_publish_rows_read_at_10x_meters": ("<=", 1.2, "x"),
+    "surface_lag_after_one_reading_s": ("<=", 60.0, "s"),
     "peak_driver_memory_mb": ("<=", 2048.0, "MiB"),
 }
 
@@ -132,6 +136,41 @@ def judge(results: dict) -> list[dict]:
             scaling["ratio_largest_to_smallest"],
             f"median commit->last level at D={pts[-1]['days']} vs D={pts[0]['days']}",
         )
+    if surf := sc.get("surface"):
+        reads, widths = surf["reads"], surf["widths"]
+        narrow, wide = widths[0], widths[-1]
+        values["surface_plain_read_vs_partition_files"] = (
+            reads["plain_capped_vs_partition_files"],
+            f"a year of daily rows ({reads['rows']:,}), delta-rs to pyarrow: "
+            f"{reads['files']['capped']} files of at most {surf['file_rows']:,} rows vs "
+            f"{reads['files']['partition_files']} partition-sized files; CPU "
+            f"{reads['plain_capped_vs_partition_files_cpu']:.2f}x",
+        )
+        most = max(v["rows_written"] for w in widths for v in w["levels"].values())
+        values["surface_publish_rows_written_per_level_max"] = (
+            most,
+            f"one changed cell, any level, at {narrow['meters']:,} and {wide['meters']:,} "
+            f"meters (files of at most {surf['file_rows']:,} rows)",
+        )
+        ratio = surf["wide_vs_narrow"]
+        values["surface_publish_rows_read_at_10x_meters"] = (
+            ratio["rows_read"],
+            f"the publish alone (the issue's 1.2x counts ingest + correction + publish): "
+            f"{wide['total']['rows_read']:,} rows read at {wide['meters']:,} meters vs "
+            f"{narrow['total']['rows_read']:,} at {narrow['meters']:,}; bytes written "
+            f"{ratio['bytes_written']}x; partitions below the cap at the smaller width are "
+            "rewritten whole, so the ratio stops growing once every partition holds a few files",
+        )
+    if one and "surface" in one:
+        lags = one["repeats"]["surface_lag_closed_s"]
+        values["surface_lag_after_one_reading_s"] = (
+            max(lags),
+            f"oldest unpublished flip -> publish committed, right after each one-reading "
+            f"correction (publish {one['surface']['publish']['seconds']:.2f}s, "
+            f"{one['surface']['rows_read']:,} rows read, "
+            f"{one['surface']['written']['bytes']:,} bytes written); with the daemon add up to "
+            "half of ROLLUPS_SURFACE_MAX_LAG_SECONDS and a sensor interval",
+        )
     values["peak_driver_memory_mb"] = (
         ours_peak_mb(results),
         f"max driver RSS over our steps (ingest, backfill, corrections, reads); whole process "
@@ -230,6 +269,26 @@ def table_rows(results: dict) -> list[dict]:
                 b["bare_spark_chain"]["rows_read"]["total"],
             ),
         ]
+    if w := sc.get("writers"):
+        for case in w["cases"]:
+            for writer, f in case["writers"].items():
+                note = (
+                    f"{case['rows']:,} rows: {f['inserted']:,} inserted, {f['updated']:,} "
+                    f"updated; JVM {f['jvm_peak_mb']:,.0f} MiB"
+                )
+                if "purge" in f:
+                    note += f"; purge {f['purge']['seconds']:.1f}s"
+                if not case["same_rows"]:
+                    note += "; TABLES DIFFER"
+                rows.append(
+                    _row(
+                        "writers",
+                        f"{case['case']}: {writer}",
+                        f["seconds"],
+                        peak=f["driver_peak_mb"],
+                        note=note,
+                    )
+                )
     if c := sc.get("correction"):
         for case in c["cases"]:
             changed = case["windows_changed"]
@@ -247,6 +306,18 @@ def table_rows(results: dict) -> list[dict]:
                     note,
                 )
             )
+            if pub := case.get("surface"):
+                rows.append(
+                    _row(
+                        "correction",
+                        "  then its surface publish (1 run)",
+                        pub["publish"]["seconds"],
+                        pub["rows_read"],
+                        peak=pub["publish"]["driver_peak_mb"],
+                        note=f"lag closed {pub['max_lag_closed_s']:.1f}s; wrote "
+                        f"{pub['written']['rows']:,} rows, {pub['written']['bytes'] / 1e6:.2f} MB",
+                    )
+                )
         if d := sc.get("daemon"):
             rows.append(
                 _row(
@@ -306,6 +377,30 @@ def table_rows(results: dict) -> list[dict]:
                     v["mode_s"],
                     v["rows"],
                     note=f"plain read {v['plain_s']:.3f}s, {v['ratio']:.2f}x",
+                )
+            )
+    if surf := sc.get("surface"):
+        for w in surf["widths"]:
+            total = w["total"]
+            rows.append(
+                _row(
+                    "surface",
+                    f"one-cell publish, 5 levels, {w['meters']:,} meters",
+                    round(sum(v["seconds"] for v in w["levels"].values()), 3),
+                    total["rows_read"],
+                    note=f"wrote {total['rows_written']:,} rows, "
+                    f"{total['bytes_written'] / 1e6:.2f} MB",
+                )
+            )
+        rd = surf["reads"]
+        for key in ("plain_capped", "plain_partition_files", "query_capped"):
+            rows.append(
+                _row(
+                    "surface",
+                    f"year of daily rows: {key.replace('_', ' ')}",
+                    rd["wall_s"][key],
+                    rd["rows"],
+                    note=f"CPU {rd['cpu_s'][key]:.3f}s",
                 )
             )
     if s := sc.get("scaling"):

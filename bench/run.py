@@ -1,7 +1,8 @@
 """One benchmark run: generate, run the scenarios in order, judge the goals, write the report.
 
 Order matters and is fixed: the main archive is backfilled (scenario 1), corrected (2), read (3),
-and handed to the real daemon last; the scaling archives (4) are built and removed one by one.
+and handed to the real daemon last; the surface's own archives (5) and the scaling archives (4)
+are built and removed one by one.
 Everything is written under the work directory, which is removed at the end unless kept.
 """
 
@@ -27,6 +28,8 @@ from bench.metrics import MemorySampler, Probe, SparkEventLog, lifetime_peak_rss
 from bench.reads import run_read_modes, run_reads
 from bench.report import judge, plot, render, table_rows, write_json
 from bench.scaling import run_scaling
+from bench.surface import run_surface
+from bench.writers import run_writers
 from rollup_assets.model.spec_loader import load_catalog
 
 
@@ -63,10 +66,18 @@ def scenarios_on(
     scenarios: tuple[str, ...],
     saved: Callable[[], None],
 ) -> None:
-    """Run the chosen scenarios in order, calling `saved` after each (partial results)."""
+    """Run the chosen scenarios in order, calling `saved` after each (partial results). The
+    surface scenario alone needs no main archive (it writes its own rows)."""
+    if set(scenarios) <= {"surface"}:
+        sc["surface"] = run_surface(bench)
+        saved()
+        return
     with BenchWorld.create(bench.work / "main") as world:
         sc["backfill"] = run_backfill(bench, world, dataset)
         saved()
+        if "writers" in scenarios:
+            sc["writers"] = run_writers(bench, world, dataset)
+            saved()
         if "correction" in scenarios or "scaling" in scenarios:
             sc["correction"] = run_corrections(bench, world, dataset, chain_dir(bench))
             saved()
@@ -77,6 +88,9 @@ def scenarios_on(
         if "daemon" in scenarios:
             sc["daemon"] = run_daemon(bench, world, dataset)
             saved()
+    if "surface" in scenarios:
+        sc["surface"] = run_surface(bench)
+        saved()
     if "scaling" in scenarios:
         one = next(c for c in sc["correction"]["cases"] if c["readings"] == 1)
         sc["scaling"] = run_scaling(bench, one, dataset.rows)
@@ -139,9 +153,12 @@ def run(
     results: dict = {"scenarios": {}}
     try:
         warm_up(bench)
-        say(f"generating {bench.meters} meters x {bench.days} days of 15-minute readings")
-        dataset = write_dataset(work / "data", bench.meters, bench.days, seed=bench.seed)
-        say(f"generated {dataset.rows:,} rows in {len(dataset.files)} Parquet file(s)")
+        if set(scenarios) <= {"surface"}:
+            dataset = Dataset(work / "data", [], bench.meters, bench.days, 0, bench.seed)
+        else:
+            say(f"generating {bench.meters} meters x {bench.days} days of 15-minute readings")
+            dataset = write_dataset(work / "data", bench.meters, bench.days, seed=bench.seed)
+            say(f"generated {dataset.rows:,} rows in {len(dataset.files)} Parquet file(s)")
         with run_logs(work / "runs.log"):
             scenarios_on(
                 bench,

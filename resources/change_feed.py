@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
-from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
+from resources.delta_tables import NO_DATA_OPERATIONS, commit_info, open_table, read_commit
 from resources.raw_columns import COLUMNS_OPERATION, formula_changed
 from resources.raw_store import RETENTION_OPERATION, RawStore
 from resources.rollup_store import RollupStore
@@ -37,6 +37,8 @@ class Changes:
     )  # min, max, entity
     # A computed column whose formula the commit changed: every value of it changed.
     formula_of: str | None = None
+    # When the commit was made (its commit info's timestamp; None when the log does not say).
+    committed_at: datetime | None = None
 
 
 class SourceLog:
@@ -91,7 +93,9 @@ def read_changes(
 ) -> Changes | None:
     """What commit `version` of a source table changed, or None for a commit without data change."""
     actions = read_commit(raw.uri(spec), version, raw.options)
-    info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    info = commit_info(actions)
+    at = info.get("timestamp")
+    committed_at = None if at is None else datetime.fromtimestamp(int(at) / 1000, tz=UTC)
     if info.get("operation") in NO_DATA_OPERATIONS and not any("cdc" in a for a in actions):
         return None
     if info.get("rollups.operation") == RETENTION_OPERATION:
@@ -100,7 +104,11 @@ def read_changes(
         # The table switched to new formulas: no row is an insert or a delete, but every value
         # of a re-formulated column changed (an added or removed column changes no rollup).
         column = formula_changed(info)
-        return None if column is None else Changes(version, None, formula_of=column)
+        return (
+            None
+            if column is None
+            else Changes(version, None, formula_of=column, committed_at=committed_at)
+        )
     data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
     data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
     if not data:
@@ -137,9 +145,9 @@ def read_changes(
         rows = rows.cast(
             pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
         )
-        return Changes(version, change_source, rows=rows)
+        return Changes(version, change_source, rows=rows, committed_at=committed_at)
     ranges = [_file_range(raw, spec, version, next(iter(a.values())), time_col) for a in data]
-    return Changes(version, change_source, ranges=ranges)
+    return Changes(version, change_source, ranges=ranges, committed_at=committed_at)
 
 
 def _file_range(

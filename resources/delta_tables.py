@@ -10,7 +10,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -22,6 +22,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from resources.warehouse import filesystem_for
 from rollup_assets.model.asof import Commit
+from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.windows import Window, merge_windows
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def commit_history(table: DeltaTable) -> list[tuple[Commit, dict]]:
     """Every commit the table's log still holds, oldest first: its version and time (a vacuum's
     with the retention it kept files for), and its commit info (custom metadata included)."""
     out = []
-    for info in table.history():
+    for info in map(with_user_metadata, table.history()):
         retention = None
         if info.get("operation") == "VACUUM START":
             params = info.get("operationParameters") or {}
@@ -84,6 +85,27 @@ def commit_history(table: DeltaTable) -> list[tuple[Commit, dict]]:
         at = dt.datetime.fromtimestamp(int(info["timestamp"]) / 1000, tz=dt.UTC)
         out.append((Commit(int(info["version"]), at, retention), info))
     return sorted(out, key=lambda c: c[0].version)
+
+
+def with_user_metadata(info: dict) -> dict:
+    """A commit's info with the `rollups.*` keys a delta-spark commit of this project carries
+    as a JSON object in `userMetadata` (the one free-form field delta-spark writes) set as keys
+    of their own, where delta-rs commits carry them."""
+    text = info.get("userMetadata")
+    if not isinstance(text, str) or not text.startswith("{"):
+        return info
+    try:
+        extra = json.loads(text)
+    except ValueError:
+        return info
+    if not isinstance(extra, dict):
+        return info
+    return {**{k: str(v) for k, v in extra.items() if k.startswith("rollups.")}, **info}
+
+
+def commit_info(actions: Sequence[dict]) -> dict:
+    """The commit info of one commit's actions (`read_commit`), with `with_user_metadata`."""
+    return with_user_metadata(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
 
 
 def commit_file(root: str, version: int) -> str:
@@ -310,12 +332,67 @@ def _pv_string(v: object) -> str | None:
     return str(v)
 
 
-def file_actions(table: DeltaTable) -> list[dict]:
+DELETION_VECTORS = "deletionVectors"
+# The key `file_actions(..., deletion_vectors="mark")` sets on each file: does it carry one?
+DELETION_VECTOR = "deletion_vector"
+
+
+def file_actions(
+    table: DeltaTable, *, deletion_vectors: Literal["refuse", "mark"] = "refuse"
+) -> list[dict]:
     """Every live file of the snapshot with its stats.
 
-    Keys: `min.<col>`, `max.<col>`, `partition.<col>`.
+    Keys: `min.<col>`, `max.<col>`, `partition.<col>`. Every reader of these files reads them
+    whole, so a file with rows deleted by a deletion vector is refused
+    (UnsupportedTableFeatureError); with `deletion_vectors="mark"` such files are returned with
+    `DELETION_VECTOR` set instead, for a caller that refuses only the files it reads
+    (`refuse_deletion_vectors`).
     """
-    return pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    carrying = _carrying_deletion_vectors(table)
+    if carrying and deletion_vectors == "refuse":
+        raise _deletion_vectors_refused(table, len(carrying))
+    if carrying:
+        for f in files:
+            f[DELETION_VECTOR] = urllib.parse.unquote(f["path"]) in carrying
+    return files
+
+
+def refuse_deletion_vectors(table: DeltaTable, files: Sequence[dict]) -> None:
+    """UnsupportedTableFeatureError if one of `files` (of `file_actions(table,
+    deletion_vectors="mark")`) has rows deleted by a deletion vector."""
+    carrying = sum(bool(f.get(DELETION_VECTOR)) for f in files)
+    if carrying:
+        raise _deletion_vectors_refused(table, carrying)
+
+
+def _carrying_deletion_vectors(table: DeltaTable) -> set[str]:
+    """The files of the snapshot (relative paths, decoded) that carry a deletion vector.
+
+    delta-spark writes them on DELETE, UPDATE and MERGE once a table enables the feature; a
+    Parquet reader that does not apply them brings the deleted rows back. The feature enabled
+    with no file carrying one (or after a purge) reads as any table."""
+    if DELETION_VECTORS not in (table.protocol().reader_features or []):
+        return set()
+    root = urllib.parse.unquote(table.table_uri.rstrip("/")) + "/"
+    return {
+        urllib.parse.unquote(uri).removeprefix(root)
+        for uri in pa.table(table.deletion_vectors())["filepath"].to_pylist()
+    }
+
+
+def _deletion_vectors_refused(table: DeltaTable, files: int) -> UnsupportedTableFeatureError:
+    uri = table.table_uri.rstrip("/")
+    path = urllib.parse.unquote(uri.removeprefix("file://"))
+    return UnsupportedTableFeatureError(
+        uri.rsplit("/", 1)[-1],
+        DELETION_VECTORS,
+        f"{files} file(s) it would read (table {uri}, version {table.version()}) have rows "
+        "deleted by deletion vectors, which this project's Parquet readers do not apply, so "
+        "nothing is read rather than deleted rows. Rewrite those files without the deleted "
+        f"rows with delta-spark: REORG TABLE delta.`{path}` APPLY (PURGE); to keep writers "
+        "from making more, set the table property 'delta.enableDeletionVectors' = 'false'",
+    )
 
 
 def read_commit(

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from resources.control_tables import ControlTable
 from resources.warehouse import Warehouse
+from rollup_assets import metrics
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import (
     ChangeKind,
@@ -306,6 +307,7 @@ class Ledger:
             )
             rows.append(row)
         self.table.append(rows)
+        metrics.jobs_recorded(jobs)
 
     def job(self, job_id: str) -> Job | None:
         return self.snapshot().jobs.get(job_id)

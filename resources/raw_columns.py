@@ -33,7 +33,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from resources.batch_conversion import fill_computed
-from resources.delta_tables import file_actions, read_commit, with_retries
+from resources.delta_tables import commit_info, file_actions, read_commit, with_retries
 from resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
 from resources.warehouse import filesystem_for
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
@@ -150,8 +150,7 @@ def formula_changed(info: dict) -> str | None:
 
 
 def _info(uri: str, options: dict[str, str], version: int) -> dict:
-    actions = read_commit(uri, version, options)
-    return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    return commit_info(read_commit(uri, version, options))
 
 
 def refresh_inserted(

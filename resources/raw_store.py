@@ -18,7 +18,7 @@ reading as a new one.
 import datetime as dt
 import logging
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batch_conversion import with_stored_operands
@@ -42,16 +42,21 @@ from resources.delta_tables import (
     NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
     commit_history,
+    commit_info,
     file_actions,
     open_table,
     prune_files,
     read_commit,
+    refuse_deletion_vectors,
     with_retries,
+    with_user_metadata,
 )
 from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
 from resources.rollup_table import in_windows
 from resources.schemas import archive_data_schema, archive_schema, spark_schema
+from resources.upsert import ingest_metadata, upsert_clauses
 from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
+from rollup_assets import metrics
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.faults import checkpoint
@@ -173,7 +178,7 @@ class RawStore:
         table = self.table(spec)
         if table is None or table.version() <= after:
             return False
-        for commit in table.history(limit=table.version() - after):
+        for commit in map(with_user_metadata, table.history(limit=table.version() - after)):
             if (
                 commit.get("version", after + 1) <= after
                 or commit.get("operation") in NO_DATA_OPERATIONS
@@ -202,7 +207,7 @@ class RawStore:
         if version < known_version:  # a table created again under this name
             known_version, known = -1, []
         if version > known_version:
-            commits = table.history(limit=version - known_version)
+            commits = [with_user_metadata(c) for c in table.history(limit=version - known_version)]
             known = known + [
                 span
                 for commit in sorted(commits, key=lambda c: c.get("version", 0))
@@ -251,14 +256,19 @@ class RawStore:
         while True:
             table = self.table(spec)
             seen = table.version() if table is not None else -1
-            result = self._ingest(
-                self.applied(spec, table),
-                path,
-                change_source,
-                not_before=not_before,
-                progress=progress,
-            )
+            try:
+                result = self._ingest(
+                    self.applied(spec, table),
+                    path,
+                    change_source,
+                    not_before=not_before,
+                    progress=progress,
+                )
+            except Exception as exc:
+                metrics.ingest_failed(spec.name, exc)
+                raise
             if not columns_changed_between(self.uri(spec), self.options, seen, result.version):
+                metrics.ingested(result)
                 return result
             log.info("'%s': computed columns changed during an ingest; upserting again", spec.name)
 
@@ -282,31 +292,12 @@ class RawStore:
         values and would not be corrected from the raw rows).
         """
         reader, summary = _validated(spec, path, not_before, progress)
-        keys = key_columns(spec)
-        days = ",".join(f"'{d.isoformat()}'" for d in summary.days)
-        predicate = " AND ".join([f"t.{DAY_COLUMN} IN ({days})", *[f"t.{k} = s.{k}" for k in keys]])
-        # A computed column always takes the batch's value: it was evaluated over the row the
-        # upsert leaves (see `with_stored_operands`), and null is a value it may have.
-        takes_batch = {c.name for c in spec.columns if c.required or c.is_computed}
-        updates = {
-            c.name: f"s.{c.name}" if c.name in takes_batch else f"COALESCE(s.{c.name}, t.{c.name})"
-            for c in spec.columns
-        }
-        differs = " OR ".join(
-            f"(s.{c.name} IS DISTINCT FROM t.{c.name})"
-            if c.name in takes_batch
-            else f"(s.{c.name} IS NOT NULL AND s.{c.name} IS DISTINCT FROM t.{c.name})"
-            for c in spec.columns
-        )
+        clauses = upsert_clauses(spec, summary.days)
+        predicate, updates, differs = clauses.predicate, clauses.updates, clauses.differs
         operands = stored_operands(spec)
-        metadata = {
-            "rollups.operation": "ingest",
-            "rollups.change_source": change_source.value,
-            "rollups.rows": str(summary.rows),
-            "rollups.min_ts": summary.min_ts.isoformat(),
-            "rollups.max_ts": summary.max_ts.isoformat(),
-            "rollups.file": Path(path).name,
-        }
+        metadata = ingest_metadata(
+            change_source, summary.rows, summary.min_ts, summary.max_ts, Path(path).name
+        )
 
         fenced = spec.retention is not None and as_utc(summary.min_ts) < (
             dt.datetime.now(dt.UTC) - spec.retention + RETENTION_SLACK
@@ -466,7 +457,8 @@ class RawStore:
         days = sorted(
             {
                 day
-                for f in file_actions(table)
+                # Whole days are deleted by delta-rs, which applies deletion vectors itself.
+                for f in file_actions(table, deletion_vectors="mark")
                 for day in [_partition_day(f)]
                 if day is not None and day < first_kept
             }
@@ -561,14 +553,17 @@ class RawStore:
         spans: Sequence[Window] | None,
         entities: frozenset[str] | None,
     ) -> list[dict]:
-        """Live files that may hold rows whose time falls in `spans` (partition day + stats)."""
-        return prune_files(
-            file_actions(table),
+        """Live files that may hold rows whose time falls in `spans` (partition day + stats);
+        UnsupportedTableFeatureError when one of them has rows deleted by a deletion vector."""
+        files = prune_files(
+            file_actions(table, deletion_vectors="mark"),
             time_column=spec.time_column,
             spans=spans,
             entities=entities,
             day_column=DAY_COLUMN,
         )
+        refuse_deletion_vectors(table, files)
+        return files
 
     def read_spark(
         self,
@@ -621,7 +616,7 @@ class RawStore:
                 raise ChangeFeedGone(
                     f"'{spec.name}': commit {version} is no longer in the table's log"
                 ) from None
-            info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info = commit_info(actions)
             if info.get("rollups.operation") == COLUMNS_OPERATION:
                 # The stored partials predate new formulas: changes cannot bring them up to date.
                 raise ChangeFeedGone(f"'{spec.name}': its computed columns changed at {version}")
@@ -654,10 +649,18 @@ class RawStore:
                     for kind in ("add", "remove")
                     if kind in a and a[kind].get("dataChange", True)
                 ]
-            for body, change_type in files:
-                if not _day_may_overlap(body, merged):
-                    continue
-                rows = self._read_change_file(spec, body["path"], change_type)
+            changed: Iterable[pa.Table]
+            if not cdc and any(body.get("deletionVector") for body, _ in files):
+                # Rows deleted through deletion vectors: the commit has no change files, and
+                # its files read whole would hold the deleted rows.
+                changed = [self._derived_changes(spec, version)]
+            else:
+                changed = (
+                    self._read_change_file(spec, body["path"], change_type)
+                    for body, change_type in files
+                    if _day_may_overlap(body, merged)
+                )
+            for rows in changed:
                 read += rows.num_rows
                 mask = in_windows(rows[spec.time_column], merged)
                 if entities is not None:
@@ -679,6 +682,21 @@ class RawStore:
             with fs.open_input_file(f"{root}/{urllib.parse.unquote(body['path'])}") as fh:
                 total += pq.ParquetFile(fh).metadata.num_rows
         return total
+
+    def _derived_changes(self, spec: SourceSpec, version: int) -> pa.Table:
+        """The row changes of commit `version`, derived by delta-rs (a commit that deleted rows
+        through deletion vectors has no change files, and its files read whole would hold
+        the deleted rows), with the archive's columns as stored and `CHANGE_TYPE`."""
+        schema = archive_data_schema(spec)
+        table = self.table(spec)
+        if table is None:
+            raise ChangeFeedGone(f"'{spec.name}': its table is gone")
+        try:
+            data = pa.table(table.load_cdf(starting_version=version, ending_version=version))
+        except DeltaError as exc:
+            raise ChangeFeedGone(f"'{spec.name}': commit {version}'s changes: {exc}") from None
+        kinds = data[CHANGE_TYPE].cast(pa.string())
+        return data.select(schema.names).cast(schema).append_column(CHANGE_TYPE, kinds)
 
     def _read_change_file(self, spec: SourceSpec, path: str, change_type: str | None) -> pa.Table:
         """One change file (its `CHANGE_TYPE` column), or a data file whose every row had

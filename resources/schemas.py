@@ -11,10 +11,10 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from rollup_assets.model.bucketing import StorageUnit, storage_unit
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
-    Alignment,
     ColumnType,
     Companion,
     RawArchiveSpec,
@@ -103,11 +103,17 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
     return T.StructType([T.StructField(f.name, f.dataType, True) for f in spark.fields])
 
 
+_PART_FORMATS = {
+    StorageUnit.DAY: "yyyy-MM-dd",
+    StorageUnit.MONTH: "yyyy-MM",
+    StorageUnit.YEAR: "yyyy",
+}
+
+
 def part_format(spec: RollupSpec) -> str:
-    """Physical partitioning: UTC day for sub-daily buckets, month for days, year above."""
-    if spec.alignment is Alignment.FIXED_SIZE:
-        return "yyyy-MM-dd"
-    return "yyyy-MM" if spec.alignment is Alignment.CALENDAR_DAY else "yyyy"
+    """Physical partitioning (`bucketing.storage_unit`): UTC day for buckets of a day or less,
+    month for days and FixedSize buckets under a week, year above; by the bucket's start."""
+    return _PART_FORMATS[storage_unit(spec)]
 
 
 def part_values(spec: RollupSpec, starts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:

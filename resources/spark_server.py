@@ -27,8 +27,10 @@ from pathlib import Path
 
 import pyspark
 
+from resources.delta_jars import delta_conf
 from resources.processes import pid_alive
 from resources.spark import LOCAL_DEFAULTS, REQUIRED_CONF
+from rollup_assets.settings import DEFAULT_DELTA_JARS
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +189,11 @@ def start(
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    delta_jars: Path = DEFAULT_DELTA_JARS,
 ) -> ServerState:
-    """Start the server and wait until it accepts connections; its state is then recorded."""
+    """Start the server, with Delta's jars from `delta_jars` (its sessions read and write Delta
+    tables through delta-spark), and wait until it accepts connections; its state is then
+    recorded."""
     current = status(state_dir)
     if current.running and current.state is not None:
         raise SparkServerError(
@@ -210,6 +215,8 @@ def start(
         "spark.connect.grpc.port.maxRetries": "0",  # that port or fail, never another one
         **(conf or {}),
     }
+    # Static settings: a Connect client cannot set them, so the server loads Delta at launch.
+    settings.update(delta_conf(delta_jars, settings))
     args = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", SERVER_CLASS]
     args += ["--master", master, "--name", "rollups-warm-spark"]
     for key, value in settings.items():

@@ -14,9 +14,10 @@ from rollup_assets.orchestration.jobs import build_rollup_job
 from rollup_assets.orchestration.maintenance_jobs import build_maintenance
 from rollup_assets.orchestration.operator_jobs import build_operator_jobs
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
+from rollup_assets.orchestration.surface_jobs import build_publish_job
 from rollup_assets.orchestration.tenancy import Scope, scopes_of
 from rollup_assets.settings import Settings
-from sensors.definitions import build_sensors
+from sensors.definitions import build_sensors, build_surface_sensor
 
 
 def _scope_definitions(catalog: Catalog, scope: Scope, settings: Settings) -> dg.Definitions:
@@ -24,6 +25,7 @@ def _scope_definitions(catalog: Catalog, scope: Scope, settings: Settings) -> dg
     location without tenants), each bound to the scope's own warehouse resource."""
     rollup_jobs = [build_rollup_job(spec, scope) for spec in catalog.rollups.values()]
     maintenance_job, maintenance_schedule = build_maintenance(catalog, scope)
+    publish_job = build_publish_job(catalog, scope)
     return dg.Definitions(
         assets=[
             *[build_raw_spec(name, catalog, scope) for name in [*catalog.raw, *catalog.time_range]],
@@ -37,10 +39,20 @@ def _scope_definitions(catalog: Catalog, scope: Scope, settings: Settings) -> dg
             *[build_check_job(spec, scope) for spec in catalog.rollups.values()],
             *build_operator_jobs(catalog, scope),
             maintenance_job,
+            publish_job,
         ],
-        sensors=build_sensors(
-            catalog, rollup_jobs, settings.sensor_interval_seconds, settings.limits, scope
-        ),
+        sensors=[
+            *build_sensors(
+                catalog, rollup_jobs, settings.sensor_interval_seconds, settings.limits, scope
+            ),
+            build_surface_sensor(
+                catalog,
+                publish_job,
+                settings.sensor_interval_seconds,
+                settings.surface_max_lag_seconds,
+                scope,
+            ),
+        ],
         schedules=[maintenance_schedule],
     )
 
@@ -77,6 +89,7 @@ def build_definitions(
                 "spark": SparkResource(
                     master=settings.spark_master,
                     remote=settings.spark_remote,
+                    delta_jars=str(settings.delta_jars),
                     warm_server_dir=str(settings.warm_spark_dir)
                     if settings.uses_warm_spark
                     else None,

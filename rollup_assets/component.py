@@ -23,6 +23,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from rollup_assets import metrics
 from rollup_assets.assembly import build_definitions
 from rollup_assets.faults import arm
 from rollup_assets.model.spec_loader import parse_catalog
@@ -65,6 +66,7 @@ class RollupChain(dg.Component, dg.Model, dg.Resolvable):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         settings = Settings.from_env()
         arm(settings.fault)
+        metrics.configure(settings.metrics)
         warehouse = WarehouseResource.from_settings(settings, self.warehouse)
         catalog = self.catalog(origin=str(context.path))
         return build_definitions(catalog, warehouse, settings=settings)

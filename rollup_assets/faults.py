@@ -31,10 +31,12 @@ POINTS = {
     "after_commit": "its rows are committed, the pointers not flipped",
     "before_flip": "the job is Swapping and checked it is still its rollup's; the flip is next",
     "after_flip": "the pointers are flipped, the job not recorded completed",
-    "during_sweep": "the job is recorded completed; its surface not published, nothing swept",
+    "during_sweep": "the job is recorded completed; nothing swept",
     # The forward lane.
     "after_claim": "a forward run claimed its buckets; nothing written",
-    "after_forward": "a forward run is committed and recorded; its surface not published",
+    "after_forward": "a forward run is committed and recorded; the watermark moved",
+    # A surface publish.
+    "publish_written": "a publish wrote its surface files; nothing committed",
     # The sensor.
     "sensor_planned": "the sensor computed its requests but has not recorded them",
     # Operator actions of several commits: each records its intent first.

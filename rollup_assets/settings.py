@@ -5,10 +5,12 @@ demo, the benchmark) and the values are passed down; nothing below reads the env
 """
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal, cast
 
 from rollup_assets.faults import Fault
 
@@ -17,6 +19,8 @@ DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
 # How long rows of a superseded generation stay before a sweep deletes them (as-of reads and
 # rollbacks within it find them), and the least vacuum keeps unreferenced files for.
 DEFAULT_GENERATION_RETENTION_HOURS = 168
+# Delta's jars for Spark: `make install` puts them into the environment this process runs in.
+DEFAULT_DELTA_JARS = Path(sys.prefix) / "delta-jars"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,23 @@ class DetectionLimits:
     max_versions_per_tick: int = 100
     # Above this many changed rows a commit is classified from file stats (over-approximating).
     max_cdf_rows: int = 2_000_000
+
+
+MetricsExporter = Literal["off", "console", "otlp"]
+METRICS_EXPORTERS: tuple[MetricsExporter, ...] = ("off", "console", "otlp")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Where a process sends its metrics (`rollup_assets.metrics`): nowhere (`off`), to stderr
+    (`console`), or to an OpenTelemetry collector over OTLP/HTTP (`otlp`)."""
+
+    exporter: MetricsExporter = "off"
+    # `otlp`: the collector's metrics URL (None: OpenTelemetry's default,
+    # http://localhost:4318/v1/metrics, or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT).
+    endpoint: str | None = None
+    # Seconds between two exports (and a last one when the process exits).
+    interval_seconds: int = 60
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,13 @@ class Settings:
     retry_backoff_seconds: int = 10
     # A fault point this process is armed with (`rollup_assets.faults`; tests and drills).
     fault: Fault | None = None
+    # Where this process's metrics go (off unless ROLLUPS_METRICS says otherwise).
+    metrics: MetricsConfig = MetricsConfig()
+    # The directory of Delta's jars that every Spark session this process starts loads.
+    delta_jars: Path = DEFAULT_DELTA_JARS
+    # Seconds a surface may lag behind its rollup's last flip: the surface publish sensor
+    # publishes a lagging rollup at most every half of it (0: at every tick).
+    surface_max_lag_seconds: int = 60
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -98,6 +126,11 @@ class Settings:
             retry_attempts=_int(env, "ROLLUPS_RETRY_ATTEMPTS", 5, minimum=1),
             retry_backoff_seconds=_int(env, "ROLLUPS_RETRY_BACKOFF_SECONDS", 10),
             fault=_fault(env),
+            metrics=_metrics(env),
+            delta_jars=Path(env["ROLLUPS_DELTA_JARS"]).resolve()
+            if env.get("ROLLUPS_DELTA_JARS")
+            else DEFAULT_DELTA_JARS,
+            surface_max_lag_seconds=_int(env, "ROLLUPS_SURFACE_MAX_LAG_SECONDS", 60),
         )
 
     @property
@@ -142,6 +175,24 @@ def _fault(env: Mapping[str, str]) -> Fault | None:
         )
     except ValueError as exc:
         raise SettingsError(f"ROLLUPS_FAULT: {exc}") from None
+
+
+def _metrics(env: Mapping[str, str]) -> MetricsConfig:
+    exporter = (env.get("ROLLUPS_METRICS") or "off").strip().lower()
+    if exporter not in METRICS_EXPORTERS:
+        known = ", ".join(METRICS_EXPORTERS)
+        raise SettingsError(f"ROLLUPS_METRICS={env['ROLLUPS_METRICS']!r} is not one of {known}")
+    endpoint = (env.get("ROLLUPS_METRICS_ENDPOINT") or "").strip() or None
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise SettingsError(
+            f"ROLLUPS_METRICS_ENDPOINT={endpoint!r} is not an http:// or https:// URL "
+            "(the OTLP/HTTP metrics endpoint, e.g. http://collector:4318/v1/metrics)"
+        )
+    return MetricsConfig(
+        cast(MetricsExporter, exporter),
+        endpoint,
+        _int(env, "ROLLUPS_METRICS_INTERVAL_SECONDS", 60, minimum=1),
+    )
 
 
 def _instant(text: str | None) -> datetime | None:

@@ -1,41 +1,51 @@
-"""The two sensors, as Dagster definitions: thin shells around the planners.
+"""The sensors, as Dagster definitions: thin shells around the planners.
 
 `retroactive_write_sensor` detects retroactive writes in source tables (`detection`), records
 them in the ledger together with its cursor, and drains pending work into recompute runs
 (`drain`). `forward_aggregation_sensor` closes buckets past each watermark and refreshes open
-buckets (`forward_plan`). Each reads its snapshots (control tables, Delta logs, Dagster's runs),
-asks the planner, and records and requests what the plan says. Neither starts Spark.
+buckets (`forward_plan`). `surface_publish_sensor` publishes lagging surfaces off the runs'
+critical path (`surface_plan`). Each reads its snapshots (control tables, Delta logs, Dagster's
+runs), asks the planner, and records and requests what the plan says. None starts Spark.
 """
 
 import hashlib
 import json
 import logging
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
 
 from resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.jobs import JobState, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
+from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.jobs import job_name
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.resources import ClockResource, WarehouseResource
 from rollup_assets.orchestration.runs import DagsterRunLookup, launcher_host
-from rollup_assets.orchestration.tags import RunIntent, partition_range_tags
+from rollup_assets.orchestration.surface_jobs import publish_op_name
+from rollup_assets.orchestration.tags import (
+    TAG_HOST,
+    TAG_SURFACES,
+    RunIntent,
+    partition_range_tags,
+)
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.recovery import recover
-from rollup_assets.services.surface import publish
+from rollup_assets.services.surface_lag import SurfaceLag, surface_lag
 from rollup_assets.settings import DetectionLimits
 from sensors.detection import DEFAULT_LIMITS, detect
 from sensors.drain import Launch, plan_drain
 from sensors.forward_plan import plan_forward
+from sensors.surface_plan import plan_publish
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +116,8 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
     """A recompute run killed after its job completed (while sweeping) never reports its end: its
     Dagster run stays STARTED, keeps its pool slot (blocking every later run of the rollup), and
     its superseded rows stay. Sweep them while the dead run still holds the slot (no other writer
-    of the rollup can be past its start), publish its surface, then reap the run. Dead runs of
-    open jobs are left to the drain, which recovers their jobs."""
+    of the rollup can be past its start), then reap the run (the surface publish sensor publishes
+    its flip). Dead runs of open jobs are left to the drain, which recovers their jobs."""
     snapshot = engine.ledger.snapshot()
     for run in lookup.dead_runs(Lane.RECOMPUTE):
         job = snapshot.jobs.get(RunIntent.from_tags(run.tags, "").job_id or "")
@@ -120,7 +130,6 @@ def _finish_dead_runs(engine: Engine, lookup: DagsterRunLookup) -> None:
             if finished_work and not snapshot.active(done.rollup):
                 spec = engine.catalog.rollup(done.rollup)
                 engine.rollups.sweep(spec, buckets_in(spec, list(done.windows)), done.entities)
-                publish(engine, spec)  # it died before publishing its flip to the surface
         lookup.reap(run)
 
 
@@ -182,6 +191,7 @@ def build_sensors(
             engine.ledger.record(
                 detection.jobs, detection.cursors, tables=detection.tables, forget=detection.forget
             )
+            metrics.detected(catalog, detection)
         for note in detection.notes:
             context.log.info(note)
         lookup = DagsterRunLookup(context.instance, scope)
@@ -199,7 +209,6 @@ def build_sensors(
         for job in plan.sweeps:
             spec = catalog.rollup(job.rollup)
             engine.rollups.sweep(spec, buckets_in(spec, list(job.windows)), job.entities)
-            publish(engine, spec)  # a recovered flip: its run died before publishing it
         for note in plan.notes:
             context.log.info(note)
         cursor = json.loads(context.cursor) if context.cursor else {}
@@ -268,3 +277,101 @@ def build_sensors(
         )
 
     return [retroactive_write_sensor, forward_aggregation_sensor]
+
+
+def _lag_events(
+    lags: list[SurfaceLag], now: datetime, previous: dict[str, str], scope: Scope
+) -> tuple[list[dg.AssetObservation], dict[str, str]]:
+    """Observations of each rollup's surface lag, emitted when it starts or stops lagging (or
+    its oldest unpublished change moves): the lag in seconds, and since when."""
+    events, marks = [], {}
+    for lag in lags:
+        mark = "none" if lag.since is None else iso_utc(lag.since)
+        if lag.since is None and lag.unknown:
+            mark = "unknown"
+        marks[lag.rollup] = mark
+        if previous.get(lag.rollup, "none") == mark:
+            continue
+        seconds = lag.seconds(now)
+        events.append(
+            dg.AssetObservation(
+                asset_key=scope.key(lag.rollup),
+                metadata={
+                    "surface_lag_seconds": -1.0 if seconds is None else round(seconds, 3),
+                    "surface_lagging_since": mark,
+                },
+            )
+        )
+    return events, marks
+
+
+def build_surface_sensor(
+    catalog: Catalog,
+    publish_job: dg.JobDefinition,
+    interval_seconds: int = 30,
+    max_lag_seconds: int = 60,
+    scope: Scope = NO_TENANT,
+) -> dg.SensorDefinition:
+    """`scope`'s surface publish sensor: one run of `publish_job` for the rollups whose surfaces
+    lag and are due (`plan_publish`), keeping each within `max_lag_seconds` of its last flip."""
+
+    @dg.sensor(
+        name=scope.name("surface_publish_sensor"),
+        job=publish_job,
+        minimum_interval_seconds=interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=scope.describe(
+            "Publishes the surface tables (the active rows plain Delta readers see) of rollups "
+            f"whose flips they do not show yet: at most {max_lag_seconds} s behind the last flip, "
+            "coalescing a stream of corrections into few publishes."
+        ),
+        required_resource_keys={scope.warehouse_key},
+    )
+    def surface_publish_sensor(context: dg.SensorEvaluationContext):
+        warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
+        engine = warehouse.engine(catalog)
+        # Lags are measured against Delta commit times: the real clock, never a pinned one.
+        now = datetime.now(UTC)
+        states = engine.states.all()
+        lags = [
+            surface_lag(engine, spec)
+            for spec in catalog.rollups.values()
+            if spec.name in states and states[spec.name].status is not ArchiveStatus.DELETED
+        ]
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        lookup = DagsterRunLookup(context.instance, scope)
+        plan = plan_publish(
+            lags,
+            lookup.publishing(publish_job.name),
+            cursor.get("launched", {}),
+            cursor.get("attempts", {}),
+            now,
+            timedelta(seconds=max_lag_seconds),
+            prefix=scope.name(""),
+        )
+        for note in plan.notes:
+            context.log.info(note)
+        events, marks = _lag_events(lags, now, cursor.get("lagging", {}), scope)
+        new_cursor = json.dumps(
+            {"launched": plan.launched, "attempts": plan.attempts, "lagging": marks},
+            sort_keys=True,
+        )
+        if not plan.rollups:
+            if events or new_cursor != context.cursor:
+                return dg.SensorResult(cursor=new_cursor, asset_events=events)
+            return dg.SkipReason("; ".join(plan.notes) or "every surface shows its rollup's flips")
+        host = launcher_host(context.instance)
+        config = {"config": {"rollups": list(plan.rollups)}}
+        request = dg.RunRequest(
+            job_name=publish_job.name,
+            run_key=plan.run_key,
+            run_config={"ops": {publish_op_name(scope): config}},
+            tags={
+                TAG_SURFACES: ",".join(plan.rollups),
+                **({TAG_HOST: host} if host else {}),
+                **scope.tags(),
+            },
+        )
+        return dg.SensorResult(run_requests=[request], cursor=new_cursor, asset_events=events)
+
+    return surface_publish_sensor

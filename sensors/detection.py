@@ -64,6 +64,7 @@ class CommitSummary:
     min_ts: datetime | None
     max_ts: datetime | None
     dirty_rollups: list[str]
+    committed_at: datetime | None = None  # when the commit was made (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,20 @@ def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:
         n = changes.rows.num_rows
         lo, hi = pc.min_max(changes.rows["ts"]).values() if n else (None, None)
         return CommitSummary(
-            archive, changes.version, source, n, lo and lo.as_py(), hi and hi.as_py(), dirty
+            archive,
+            changes.version,
+            source,
+            n,
+            lo and lo.as_py(),
+            hi and hi.as_py(),
+            dirty,
+            changes.committed_at,
         )
     lo = min((r[0] for r in changes.ranges), default=None)
     hi = max((r[1] for r in changes.ranges), default=None)
-    return CommitSummary(archive, changes.version, source, None, lo, hi, dirty)
+    return CommitSummary(
+        archive, changes.version, source, None, lo, hi, dirty, changes.committed_at
+    )
 
 
 def _consumes(state: ArchiveState | None) -> bool:

@@ -36,6 +36,9 @@ from tests.oracle import raw_frame
 TESTS = Path(__file__).parent
 REPO_ARTIFACTS = TESTS.parent / "test-artifacts"
 os.environ.setdefault("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30")
+# Surfaces are published at every tick that finds them lagging (the spacing between publishes
+# has tests of its own), so a test reads them current once its ticks are quiet.
+os.environ.setdefault("ROLLUPS_SURFACE_MAX_LAG_SECONDS", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -52,7 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark():
+    """The one session of a test process; Delta-enabled like every session the project starts
+    (Delta's jars from where `make install` put them, or $ROLLUPS_DELTA_JARS)."""
     from resources.spark import build_session
+    from rollup_assets.settings import Settings
 
     session = build_session(
         master="local[2]",
@@ -61,6 +67,7 @@ def spark():
             "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
         },
+        delta_jars=Settings.from_env().delta_jars,
     )
     yield session
     session.stop()
@@ -104,7 +111,7 @@ class World:
 
     def backfill(self, spans: list[Window] | None = None, rollup: str = "energy_hourly") -> list:
         """Materialize the closed partitions of `rollup` (within `spans`, default: all), then let
-        chain propagation bring every level above up to date."""
+        chain propagation bring every level above up to date, and their surfaces."""
         spec = self.catalog.rollup(rollup)
         mark = self.engine.states.get(rollup).watermark
         for span in spans or [Window(first_bucket_start(spec), mark)]:
@@ -112,7 +119,7 @@ class World:
             keys = key_range_for(partitions_def_for(spec), buckets)
             run = self.materialize(rollup, keys.start, keys.end)
             assert run.success, run.error
-        return self.tick(sensors=("retroactive_write_sensor",))
+        return self.tick(sensors=("retroactive_write_sensor", "surface_publish_sensor"))
 
     def tick(self, now: datetime | None = None, sensors: tuple[str, ...] | None = None) -> list:
         kwargs = {"sensors": sensors} if sensors else {}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rollup_assets import metrics
 from rollup_assets.cli.format import render
 from rollup_assets.faults import arm
 from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError, TenantError
@@ -21,6 +22,7 @@ from rollup_assets.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     import dagster as dg
+    from pyspark.sql import SparkSession
 
     from rollup_assets.model.specs import Catalog
     from rollup_assets.orchestration.tenancy import Scope
@@ -59,6 +61,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def settings() -> Settings:
     configured = Settings.from_env()
     arm(configured.fault)  # a drill or crash test arms this process at its edge
+    metrics.configure(configured.metrics)  # flushed when the command's process exits
     return configured
 
 
@@ -204,15 +207,21 @@ def main() -> None:
 def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
     """The code location and the Dagster instance, for commands that execute runs in this
     process; starts the one Spark session every run of the command shares."""
-    from resources.spark import build_session
-    from resources.spark_server import usable_url
     from rollup_assets.definitions import defs
     from rollup_assets.orchestration.instance import ensure_pools, get_instance
 
-    s = settings()
-    instance = get_instance(s)
+    instance = get_instance(settings())
     ensure_pools(instance, catalog())
-    # One session for every run of this command: the warm server's when it is up.
-    remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
-    build_session(master=s.spark_master, remote=remote)
+    spark_session()  # one session for every run of this command
     return defs, instance
+
+
+def spark_session() -> "SparkSession":
+    """The process's Spark session as the settings configure it: the warm server's when it is
+    up, else a Spark Connect URL or a local master (started on the first call)."""
+    from resources.spark import build_session
+    from resources.spark_server import usable_url
+
+    s = settings()
+    remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
+    return build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)

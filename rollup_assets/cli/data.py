@@ -11,6 +11,7 @@ from rollup_assets.cli.app import (
     main,
     selection_options,
     settings,
+    spark_session,
     tenant_option,
     time_range,
 )
@@ -56,22 +57,37 @@ def validate(fmt: str) -> None:
     show_default=True,
     help="Provenance recorded with the commit (shown in job history).",
 )
+@click.option(
+    "--spark",
+    "with_spark",
+    is_flag=True,
+    help="Read FILE with Spark and upsert it with delta-spark's MERGE on the executors (for a "
+    "file larger than this process should hold; same rules, one commit).",
+)
 @click.option("--format", "fmt", type=FORMATS, default="table")
 @QUIET
 @tenant_option
 @handle_errors
-def ingest(archive: str, file: str, change_source: str, fmt: str, quiet: bool) -> None:
+def ingest(
+    archive: str, file: str, change_source: str, with_spark: bool, fmt: str, quiet: bool
+) -> None:
     """Upsert a Parquet or CSV FILE into a raw or time-range ARCHIVE (all or nothing). On a
     terminal, a progress line counts the rows validated, then upserted, and their rate."""
     from rollup_assets.cli.progress import Meter
     from rollup_assets.model.jobs import ChangeSource
-    from rollup_assets.services.ingest import ingest_file
+    from rollup_assets.services.ingest import ingest_file, ingest_with_spark
 
-    meter = Meter(f"ingest {file}", quiet=quiet)
-    try:
-        result = ingest_file(engine(), archive, file, ChangeSource(change_source), meter)
-    finally:
-        meter.close()
+    if with_spark:
+        from rollup_assets.cli.app import spark_session
+
+        source = ChangeSource(change_source)
+        result = ingest_with_spark(engine(), spark_session(), archive, file, source)
+    else:
+        meter = Meter(f"ingest {file}", quiet=quiet)
+        try:
+            result = ingest_file(engine(), archive, file, ChangeSource(change_source), meter)
+        finally:
+            meter.close()
     row = {
         "archive": archive,
         "version": result.version,
@@ -235,9 +251,26 @@ def delete_rows_command(
 @click.option(
     "--every",
     metavar="STEP",
-    help="Downsample a rollup: merge its buckets into steps of day, week (ISO, from Monday), "
-    "month, year (in the rollup's reference zone) or a duration (e.g. 6h, a whole multiple of "
-    "a FixedSize rollup's bucket). --from/--to must then be step boundaries.",
+    help="Aggregate into steps of day, week (ISO, from Monday), month, year (in the zone) or a "
+    "duration (e.g. 6h, aligned to the Unix epoch). A rollup's buckets are merged (a step must "
+    "be a whole number of them); a raw or time-range archive's rows are aggregated (with "
+    "--agg). --from/--to must then be step boundaries.",
+)
+@click.option(
+    "--agg",
+    "aggs",
+    metavar="COLUMN:FUNCTION",
+    multiple=True,
+    help="With --every: what to compute, repeatable; FUNCTION is sum, min, max, count or avg; "
+    "the output column is COLUMN_FUNCTION. Required for a raw or time-range archive; on a "
+    "rollup it picks among its aggregations (default: all).",
+)
+@click.option(
+    "--zone",
+    metavar="ZONE",
+    default=None,
+    help="With --every: the IANA zone of calendar steps over a raw or time-range archive "
+    "(default UTC); a rollup's steps follow its reference zone.",
 )
 @click.option(
     "--group-by",
@@ -269,26 +302,31 @@ def query(
     end: str | None,
     entities: tuple[str, ...],
     every: str | None,
+    aggs: tuple[str, ...],
+    zone: str | None,
     group_by: str | None,
     realtime: bool,
     fmt: str,
     limit: int | None,
     as_of: str | None,
 ) -> None:
-    """Read a rollup (active generation, logical columns) or a raw archive, now or --as-of an
-    earlier time.
+    """Read a rollup (active generation, logical columns) or a raw or time-range archive, now or
+    --as-of an earlier time.
 
-    With --every, a rollup's buckets merged exactly from their partials into coarser steps
-    (steps that do not nest the rollup's buckets are refused). With --realtime, a rollup read
-    that includes the data its forward lane has not closed yet.
+    With --every, steps: a rollup's buckets merged exactly from their partials (steps that do
+    not nest its buckets are refused), or a raw or time-range archive's rows aggregated by
+    --agg COLUMN:FUNCTION in --zone (on the driver for small ranges, on Spark for large ones;
+    a note on stderr says which). With --realtime, a rollup read that includes the data its
+    forward lane has not closed yet.
     """
-    from rollup_assets.services.downsample import downsample_arrow
+    from rollup_assets.services.downsample import downsample
     from rollup_assets.services.query import query_arrow
     from rollup_assets.services.realtime import realtime_arrow
 
     a, b = time_range(start, end)
-    if group_by is not None and every is None:
-        raise click.UsageError("--group-by needs --every")
+    for given, name in ((group_by, "--group-by"), (aggs or None, "--agg"), (zone, "--zone")):
+        if given is not None and every is None:
+            raise click.UsageError(f"{name} needs --every")
     if as_of is not None and (every is not None or realtime):
         raise click.UsageError(
             "--as-of reads stored buckets: it does not combine with --every or --realtime"
@@ -296,9 +334,22 @@ def query(
     at = parse_instant(as_of, "--as-of") if as_of else None
     ents = list(entities) or None
     if every is not None:
-        table = downsample_arrow(
-            engine(), archive, every, a, b, ents, group_by or "entity", realtime=realtime
+        result = downsample(
+            engine(),
+            archive,
+            every,
+            a,
+            b,
+            ents,
+            group_by or "entity",
+            realtime,
+            aggs=aggs,
+            zone=zone,
+            spark=spark_session,
         )
+        if result.note is not None:
+            click.echo(f"note: {result.note}", err=True)
+        table = result.table
     elif realtime:
         table = realtime_arrow(engine(), archive, a, b, ents)
     else:

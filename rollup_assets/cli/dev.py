@@ -41,7 +41,7 @@ def _start(restart: bool) -> dict:
     try:
         if restart:
             server.stop(s.warm_spark_dir)
-        state = server.start(s.warm_spark_dir, port=s.spark_server_port)
+        state = server.start(s.warm_spark_dir, port=s.spark_server_port, delta_jars=s.delta_jars)
     except server.SparkServerError as exc:
         raise WarmSparkError(str(exc)) from None
     return {"url": state.url, "pid": state.pid, "state": str(s.warm_spark_dir)}

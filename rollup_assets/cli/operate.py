@@ -2,6 +2,7 @@
 demo."""
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 import click
 
@@ -190,17 +191,24 @@ def lineage(rollup: str, bucket: str, entity: str, fmt: str) -> None:
 @handle_errors
 def status(rollup: str | None, fmt: str) -> None:
     """Health of one rollup or of every archive: status, watermark, pending and held work, the
-    last success and failure, work given up after its last attempt, and any action (a rewind,
-    a column change) under way or left unfinished."""
+    last success and failure, work given up after its last attempt, any action (a rewind, a
+    column change) under way or left unfinished, and how many seconds its surface table lags
+    behind its oldest change not published yet (0: none)."""
     from rollup_assets.model.intents import Intent
     from rollup_assets.services.health import health
+    from rollup_assets.services.surface_lag import surface_lag
 
     names = [catalog().rollup(rollup).name] if rollup else list(catalog().rollups)
     snap, states = engine().ledger.snapshot(), engine().states.all()
+    now = datetime.now(UTC)
     rows = []
     for n in names:
         fields = health(catalog(), n, snap, states)
         h = asdict(fields)
+        # How far plain readers of the surface are behind (None: unknown, or nothing yet).
+        lag = surface_lag(engine(), catalog().rollup(n)) if n in states else None
+        seconds = None if lag is None else lag.seconds(now)
+        h["surface_lag_s"] = None if seconds is None else round(seconds, 1)
         # The ranges as text (`asdict` turned each window into a dict).
         h["pending_recompute_ranges"] = (
             ", ".join(str(w) for w in fields.pending_recompute_ranges) or None
@@ -278,8 +286,9 @@ def publish(rollups: tuple[str, ...], fmt: str) -> None:
     """Bring each ROLLUP's surface table (default: every activated rollup's) up to date.
 
     The surface, `rollups/<rollup>__active` under the warehouse, holds exactly the active rows
-    (the logical columns of `query`) for tools that read Delta tables directly. The lanes,
-    maintenance and checks publish it too; this repairs or builds one on demand.
+    (the logical columns of `query`) for tools that read Delta tables directly. The surface
+    publish sensor keeps it within ROLLUPS_SURFACE_MAX_LAG_SECONDS of the last flip, and
+    maintenance and checks publish it too; this publishes one on demand.
     """
     from rollup_assets.services.surface import publish as publish_one
     from rollup_assets.services.surface import publish_all
@@ -297,6 +306,7 @@ def publish(rollups: tuple[str, ...], fmt: str) -> None:
                 if p.rebuilt
                 else (f"updated {p.spans} span(s)" if p.spans else "up to date"),
                 "rows_written": p.rows_written,
+                "files_replaced": p.files_removed,
                 "pointer_version": p.reflects.genmap,
                 "rows_version": p.reflects.rows,
                 "surface_version": p.surface_version,

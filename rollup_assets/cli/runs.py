@@ -100,7 +100,7 @@ def materialize(
             reports = tick_until_quiet(
                 defs,
                 instance,
-                sensors=("retroactive_write_sensor",),
+                sensors=("retroactive_write_sensor", "surface_publish_sensor"),
                 log_level=settings().run_log_level,
                 tenant=names.tenant,
                 progress=meter,
@@ -204,7 +204,7 @@ def recompute(
         tick_until_quiet(
             defs,
             instance,
-            sensors=("retroactive_write_sensor",),
+            sensors=("retroactive_write_sensor", "surface_publish_sensor"),
             log_level=settings().run_log_level,
             tenant=tenant(),
         )

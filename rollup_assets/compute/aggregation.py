@@ -30,6 +30,7 @@ from rollup_assets.model.specs import (
     RollupSpec,
     StoredColumn,
 )
+from rollup_assets.model.windows import EPOCH
 
 SPARK_TYPES: dict[ColumnType, T.DataType] = {
     ColumnType.DOUBLE: T.DoubleType(),
@@ -56,9 +57,11 @@ def bucket_start(ts: Column, spec: RollupSpec) -> Column:
     if spec.alignment is Alignment.FIXED_SIZE:
         assert spec.size is not None
         step = spec.size // timedelta(microseconds=1)
+        origin = (spec.origin - EPOCH) // timedelta(microseconds=1) % step
         micros = F.unix_micros(ts)
-        # Offset-invariant sizes (validated) floor the same in UTC as in local time.
-        return F.timestamp_micros(micros - F.pmod(micros, F.lit(step)))
+        # An absolute duration from the origin, whatever the zone; `pmod` floors before the
+        # origin too, as `Bucketing.floor` does.
+        return F.timestamp_micros(micros - F.pmod(micros - F.lit(origin), F.lit(step)))
     zone = spec.reference_time_zone
     local = F.from_utc_timestamp(ts, zone)
     return F.to_utc_timestamp(F.date_trunc(_TRUNC_UNIT[spec.alignment], local), zone)

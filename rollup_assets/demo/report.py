@@ -237,7 +237,7 @@ def chart(story: Story, before: dict[str, pa.Table], corrected: date, late: pa.T
     path = story.out / "correction.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    story.step("10. Chart", "Daily and monthly energy of the corrected meter, before vs after.")
+    story.step("11. Chart", "Daily and monthly energy of the corrected meter, before vs after.")
     story.say(f"wrote {path}")
 
 

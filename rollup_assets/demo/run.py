@@ -65,6 +65,7 @@ def prepare_dirs(warehouse: Path, home: Path) -> str:
 def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     from resources.spark import build_session
     from rollup_assets.assembly import build_definitions
+    from rollup_assets.demo.delta_spark import read_with_delta_spark
     from rollup_assets.model.spec_loader import load_catalog
     from rollup_assets.orchestration.instance import ensure_home, ensure_pools
     from rollup_assets.orchestration.resources import WarehouseResource
@@ -95,10 +96,11 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     engine = Engine.from_settings(catalog, warehouse, settings)
     story = Story(catalog, engine, defs, instance, out, meters, days, log_level)
     story.say("starting a local Spark session (one JVM for every run of this demo)", dim=True)
-    build_session(
+    spark = build_session(
         master=settings.spark_master,
         remote=settings.spark_remote,
         conf={"spark.ui.showConsoleProgress": "false"},
+        delta_jars=settings.delta_jars,
     )
 
     today = datetime.now(UTC).date()
@@ -118,6 +120,7 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     show_jobs(story, jobs)
     reader.report(snapshot, after)
     verify(story)
+    read_with_delta_spark(story, spark)
     chart(story, before, corrected_day, late)
     retention(story)
     epilogue(story)

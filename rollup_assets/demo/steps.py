@@ -217,7 +217,7 @@ def retention(story: Story) -> None:
     spec = story.catalog.raw["energy_raw"]
     kept = format_duration(spec.retention) if spec.retention else "forever"
     story.step(
-        f"11. Nightly maintenance: energy_raw keeps {kept} of raw readings",
+        f"12. Nightly maintenance: energy_raw keeps {kept} of raw readings",
         "The first step of `rollups maintain` (the nightly schedule) drops the raw UTC days older "
         "than the archive's retention (compaction and vacuum, which follow it there, are left "
         "out here to keep the demo short). The rollups are the long-term store: a retention "

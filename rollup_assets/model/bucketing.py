@@ -1,12 +1,18 @@
 """Bucket arithmetic in UTC: floor an instant to its bucket, step to the next one.
 
-The same alignment becomes the Dagster partitions definition in the orchestration layer; tests
-check that the two agree across DST switches.
+A FixedSize bucket is an absolute duration counted from the rollup's origin (the Unix epoch
+unless the spec declares one); the reference zone does not move it. Calendar buckets follow
+local midnights in the reference zone.
+
+The same alignment becomes the Dagster partitions definition in the orchestration layer (one
+partition per bucket, or a whole number of them: `model.grid`); tests check that the two agree
+across DST switches.
 """
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from enum import StrEnum
 from zoneinfo import ZoneInfo
 
 from rollup_assets.model.specs import Alignment, RollupSpec
@@ -18,20 +24,22 @@ class Bucketing:
     alignment: Alignment
     zone: ZoneInfo
     size: timedelta | None = None
+    origin: datetime = EPOCH  # FixedSize: a bucket boundary (UTC); every other is size apart
 
     @classmethod
     def of(cls, spec: RollupSpec) -> "Bucketing":
-        return cls(spec.alignment, ZoneInfo(spec.reference_time_zone), spec.size)
+        return cls(spec.alignment, ZoneInfo(spec.reference_time_zone), spec.size, spec.origin)
 
     def floor(self, t: datetime) -> datetime:
         """Start (UTC) of the bucket containing instant `t`."""
         t = as_utc(t)
         if self.alignment is Alignment.FIXED_SIZE:
             assert self.size is not None
-            # Offset-invariance is validated, so flooring in UTC equals flooring in local time.
+            # An absolute duration from the origin: the zone's offsets do not move it. Python's
+            # `%` floors, so an instant before the origin falls in the bucket that holds it too.
             step = self.size // timedelta(microseconds=1)
-            micros = (t - EPOCH) // timedelta(microseconds=1)
-            return EPOCH + timedelta(microseconds=micros - micros % step)
+            since = (t - self.origin) // timedelta(microseconds=1)
+            return t - timedelta(microseconds=since % step)
         local = t.astimezone(self.zone)
         d = local.date()
         if self.alignment is Alignment.ISO8601_WEEK:
@@ -116,16 +124,37 @@ def first_bucket_start(spec: RollupSpec) -> datetime:
     return Bucketing.of(spec).ceil(local_start)
 
 
+class StorageUnit(StrEnum):
+    """The span of one physical partition of a rollup's tables (a UTC day, month or year)."""
+
+    DAY = "day"
+    MONTH = "month"
+    YEAR = "year"
+
+
+def storage_unit(spec: RollupSpec) -> StorageUnit:
+    """How a rollup's tables are partitioned: by UTC day for buckets of a day or less, by UTC
+    month for buckets of one to a few days (local days, FixedSize buckets under a week), by UTC
+    year for longer ones. A bucket lies in the partition of its start, even when it ends in the
+    next one: every writer and reader places a bucket by its `bucket_start` alone."""
+    if spec.alignment is Alignment.FIXED_SIZE:
+        assert spec.size is not None
+        if spec.size <= timedelta(days=1):
+            return StorageUnit.DAY
+        return StorageUnit.MONTH if spec.size < timedelta(days=7) else StorageUnit.YEAR
+    return StorageUnit.MONTH if spec.alignment is Alignment.CALENDAR_DAY else StorageUnit.YEAR
+
+
 def storage_partition(spec: RollupSpec, t: datetime) -> Window:
-    """The physical partition of the rollup's tables holding a bucket that starts at `t`: its
-    UTC day for buckets shorter than a day, its UTC month for days, its UTC year above (the
-    last one ends at the last representable instant)."""
+    """The physical partition (`storage_unit`) of the rollup's tables holding a bucket that
+    starts at `t` (UTC; the last one ends at the last representable instant)."""
     t = as_utc(t)
+    unit = storage_unit(spec)
     try:
-        if spec.alignment is Alignment.FIXED_SIZE:
+        if unit is StorageUnit.DAY:
             start = t.replace(hour=0, minute=0, second=0, microsecond=0)
             return Window(start, start + timedelta(days=1))
-        if spec.alignment is Alignment.CALENDAR_DAY:
+        if unit is StorageUnit.MONTH:
             start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
             end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
             return Window(start, end)

@@ -1,6 +1,7 @@
 """Human descriptions of archives, generated from their specs (asset descriptions, the CLI)."""
 
 from rollup_assets.model.durations import format_duration
+from rollup_assets.model.grid import partition_grid
 from rollup_assets.model.specs import (
     AggregateFunction,
     AggregationSpec,
@@ -11,6 +12,7 @@ from rollup_assets.model.specs import (
     RollupSpec,
     TimeRangeArchiveSpec,
 )
+from rollup_assets.model.windows import EPOCH, iso_utc
 
 
 def group_name(catalog: Catalog, name: str) -> str:
@@ -36,6 +38,11 @@ def describe(spec: ArchiveSpec, catalog: Catalog) -> str:
     align = spec.alignment.value
     if spec.alignment is Alignment.FIXED_SIZE and spec.size is not None:
         align += f" {format_duration(spec.size)}"
+        if spec.origin != EPOCH:
+            align += f" from {iso_utc(spec.origin)}"
+        grid = partition_grid(spec)
+        if grid is not None and grid.per_bucket > 1:
+            align += f" ({grid.per_bucket} partitions of {format_duration(grid.step)} per bucket)"
     aggs = ", ".join(
         f"{a.function.value}({a.column}) -> {a.output_name}" for a in spec.aggregations
     )

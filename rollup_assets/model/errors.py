@@ -70,6 +70,16 @@ class IngestValidationError(RollupsError):
         )
 
 
+class UnsupportedTableFeatureError(RollupsError):
+    """A Delta table uses a feature this project's readers do not apply (deletion vectors):
+    reading its files as they are would give wrong rows, so nothing is read."""
+
+    def __init__(self, table: str, feature: str, message: str) -> None:
+        self.table = table
+        self.feature = feature
+        super().__init__(f"'{table}' uses the Delta table feature `{feature}`: {message}")
+
+
 class RawRowsRetainedError(RollupsError):
     """A first-level recompute (or rewind) needs raw rows that retention removed; the stored
     buckets keep their values and nothing was written."""
@@ -80,7 +90,17 @@ class InvalidTimeRangeError(RollupsError):
 
 
 class InvalidStepError(RollupsError):
-    """A downsampling step is unparseable or does not nest the rollup's buckets."""
+    """A downsampling step is unparseable or does not nest the archive's buckets (a rollup's, or
+    a time-range archive's declared period)."""
+
+
+class InvalidAggregationError(RollupsError):
+    """A query's `COLUMN:FUNCTION` names no column of the archive, no aggregate function, a
+    function the column's type does not support, or is missing where the query needs one."""
+
+
+class InvalidTimeZoneError(RollupsError):
+    """A query's zone is not an IANA time zone, or not the zone a rollup's buckets are kept in."""
 
 
 class RecomputeAbortedError(RollupsError):

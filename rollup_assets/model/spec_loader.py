@@ -6,7 +6,7 @@ reaches the warehouse. Specs are data: nothing in them is ever executed.
 
 import os
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from rollup_assets.model.specs import (
     Tenant,
     TimeRangeArchiveSpec,
 )
+from rollup_assets.model.windows import EPOCH
 from rollup_assets.settings import Settings
 
 
@@ -405,6 +406,7 @@ _ROLLUP_KEYS = {
     "source",
     "alignment",
     "size",
+    "origin",
     "reference_time_zone",
     "watermark_lag",
     "refresh_open_bucket",
@@ -438,6 +440,7 @@ def _parse_rollup(name: str, body: Any) -> RollupSpec:
         source=str(b["source"]),
         alignment=alignment,
         size=_duration(name, "size", b["size"]) if b.get("size") is not None else None,
+        origin=_origin(name, b.get("origin")),
         reference_time_zone=str(b.get("reference_time_zone", "UTC")),
         watermark_lag=_duration(name, "watermark_lag", b.get("watermark_lag", "0s")),
         refresh_open_bucket=refresh,
@@ -477,6 +480,31 @@ def _duration(name: str, key: str, value: Any) -> timedelta:
         return parse_duration(value)
     except ValueError as exc:
         raise SpecError(name, key, f"'{key}': {exc}") from None
+
+
+def _origin(name: str, value: Any) -> datetime:
+    """A FixedSize rollup's `origin`: an instant with its offset (`2024-01-01T06:00:00Z`), in
+    UTC; absent: the Unix epoch. A local time (no offset) or a date is refused, as it could be
+    read in UTC or in the reference zone."""
+    if value is None:
+        return EPOCH
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            parsed = None
+    if isinstance(parsed, datetime) and parsed.tzinfo is not None:
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:  # an offset taking it before year 1 or past 9999
+            pass
+    raise SpecError(
+        name,
+        "origin",
+        f"'origin' {value!r} is not an instant with its UTC offset in the years 1 to 9999 "
+        "(e.g. 2024-01-01T06:00:00Z or 2024-01-01T00:00:00+01:00)",
+    )
 
 
 def _start(name: str, value: Any) -> datetime:

@@ -25,6 +25,7 @@ from rollup_assets.model.specs import (
     column_name_problem,
     name_problem,
 )
+from rollup_assets.model.windows import EPOCH
 
 
 def validate_catalog(
@@ -193,6 +194,13 @@ def _check_rollup(
     elif spec.size is not None:
         raise SpecError(
             spec.name, "size", f"'size' only applies to FixedSize, not {spec.alignment.value}"
+        )
+    elif spec.origin != EPOCH:
+        raise SpecError(
+            spec.name,
+            "origin",
+            f"'origin' only applies to FixedSize; {spec.alignment.value} buckets start at local "
+            f"midnight in {spec.reference_time_zone}",
         )
     check_nesting(spec, source, zone)
     column_types = _check_aggregations(spec, source)

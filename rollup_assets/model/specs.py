@@ -15,6 +15,7 @@ from rollup_assets.model.errors import (
     TenantError,
 )
 from rollup_assets.model.formulas import FUNCTIONS, KEYWORDS, Formula
+from rollup_assets.model.windows import EPOCH
 
 ENTITY_COLUMN = "entity_id"
 TIME_COLUMN = "ts"
@@ -272,7 +273,10 @@ class RollupSpec:
     reference_time_zone: str
     start: datetime  # naive local wall-clock time of the first partition, in the reference zone
     aggregations: tuple[AggregationSpec, ...]
-    size: timedelta | None = None  # FixedSize only
+    size: timedelta | None = None  # FixedSize only: a whole number of minutes
+    # FixedSize only: the UTC instant buckets are counted from, bucket k being
+    # [origin + k * size, origin + (k + 1) * size).
+    origin: datetime = EPOCH
     watermark_lag: timedelta = timedelta(0)
     refresh_open_bucket: bool = True
     description: str = ""
@@ -329,9 +333,11 @@ class RollupSpec:
 
     def schema_fingerprint(self) -> str:
         aggs = ",".join(f"{a.column}:{a.function.value}:{a.output_name}" for a in self.aggregations)
+        # The default origin adds nothing: fingerprints recorded before origins existed still match.
+        origin = "" if self.origin == EPOCH else f"@{self.origin.isoformat()}"
         return (
-            f"rollup|{self.source}|{self.alignment.value}|{self.size}|{self.reference_time_zone}"
-            f"|{self.start.isoformat()}|{aggs}"
+            f"rollup|{self.source}|{self.alignment.value}|{self.size}{origin}"
+            f"|{self.reference_time_zone}|{self.start.isoformat()}|{aggs}"
         )
 
 

@@ -21,7 +21,7 @@ from rollup_assets.model.jobs import Lane
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
-from rollup_assets.orchestration.partitions import partitions_def_for
+from rollup_assets.orchestration.partitions import keys_of_bucket, partitions_def_for
 from rollup_assets.orchestration.progress import run_progress
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
 from rollup_assets.orchestration.runs import DagsterRunGate
@@ -81,14 +81,17 @@ def _metadata(outcome: RunOutcome, spark: SparkResource) -> dict[str, RawMetadat
 
 
 def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
+    """The keys of every partition of the buckets the run rewrote (several per bucket when a
+    bucket is several partitions)."""
     pdef = partitions_def_for(spec)
-    return [pdef.get_partition_key_for_timestamp(w.start.timestamp()) for w in outcome.buckets]
+    return [key for w in outcome.buckets for key in keys_of_bucket(spec, pdef, w)]
 
 
 def _materializations(
     spec: RollupSpec, outcome: RunOutcome, spark: SparkResource, scope: Scope
 ) -> Iterator[dg.AssetMaterialization]:
-    """One materialization per bucket the run rewrote, all with the run's figures."""
+    """One materialization per partition of the buckets the run rewrote, all with the run's
+    figures."""
     meta = _metadata(outcome, spark)
     for key in _partition_keys(spec, outcome):
         yield dg.AssetMaterialization(asset_key=scope.key(spec.name), partition=key, metadata=meta)

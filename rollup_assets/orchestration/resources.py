@@ -17,7 +17,7 @@ from rollup_assets.model.jobs import RetryPolicy
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
 from rollup_assets.services.engine import Engine
-from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
+from rollup_assets.settings import DEFAULT_DELTA_JARS, DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 
 def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
@@ -29,7 +29,23 @@ def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
 
 
 class SparkResource(dg.ConfigurableResource):
-    """The Spark session a run computes with."""
+    """The Spark session a run computes with: Delta-enabled (Delta's jars, SQL extension and
+    catalog), so an asset of yours can read a rollup through delta-spark. Point plain Delta
+    readers at a rollup's surface table, `<warehouse>/rollups/<rollup>__active` (its active
+    rows; the rollup's own row table keeps superseded generations):
+
+    ```python
+    from delta.tables import DeltaTable
+    from resources.warehouse import spark_uri
+
+    @dg.asset(deps=["energy_daily"])
+    def daily_peaks(spark: SparkResource, warehouse: WarehouseResource) -> None:
+        path = spark_uri(warehouse.get().surface_path("energy_daily"))
+        daily = spark.session.read.format("delta").load(path)
+        daily.groupBy("entity_id").max("current_a_max").show()
+        DeltaTable.forPath(spark.session, path).history(5).show()  # its commits
+    ```
+    """
 
     master: str | None = Field(
         default=None,
@@ -48,6 +64,12 @@ class SparkResource(dg.ConfigurableResource):
         "Ignored when `master` or `remote` is set.",
     )
     app_name: str = Field(default="rollups", description="Application name shown in the Spark UI.")
+    delta_jars: str = Field(
+        default=str(DEFAULT_DELTA_JARS),
+        description="Directory of Delta's jars (`make install` puts them in the environment's "
+        "delta-jars/; the code location sets $ROLLUPS_DELTA_JARS): every session this resource "
+        "starts loads them. A Spark Connect server loads its own.",
+    )
     spark_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra Spark confs, flat (`spark.executor.memory`) or nested dicts.",
@@ -80,6 +102,7 @@ class SparkResource(dg.ConfigurableResource):
             remote=remote,
             app_name=self.app_name,
             conf=flatten_conf(self.spark_config),
+            delta_jars=Path(self.delta_jars),
         )
 
     def _warm_url(self) -> str | None:

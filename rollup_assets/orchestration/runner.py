@@ -23,7 +23,7 @@ from rollup_assets.orchestration.tags import RUN_KEY, TAG_HOST, TAG_PID
 from rollup_assets.orchestration.tenancy import Scope
 
 log = logging.getLogger(__name__)
-SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor")
+SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor", "surface_publish_sensor")
 CURSOR_KEY = "rollups/tick_cursor/{}"
 
 

@@ -18,6 +18,7 @@ from rollup_assets.orchestration.tags import (
     TAG_LANE,
     TAG_PID,
     TAG_ROLLUP,
+    TAG_SURFACES,
     tag,
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
@@ -101,6 +102,22 @@ class DagsterRunLookup:
         for r in sorted(records, key=lambda r: r.create_timestamp):
             run = r.dagster_run
             out.append((run.run_id, run.is_finished or self._reap_if_dead(run)))
+        return out
+
+    def publishing(self, job_name: str) -> set[str]:
+        """The rollups whose surfaces an unfinished run of the publish job `job_name` publishes
+        (every rollup, `*`, for a run that names none)."""
+        records = self.instance.get_run_records(
+            filters=dg.RunsFilter(
+                job_name=job_name, tags=self.scope.tags() or None, statuses=UNFINISHED
+            )
+        )
+        out: set[str] = set()
+        for r in records:
+            if self._reap_if_dead(r.dagster_run):
+                continue
+            named = r.dagster_run.tags.get(TAG_SURFACES, "")
+            out |= {n for n in named.split(",") if n} or {"*"}
         return out
 
     def in_flight(self, lane: Lane) -> set[str]:

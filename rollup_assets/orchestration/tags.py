@@ -18,6 +18,8 @@ TAG_LANE = "rollups/lane"
 TAG_TRIGGER = "rollups/trigger"
 TAG_JOB = "rollups/job_id"
 TAG_OPERATOR = "rollups/operator"
+# The rollups whose surfaces a publish run brings up to date (comma-separated).
+TAG_SURFACES = "rollups/surfaces"
 # Bookkeeping the system reads back (a pinned clock, where a run's worker runs): hidden in the
 # UI, which does not show tags under Dagster's hidden prefix.
 HIDDEN_PREFIX = ".dagster/rollups."

@@ -77,6 +77,10 @@ DRIVER_CELLS = 2_000
 # few that just closed, where a Spark job would cost more than its data. A lane that closes a
 # long stretch at once (after a pause) runs on Spark.
 DRIVER_SOURCE_ROWS = 2_000_000
+# A downsampling query over a raw or time-range archive aggregates its rows on the driver with
+# Arrow when the files its range may read hold at most this many rows (by their statistics), and
+# on Spark above: the same trade as the forward lane's, for a read that writes nothing.
+QUERY_DRIVER_ROWS = 2_000_000
 # A recompute of more named cells than `DRIVER_CELLS`, up to this many, aggregates them in Spark
 # tasks (one storage partition each) and compares them on the driver, where their fresh partials
 # (this many rows at most) and stored ones are. Larger jobs stay on Spark.

@@ -7,8 +7,8 @@ commit, records the job, and then advances the watermark. The open buckets (the 
 `now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
 watermark. The buckets are aggregated on the driver when their source files are small
 (`DRIVER_SOURCE_ROWS`), as they are for a lane that keeps up; on Spark otherwise. Frozen buckets
-are never written. The rollup's surface (`services.surface`) is published before the run's own
-work (repairing one a dead run left lagging) and once the run is recorded.
+are never written. The rollup's surface (`services.surface`) is published by the surface
+publish sensor, off the run's critical path.
 """
 
 import logging
@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
@@ -31,7 +32,6 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import DRIVER_SOURCE_ROWS, Engine, RunOutcome
-from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,6 @@ def run_forward(
         say(f"{spec.name}: forward {what}")
         if progress is not None:
             progress(spec.name, 0, len(buckets))
-        publish(engine, spec)  # repair a surface an earlier run left behind its rows
         cells = Cells.of(buckets)
         bound = engine.source_rows_at_most(spec, cells)
         on_driver = bound is not None and bound <= DRIVER_SOURCE_ROWS
@@ -154,6 +153,7 @@ def run_forward(
             },
         )
     except BaseException as exc:
+        metrics.failed("forward", exc)
         # Dagster stops a run with a BaseException: record the failure and let go of the claim
         # whatever ended the run (the forward sensor plans the buckets again from the watermark).
         engine.ledger.record(
@@ -184,6 +184,7 @@ def run_forward(
     propagated = propagation_jobs(engine.catalog, spec, Cells.of(buckets), version, states)
     engine.ledger.record([done, *propagated])
     if closed:
+        metrics.buckets_closed(spec.name, len(closed))
         new_mark = closed[-1].end
         engine.states.update(
             spec.name,
@@ -192,7 +193,6 @@ def run_forward(
             actor=run_id,
         )
     checkpoint("after_forward", spec.name)
-    publish(engine, spec)  # after the ledger: a failure here leaves a lag to repair, no lost work
     if progress is not None:
         progress(spec.name, len(buckets), len(buckets))
     return RunOutcome(

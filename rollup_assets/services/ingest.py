@@ -7,12 +7,19 @@ the file whole and upserts it in one commit (`RawStore.ingest`), or writes nothi
 readings before what retention keeps (the archive's `retained_from`) is refused whole. The
 store below (`Engine.raw`) applies no gate: it is the adapter these use cases guard.
 
+A large batch (a Spark DataFrame, or a file larger than this process should hold) is upserted
+by delta-spark on the executors instead (`ingest_with_spark`), with the same rules and the same
+all-or-nothing commit.
+
 A delete is one commit too: a correction (the rollups drop what the rows contributed) or
 retention (the rollups keep it).
 """
 
 from pathlib import Path
 
+from pyspark.sql import DataFrame, SparkSession
+
+from resources import spark_ingest
 from resources.raw_store import IngestResult, SourceSpec
 from rollup_assets.model.errors import InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
@@ -59,4 +66,25 @@ def ingest_file(
     spec, state = writable_archive(engine, archive)
     return engine.raw.ingest(
         spec, path, change_source, not_before=state.retained_from, progress=progress
+    )
+
+
+def ingest_with_spark(
+    engine: Engine,
+    spark: SparkSession,
+    archive: str,
+    source: DataFrame | str | Path,
+    change_source: ChangeSource,
+) -> IngestResult:
+    """Upsert `source` (a DataFrame with a file's columns, or a Parquet or CSV file, path or URI,
+    that Spark reads) into an activated raw or time-range archive with delta-spark's MERGE on
+    the executors: validated whole in Spark tasks, then one commit, as `ingest_file` does on the
+    driver."""
+    spec, state = writable_archive(engine, archive)
+    file = None
+    if not isinstance(source, DataFrame):
+        file = str(source).rstrip("/").rsplit("/", 1)[-1]
+        source = spark_ingest.read_file(spark, spec, source)
+    return spark_ingest.ingest_frame(
+        engine.raw, spark, spec, source, change_source, not_before=state.retained_from, file=file
     )

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.delta_tables import read_commit
+from resources.delta_tables import commit_info, read_commit
 from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
 from resources.rollup_store import Snapshot
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
@@ -185,9 +185,7 @@ def _commit(
     info = ctx.commit_infos.get(key)
     if info is None:
         actions = read_commit(ctx.engine.raw.uri(source), version, ctx.engine.raw.options)
-        info = ctx.commit_infos[key] = next(
-            (a["commitInfo"] for a in actions if "commitInfo" in a), {}
-        )
+        info = ctx.commit_infos[key] = commit_info(actions)
     stamp = info.get("timestamp")
     return SourceCommit(
         archive=source.name,

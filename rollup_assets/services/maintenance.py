@@ -28,7 +28,8 @@ delete reached are not folded at the first level: their raw rows are gone, so th
 are the only record (`Engine.removed_spans`).
 
 Every rollup's surface is published (`services.surface`: built when missing, brought up to date
-when a run died between its commit and its publish) and then kept like the other tables.
+when its publish lags) and then kept like the other tables, except that its small neighbouring
+files are merged by entity range (`services.surface_files.compact`), not by Delta's compaction.
 
 Each step of each table runs on its own (`MaintenanceReport.step`): a compaction that loses a
 commit race to an ingest is run again on the newest version, and a step that still fails is
@@ -47,6 +48,7 @@ from deltalake.exceptions import CommitFailedError
 from resources.delta_tables import open_table, with_retries
 from resources.genmap import read_pointers
 from resources.warehouse import Warehouse
+from rollup_assets import metrics
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
@@ -54,6 +56,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import RetentionOutcome, apply_retention
 from rollup_assets.services.surface import publish
+from rollup_assets.services.surface_files import compact as compact_surface
 
 log = logging.getLogger(__name__)
 DEFAULT_RETENTION_HOURS = 168
@@ -91,6 +94,7 @@ class MaintenanceReport:
             )
         except Exception as exc:
             log.warning("maintenance: %s failed: %s", what, exc)
+            metrics.failed("maintenance", exc)
             self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
 
 
@@ -167,12 +171,18 @@ def maintain(
             report.details.append(
                 f"{job.rollup}: {len(job.windows)} bucket(s) queued to fold their cell pointers"
             )
+    surfaces = {warehouse.surface_path(s.name): s for s in catalog.rollups.values()}
     for uri in table_uris(warehouse, catalog):
         if open_table(uri, warehouse.storage_options) is None:
             continue
         report.tables += 1
         name = uri.rstrip("/").rsplit("/", 1)[-1]
-        if not uri.endswith("__genmap"):
+        if uri in surfaces:
+            # Delta's compaction would pack files of unrelated entity ranges together, and the
+            # next publish of a changed cell would rewrite the whole partition again.
+            step = partial(_compact_surface, engine, surfaces[uri], report)
+            report.step(f"{name}: compaction", step)
+        elif not uri.endswith("__genmap"):
             report.step(f"{name}: compaction", partial(_compact, warehouse, uri, report))
         report.step(
             f"{name}: vacuum",
@@ -206,6 +216,10 @@ def _publish(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> Non
         report.surfaces_published += 1
         how = "rebuilt" if published.rebuilt else f"updated on {published.spans} span(s)"
         report.details.append(f"{spec.name}: surface {how}")
+
+
+def _compact_surface(engine: Engine, spec: RollupSpec, report: MaintenanceReport) -> None:
+    report.files_compacted += compact_surface(engine, spec)
 
 
 def _compact(warehouse: Warehouse, uri: str, report: MaintenanceReport) -> None:

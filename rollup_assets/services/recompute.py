@@ -15,9 +15,10 @@
              pointing readers at rows that action removed or computed from what it changed.
 3. Completed, together with the jobs the changed cells cause one level up (one ledger commit):
    a correction queues the same source changes for the cells above, a recompute their
-   aggregation again from the level below. Then the rollup's surface (`services.surface`) is
-   published, so plain Delta readers see the change, and the generations the flip superseded
-   are swept.
+   aggregation again from the level below. Then the generations the flip superseded are swept.
+
+A run does not publish the rollup's surface (`services.surface`): the surface publish sensor
+does, off the correction's critical path, within `ROLLUPS_SURFACE_MAX_LAG_SECONDS` of the flip.
 
 A recompute never touches buckets at or past the watermark (the forward lane owns those, the
 open bucket included), and buckets whose end lies in the frozen range stay pending.
@@ -39,6 +40,7 @@ from pyspark.sql import SparkSession
 from resources.fill import Fill
 from resources.raw_store import ChangeFeedGone
 from resources.rollup_table import Written
+from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
@@ -63,7 +65,6 @@ from rollup_assets.services.correction import (
     undone_below,
 )
 from rollup_assets.services.engine import CellOutcome, Engine, Recomputed, RunOutcome, filled
-from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
 # How a job computed its rows (recorded as its technique).
@@ -297,9 +298,6 @@ def run_recompute(
         else:
             engine.ledger.record([done, *propagated])
         checkpoint("during_sweep", spec.name)
-        # After the ledger: a publish that fails leaves the job completed and propagated, and
-        # its surface lagging for the next publish to repair.
-        publish(engine, spec)
         swept = engine.rollups.sweep(
             spec,
             list(changed.windows),
@@ -325,6 +323,7 @@ def run_recompute(
             change=change,
         )
     except BaseException as exc:
+        metrics.failed("recompute", exc)
         # Dagster stops a run with a BaseException: the job must not stay Running behind it.
         record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
         raise

@@ -45,10 +45,18 @@ def _local_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
     return day
 
 
+def _fixed_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
+    """UTC start of each timestamp's FixedSize bucket: whole sizes from the spec's origin, by
+    pandas' floor division of durations (the zone plays no part)."""
+    origin = pd.Timestamp(spec.origin).tz_convert("UTC")
+    size = pd.Timedelta(spec.size)
+    return origin + (ts_utc - origin) // size * size
+
+
 def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
     """UTC start of each timestamp's bucket, via local calendar arithmetic in pandas."""
     if spec.alignment is Alignment.FIXED_SIZE:
-        return ts_utc.dt.floor(pd.Timedelta(spec.size))
+        return _fixed_starts(ts_utc, spec)
     day = _local_starts(ts_utc, spec)
     return day.dt.tz_localize(spec.reference_time_zone).dt.tz_convert("UTC")
 
@@ -56,7 +64,7 @@ def bucket_starts(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
 def bucket_ends(ts_utc: pd.Series, spec: RollupSpec) -> pd.Series:
     """UTC end of each timestamp's bucket: the next local calendar boundary, or start + size."""
     if spec.alignment is Alignment.FIXED_SIZE:
-        return ts_utc.dt.floor(pd.Timedelta(spec.size)) + pd.Timedelta(spec.size)
+        return _fixed_starts(ts_utc, spec) + pd.Timedelta(spec.size)
     step = {
         Alignment.CALENDAR_DAY: pd.DateOffset(days=1),
         Alignment.ISO8601_WEEK: pd.DateOffset(weeks=1),

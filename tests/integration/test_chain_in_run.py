@@ -19,6 +19,7 @@ from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.runner import tick
 from rollup_assets.services.recompute import run_recompute
 from rollup_assets.services.rollback import rollback
+from rollup_assets.services.surface_lag import surface_lag
 from tests.conftest import World, days, world_of
 from tests.oracle import compare_all
 
@@ -68,8 +69,11 @@ def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
     runs = [r for rep in reports for r in rep.runs]
     # One run: the hourly correction, then in the same run the daily and weekly corrections and
     # the refresh of the open month and year, which now contain the corrected hour. The hourly
-    # open bucket is far from the correction, so no forward run is launched either.
-    assert [r.job_name for r in runs] == ["energy_hourly_job"], [r.job_name for r in runs]
+    # open bucket is far from the correction, so no forward run is launched either. Then one
+    # publish run brings the surfaces of every level it changed up to date.
+    names = [r.job_name for r in runs]
+    assert names == ["energy_hourly_job", "publish_surfaces"], names
+    assert set(runs[1].tags["rollups/surfaces"].split(",")) == set(world.catalog.rollups)
     jobs = chain_jobs(world, since)
     first = [j for j in world.engine.ledger.history("energy_hourly") if j.created_at >= since]
     assert [j.technique for j in first] == ["difference"]
@@ -105,6 +109,11 @@ def test_a_level_whose_pool_is_taken_is_left_to_the_sensor(world: World) -> None
         assert all(r.success for r in hourly.runs), [r.error for r in hourly.runs]
         waiting = chain_jobs(world, since)["energy_daily"]
         assert [j.state for j in waiting] == [JobState.PENDING], waiting
+        # A publish holds no pool: the hourly flip is published while the daily slot is taken.
+        published = tick(world.defs, world.instance, NOW, sensors=("surface_publish_sensor",))
+        assert [(r.job_name, r.success) for r in published.runs] == [("publish_surfaces", True)]
+        hourly_spec = world.catalog.rollup("energy_hourly")
+        assert not surface_lag(world.engine, hourly_spec).needs_publish
     finally:
         storage.free_concurrency_slot_for_step("other-run", "energy_daily")
     # Once the slot is free, the sensor launches the daily level, which carries on above it.

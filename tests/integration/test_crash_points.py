@@ -69,7 +69,8 @@ FIRST = date(2024, 11, 25)  # a Monday: whole ISO weeks, two months
 N_DAYS = 14
 METERS = 3
 SEED = 11
-RETROACTIVE = ("retroactive_write_sensor",)
+# The recompute lane, and the publish of what it flips.
+RETROACTIVE = ("retroactive_write_sensor", "surface_publish_sensor")
 RECOMPUTE_POINTS = ("after_write", "after_commit", "after_flip", "during_sweep")
 # The hourly level's changed windows as readers see them while the process lies dead.
 VISIBLE = {"after_write": "old", "after_commit": "old", "after_flip": "new", "during_sweep": "new"}

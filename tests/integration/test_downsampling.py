@@ -11,7 +11,12 @@ import pyarrow as pa
 import pytest
 
 from rollup_assets.demo.sample_data import day_batch
-from rollup_assets.model.errors import InvalidStepError, InvalidTimeRangeError
+from rollup_assets.model.errors import (
+    InvalidAggregationError,
+    InvalidStepError,
+    InvalidTimeRangeError,
+    InvalidTimeZoneError,
+)
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.steps import step_spec
 from rollup_assets.model.windows import Window
@@ -138,6 +143,35 @@ def test_spark_downsampling_equals_arrow(chain: World, spark) -> None:
         datetime(2025, 12, 31, 23, tzinfo=UTC),
     ).toArrow()
     assert set(bounded["step_start"].to_pylist()) == {datetime(2024, 12, 31, 23, tzinfo=UTC)}
+
+
+def test_agg_picks_among_the_rollup_s_aggregations(chain: World, spark) -> None:
+    aggs = ["voltage_v:max", "energy_kwh:SUM"]
+    picked = downsample_arrow(chain.engine, "energy_daily", "month", aggs=aggs)
+    assert picked.column_names == [
+        "step_start",
+        "step_end",
+        "entity_id",
+        "voltage_v_max",
+        "energy_kwh_sum",
+    ]
+    step = step_spec(chain.catalog.rollup("energy_daily"), "month")
+    step = dataclasses.replace(
+        step,
+        aggregations=tuple(a for a in step.aggregations if a.output_name in picked.schema.names),
+    )
+    want = oracle(chain.raw(), step)
+    assert len(want) and compare(actual(picked), want, step) == []
+    on_spark = downsample_spark(chain.engine, spark, "energy_daily", "month", aggs=aggs)
+    got = on_spark.toArrow()
+    assert got.column_names == picked.column_names and _rows(got) == _rows(picked)
+    # The rollup's own zone may be named; another is refused, as is what it does not keep.
+    same = downsample_arrow(chain.engine, "energy_daily", "month", zone="Europe/Vienna")
+    assert _rows(same) == _rows(downsample_arrow(chain.engine, "energy_daily", "month"))
+    with pytest.raises(InvalidTimeZoneError, match="kept in Europe/Vienna"):
+        downsample_arrow(chain.engine, "energy_daily", "month", zone="UTC")
+    with pytest.raises(InvalidAggregationError, match=r"keeps no Sum\(power_kw\)"):
+        downsample_spark(chain.engine, spark, "energy_daily", "month", aggs=["power_kw:sum"])
 
 
 def _rows(table: pa.Table) -> list[tuple]:

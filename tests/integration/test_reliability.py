@@ -429,14 +429,19 @@ def test_r9_a_forward_run_stopped_by_dagster_records_its_failure_and_releases_it
     world.activate_all(NOW)
     world.ingest(readings(METER, NOW, 1.0))
 
-    def stop() -> None:
-        raise DagsterExecutionInterruptedError("the run was terminated")
+    real, stopped = forward.checkpoint, []
 
-    publish = once(stop)(forward.publish)
-    monkeypatch.setattr(forward, "publish", publish)
+    def stopping(point: str, *args: object) -> None:
+        # Dagster stops the run once it has claimed its buckets, before it writes anything.
+        if point == "after_claim" and not stopped:
+            stopped.append(point)
+            raise DagsterExecutionInterruptedError("the run was terminated")
+        real(point, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(forward, "checkpoint", stopping)
     later = NOW + 3 * H
     report = tick(world.defs, world.instance, later, sensors=("forward_aggregation_sensor",))
-    assert publish.fired and any(not r.success for r in report.runs)
+    assert stopped and any(not r.success for r in report.runs)
     jobs = world.engine.ledger.history(HOURLY, lane=Lane.FORWARD)
     assert jobs and jobs[0].state is JobState.FAILED
     assert "terminated" in (jobs[0].error or "")

@@ -5,11 +5,14 @@ a run died between its flip and its publish, after a restore, and when it was ne
 Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path the README
 names, never this project's read path; the values are compared with the pandas oracle."""
 
+import json
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import pandas as pd
 import pyarrow as pa
@@ -17,17 +20,21 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from resources.delta_tables import read_commit
+from resources.delta_tables import open_table, read_commit
 from resources.rollup_store import RollupStore
 from resources.rollup_table import RollupTable
 from resources.warehouse import Warehouse
+from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.runner import tick
+from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.orchestration.runner import CURSOR_KEY, tick
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish, reflected
+from rollup_assets.services.surface_lag import surface_lag
+from rollup_assets.settings import Settings
 from tests.conftest import World, days, fault_at
 from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare, compare_all, oracle
@@ -46,7 +53,10 @@ CORRECTED = [
     datetime(2025, 3, 30, 1, 30, tzinfo=UTC),
 ]
 TS = pa.timestamp("us", tz="UTC")
-RETROACTIVE = ("retroactive_write_sensor",)
+# The recompute lane and the publish of what it flips (the forward lane is tested on its own).
+RETROACTIVE = ("retroactive_write_sensor", "surface_publish_sensor")
+DETECTION = ("retroactive_write_sensor",)
+PUBLISH = ("surface_publish_sensor",)
 # The year 2025 (local) is the yearly rollup's open bucket, the forward lane's (tested on its own
 # below); the chain's cases run the retroactive sensor only and compare the buckets before it.
 OPEN = {"energy_yearly": datetime(2024, 12, 31, 23, 0, tzinfo=UTC)}
@@ -171,7 +181,7 @@ def test_a_one_cell_correction_rewrites_one_partition_of_the_surface(
     assert matches_oracle(world) == []
 
 
-def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that_converges(
+def test_a_flip_not_yet_published_leaves_a_consistent_surface_that_converges(
     chain: World, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     world = chain
@@ -180,9 +190,8 @@ def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that
     world.ingest(correction(CORRECTED, 30.0))
     hourly = world.catalog.rollup("energy_hourly")
     key = "2025-03-30-03:00"  # Vienna local hour holding the DST-day correction
-    with fault_at("during_sweep"):  # flipped and recorded, not published
-        run = world.materialize("energy_hourly", key, key)
-    assert not run.success
+    run = world.materialize("energy_hourly", key, key)  # flips; the run does not publish
+    assert run.success, run.error
 
     # Flipped but not published: the surface still shows the previous state, whole.
     snap = world.engine.rollups.snapshot(hourly)
@@ -203,7 +212,7 @@ def test_a_run_failing_between_flip_and_publish_leaves_a_consistent_surface_that
     t = DeltaTable(str(tmp_path / "restored" / "rollups" / "energy_hourly__active"))
     assert t.transaction_version(GENMAP_APP) == snap.genmap_version
 
-    # The next runs publish before their own work: every level converges.
+    # The publish sensor publishes what the runs flipped: every level converges.
     world.tick(NOW, sensors=RETROACTIVE)
     assert matches_oracle(world) == []
     restored_rows = pa.table(t.to_pyarrow_table()).drop_columns(["bucket_part"])
@@ -273,8 +282,8 @@ def test_a_missing_surface_is_built_by_maintenance_and_a_dropped_rollup_loses_it
     assert (root / "energy_monthly__active").exists()
 
 
-def test_forward_lane_dying_before_its_publish_is_repaired(
-    world: World, monkeypatch: pytest.MonkeyPatch
+def test_forward_writes_are_published_by_the_publish_sensor_and_a_dead_publish_is_repaired(
+    world: World,
 ) -> None:
     world.ops.activate("energy_raw", now=NOW)
     world.activate_all(NOW)
@@ -286,14 +295,108 @@ def test_forward_lane_dying_before_its_publish_is_repaired(
     )
     world.ingest(batch.filter(fresh))
     later = NOW + timedelta(hours=3)
-    with fault_at("after_forward"):
-        report = tick(world.defs, world.instance, later)
-    assert any(not r.success for r in report.runs)
+    world.tick(later, sensors=("forward_aggregation_sensor",))
 
-    # The forward rows are committed, the surface was not published: it lags, whole.
+    # The forward rows are committed; the run published nothing: every surface lags.
+    hourly = world.catalog.rollup("energy_hourly")
     assert world.query("energy_hourly").num_rows > 0
-    assert surface(world, "energy_hourly").num_rows < world.query("energy_hourly").num_rows
-    maintain(world.engine, now=later)
+    lag = surface_lag(world.engine, hourly)
+    assert lag.needs_publish and lag.since is not None
+    assert 0 <= (lag.seconds(datetime.now(UTC)) or -1) < 600
+
+    # A publish of the hourly surface that fails after writing its files commits nothing: no
+    # hourly surface yet (the run still publishes the other levels, and fails).
+    with fault_at("publish_written", archive="energy_hourly"):
+        report = tick(world.defs, world.instance, later, sensors=PUBLISH)
+    assert [r.success for r in report.runs] == [False]
+    assert open_table(world.engine.rollups.surface_uri(hourly)) is None
+    assert surface_lag(world.engine, hourly).needs_publish
+    daily = world.catalog.rollup("energy_daily")
+    assert not surface_lag(world.engine, daily).needs_publish
+
+    # The next tick asks for the publish again (its next attempt), and every level converges.
+    again = tick(world.defs, world.instance, later, sensors=PUBLISH)
+    assert [r.success for r in again.runs] == [True]
+    assert again.runs[0].tags["dagster/run_key"] != report.runs[0].tags["dagster/run_key"]
     for name in world.catalog.rollups:
         assert surface(world, name).equals(world.query(name)), name
-    assert not publish(world.engine, world.catalog.rollup("energy_hourly")).changed
+        assert not surface_lag(world.engine, world.catalog.rollup(name)).needs_publish, name
+    assert not publish(world.engine, hourly).changed
+    assert tick(world.defs, world.instance, later, sensors=PUBLISH).runs == []  # quiet
+
+
+def publish_cursor(world: World) -> dict:
+    key = CURSOR_KEY.format("surface_publish_sensor")
+    return json.loads(world.instance.run_storage.get_cursor_values({key})[key])
+
+
+def age_launches(world: World, seconds: float) -> None:
+    """The publish sensor's memory of its launches, as if they were `seconds` older."""
+    cursor = publish_cursor(world)
+    cursor["launched"] = {n: t - seconds for n, t in cursor["launched"].items()}
+    key = CURSOR_KEY.format("surface_publish_sensor")
+    world.instance.run_storage.set_cursor_values({key: json.dumps(cursor)})
+
+
+def test_runs_flip_without_publishing_and_one_publish_run_brings_every_level_up(
+    chain: World,
+) -> None:
+    world = chain
+    world.ingest(correction(CORRECTED[1:], 40.0))
+    world.tick(NOW, sensors=DETECTION)
+    # Every level changed (the open year by a refresh of its bucket in the same run)...
+    lagging = {n for n, s in world.catalog.rollups.items() if surface_lag(world.engine, s).since}
+    assert lagging == set(world.catalog.rollups)
+    # ...and a plain reader still sees the state before the correction, whole.
+    assert matches_oracle(world) != []
+
+    first = tick(world.defs, world.instance, NOW, sensors=PUBLISH)
+    (run,) = first.runs  # one run for every lagging level
+    assert run.success and run.job_name == "publish_surfaces"
+    assert set(run.tags["rollups/surfaces"].split(",")) == lagging
+    assert run.tags["dagster/run_key"].startswith("surface:")
+    assert matches_oracle(world) == []
+    cursor = publish_cursor(world)
+    assert set(cursor["launched"]) == lagging
+    assert {n for n, mark in cursor["lagging"].items() if mark != "none"} == lagging
+    # The run recorded the lag it closed on each asset.
+    observed = world.instance.fetch_observations(dg.AssetKey("energy_daily"), limit=5).records
+    metadata = [r.asset_observation.metadata for r in observed if r.asset_observation]
+    assert any("surface_lag_closed_seconds" in m for m in metadata)
+    # A second tick finds nothing lagging: no request, the same launches remembered, and the
+    # end of the lag observed.
+    second = tick(world.defs, world.instance, NOW, sensors=PUBLISH)
+    assert second.runs == []
+    after = publish_cursor(world)
+    assert after["launched"] == cursor["launched"]
+    assert set(after["lagging"].values()) == {"none"}
+    latest = world.instance.fetch_observations(dg.AssetKey("energy_daily"), limit=1).records
+    assert latest[0].asset_observation is not None
+    assert latest[0].asset_observation.metadata["surface_lag_seconds"].value == 0.0
+
+
+def test_publishes_of_one_rollup_are_spaced_so_a_stream_of_flips_coalesces(
+    chain: World,
+) -> None:
+    world = chain
+    settings = replace(Settings.from_env(), surface_max_lag_seconds=60)
+    defs = build_definitions(
+        world.catalog, WarehouseResource(root=str(world.root / "warehouse")), settings=settings
+    )
+    world.ingest(correction(CORRECTED[1:2], 41.0))
+    world.tick(NOW, sensors=DETECTION)
+    age_launches(world, 31)  # the chain's own publish (building it) is 30 s old
+    assert [r.success for r in tick(defs, world.instance, NOW, sensors=PUBLISH).runs] == [True]
+    # A second correction right after: flipped, but its publish waits for the spacing (30 s).
+    world.ingest(correction(CORRECTED[1:2], 42.0))
+    world.tick(NOW, sensors=DETECTION)
+    hourly = world.catalog.rollup("energy_hourly")
+    assert surface_lag(world.engine, hourly).needs_publish
+    assert tick(defs, world.instance, NOW, sensors=PUBLISH).runs == []
+    # A third one joins it; once the spacing has passed, one publish takes both.
+    world.ingest(correction(CORRECTED[2:], 43.0))
+    world.tick(NOW, sensors=DETECTION)
+    age_launches(world, 31)
+    runs = tick(defs, world.instance, NOW, sensors=PUBLISH).runs
+    assert [r.success for r in runs] == [True]
+    assert matches_oracle(world) == []

@@ -20,7 +20,7 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from resources.spark import build_session
-from resources.warehouse import Warehouse
+from resources.warehouse import Warehouse, spark_uri
 from rollup_assets.assembly import build_definitions
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.instance import ensure_pools
@@ -38,7 +38,12 @@ def session_for(url: str, conf: dict[str, str]) -> SparkSession:
     runs' `SparkResource` reads too (and must attach to this session, not stop it)."""
     os.environ["ROLLUPS_SPARK_REMOTE" if url.startswith("sc://") else "ROLLUPS_SPARK_MASTER"] = url
     settings = Settings.from_env()
-    return build_session(master=settings.spark_master, remote=settings.spark_remote, conf=conf)
+    return build_session(
+        master=settings.spark_master,
+        remote=settings.spark_remote,
+        conf=conf,
+        delta_jars=settings.delta_jars,
+    )
 
 
 def describe(spark: SparkSession) -> dict:
@@ -79,6 +84,16 @@ def run(spark_url: str, root: Path, warehouse_root: str, conf: dict[str, str]) -
             result["spark_query_rows"] = via_spark.num_rows
             result["spark_query_equal"] = (
                 via_spark.select(via_arrow.column_names).to_pylist() == via_arrow.to_pylist()
+            )
+            # delta-spark in the same session (the executors, or the Connect server, load
+            # Delta's jars): the daily surface read as a plain Delta table equals the query.
+            surface = spark_uri(world.engine.warehouse.surface_path("energy_daily"))
+            via_delta = spark.read.format("delta").load(surface).toArrow()
+            order = [("entity_id", "ascending"), ("bucket_start", "ascending")]
+            result["delta_spark_rows"] = via_delta.num_rows
+            result["delta_spark_equal"] = (
+                via_delta.select(via_arrow.column_names).sort_by(order).to_pylist()
+                == via_arrow.sort_by(order).to_pylist()
             )
             result["runs"] = [(r.job_name, r.status.value) for r in instance.get_runs()]
         try:  # the runs attached to this session: had one stopped it, this would raise

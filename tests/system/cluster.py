@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from resources.delta_jars import delta_conf
 from resources.spark_server import SERVER_CLASS as CONNECT_SERVER
 from resources.spark_server import SPARK_HOME, connect_jar, spawn
+from rollup_assets.settings import Settings
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
@@ -168,7 +170,8 @@ class ConnectServer:
 
 @contextlib.contextmanager
 def connect_server(scratch: Path, master: str = "local[2]") -> Iterator[ConnectServer]:
-    """pyspark's bundled Spark Connect server (its own driver JVM, `master` for its executors)."""
+    """pyspark's bundled Spark Connect server (its own driver JVM, `master` for its executors),
+    with Delta loaded as a deployment's server has it (docs/deployment.md)."""
     port = free_port()
     scratch.mkdir(parents=True, exist_ok=True)
     args = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", CONNECT_SERVER]
@@ -180,6 +183,7 @@ def connect_server(scratch: Path, master: str = "local[2]") -> Iterator[ConnectS
         "spark.ui.enabled=false",
         "spark.driver.memory=1g",
         "spark.sql.shuffle.partitions=4",
+        *[f"{k}={v}" for k, v in delta_conf(Settings.from_env().delta_jars).items()],
     ):
         args += ["--conf", conf]
     server = launch("connect-server", [*args, str(connect_jar())], scratch)

@@ -23,6 +23,7 @@ def test_chain_through_spark_connect_equals_pandas(server: ConnectServer, tmp_pa
     assert result["error"] is None, result["error"]
     assert result["problems"] == []
     assert result["spark_query_equal"] and result["spark_query_rows"] > 0
+    assert result["delta_spark_equal"] and result["delta_spark_rows"] > 0
     assert result["exit_code"] == 0
     runs = result["runs"]
     assert runs and {status for _, status in runs} == {"SUCCESS"}, runs

@@ -71,7 +71,7 @@ DOCS_SCREENSHOT = REPO / "docs" / "images" / "ui-asset-graph.png"
 LOCATION = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"][0]["python_module"][
     "location_name"
 ]
-SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor")
+SENSORS = ("retroactive_write_sensor", "forward_aggregation_sensor", "surface_publish_sensor")
 ENERGY_CHAIN = {"energy_raw", "energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"}
 # The rollups are activated at ACTIVATED and the forward lane closes buckets up to NOW. The
 # server's sensors see the same pinned clock (ROLLUPS_NOW), so they find nothing left to close and

@@ -156,7 +156,61 @@ BAD = {
         ["query", "energy_daily", "--every", "month", "--from", T1],
         "not a boundary of the month steps",
     ),
-    "query-step-raw": (["query", "energy_raw", "--every", "day"], "not a rollup"),
+    "query-step-raw-without-agg": (
+        ["query", "energy_raw", "--every", "day"],
+        "add what to compute: --agg COLUMN:FUNCTION",
+    ),
+    "query-agg-alone": (["query", "energy_raw", "--agg", "energy_kwh:sum"], "--agg needs --every"),
+    "query-zone-alone": (["query", "energy_raw", "--zone", "UTC"], "--zone needs --every"),
+    "query-agg-unknown-column": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy:sum"],
+        "no column 'energy' (columns: energy_kwh, power_kw, voltage_v, current_a)",
+    ),
+    "query-agg-unknown-function": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy_kwh:median"],
+        "'median' is not an aggregate function (one of sum, min, max, count, avg)",
+    ),
+    "query-agg-not-column-function": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy_kwh"],
+        "--agg 'energy_kwh' is not COLUMN:FUNCTION",
+    ),
+    "query-agg-bad-step": (
+        ["query", "energy_raw", "--every", "fortnight", "--agg", "energy_kwh:sum"],
+        "--every 'fortnight' is not a step",
+    ),
+    "query-agg-bad-zone": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy_kwh:sum", "--zone", "Mars/Base"],
+        "--zone 'Mars/Base' is not an IANA time zone",
+    ),
+    "query-agg-bad-group-by": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy_kwh:sum", "--group-by", "x"],
+        "'x' is not one of 'entity', 'all'",
+    ),
+    "query-agg-twice": (
+        [
+            "query",
+            "energy_raw",
+            "--every",
+            "1h",
+            "--agg",
+            "voltage_v:max",
+            "--agg",
+            "voltage_v:MAX",
+        ],
+        "voltage_v:max is given twice",
+    ),
+    "query-raw-realtime-every": (
+        ["query", "energy_raw", "--every", "day", "--agg", "energy_kwh:sum", "--realtime"],
+        "not a rollup",
+    ),
+    "query-rollup-other-zone": (
+        ["query", "energy_daily", "--every", "month", "--zone", "UTC"],
+        "its buckets are kept in Europe/Vienna",
+    ),
+    "query-rollup-agg-not-kept": (
+        ["query", "energy_daily", "--every", "month", "--agg", "power_kw:sum"],
+        "keeps no Sum(power_kw)",
+    ),
     "query-group-by-alone": (["query", "energy_hourly", "--group-by", "all"], "needs --every"),
     "query-realtime-raw": (["query", "energy_raw", "--realtime"], "not a rollup"),
     "recompute-bad-to": (

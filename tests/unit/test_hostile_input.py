@@ -509,7 +509,7 @@ def test_the_batch_model_rejects_what_it_should() -> None:
 # Specs: random valid catalogs, and the same catalogs broken by one known mutation
 
 WHOLE_HOUR_ZONES = ("UTC", "Europe/Vienna", "America/New_York", "Asia/Tokyo", "Australia/Sydney")
-# Every one divides an hour, so each is offset-invariant in the zones above.
+# Every one divides an hour: one partition per bucket in the zones above.
 MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)
 CALENDAR_ABOVE = {  # calendar alignments that nest in a source of this alignment
     "FixedSize": ("CalendarDay", "Iso8601Week", "CalendarMonth", "CalendarYear"),
@@ -771,16 +771,17 @@ def invalid_zone(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
     return name, "reference_time_zone"
 
 
-def not_offset_invariant(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
-    zone = draw(st.sampled_from(["Asia/Kolkata", "Asia/Kathmandu", "Australia/Adelaide"]))
-    for body in chain.rollups.values():
-        body["reference_time_zone"] = zone
-    chain.rollups[chain.root]["size"] = draw(st.sampled_from(["1h", "60m", "PT1H"]))
-    return chain.root, "offset-invariant FixedSize"
+def misaligned_partitions(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
+    """Nearly a week, but not of whole hours: the coarsest cron grid through every boundary is
+    half-hourly, more than 168 partitions per bucket (whatever the zone and origin)."""
+    chain.rollups[chain.root]["size"] = draw(st.sampled_from(["P6DT30M", "9990m", "P6DT23H30M"]))
+    if draw(st.booleans()):
+        chain.rollups[chain.root]["origin"] = "2024-01-01T00:30:00Z"
+    return chain.root, "partitions align with buckets"
 
 
 def bad_size(draw: st.DrawFn, chain: Chain) -> tuple[str, str]:
-    size = draw(st.sampled_from(["7m", "45m", "90m", "5h", "2d", "30s", "0s", "1w"]))
+    size = draw(st.sampled_from(["30s", "0s", "90s", "PT1M30S", "8d", "2w", "1000h"]))
     chain.rollups[chain.root]["size"] = size
     return chain.root, "bucket size"
 
@@ -909,7 +910,7 @@ MUTATIONS: list[Mutation] = [
     bad_target,
     zone_mismatch,
     invalid_zone,
-    not_offset_invariant,
+    misaligned_partitions,
     bad_size,
     not_nesting,
     missing_start,

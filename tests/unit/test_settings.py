@@ -1,5 +1,6 @@
 """Settings are read from the environment once, with the documented defaults and clear errors."""
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,6 +20,8 @@ def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.Monkey
     assert s.limits.max_cdf_rows == 2_000_000
     assert s.postgres == {}
     assert s.generation_retention_hours == 168
+    # Delta's jars: where `make install` puts them, in the environment this process runs in.
+    assert s.delta_jars == Path(sys.prefix) / "delta-jars"
 
 
 def test_every_variable_is_read(tmp_path: Path) -> None:
@@ -38,6 +41,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "ROLLUPS_MAX_CDF_ROWS": "0",
         "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
         "DAGSTER_PG_HOST": "db",
+        "ROLLUPS_DELTA_JARS": str(tmp_path / "jars"),
         "UNRELATED": "x",
     }
     s = Settings.from_env(env)
@@ -51,6 +55,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.limits.max_cdf_rows == 0
     assert s.generation_retention_hours == 0
     assert s.postgres == {"DAGSTER_PG_HOST": "db"}
+    assert s.delta_jars == (tmp_path / "jars").resolve()
 
 
 @pytest.mark.parametrize(

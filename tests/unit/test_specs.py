@@ -4,7 +4,7 @@ Every rejection must name the archive at fault and the rule it breaks, in the ex
 and in its message.
 """
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,10 @@ import yaml
 from rollup_assets.model.describe import describe
 from rollup_assets.model.durations import format_duration, parse_duration
 from rollup_assets.model.errors import SpecError
+from rollup_assets.model.grid import partition_grid
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
 from rollup_assets.model.specs import AggregateFunction, Alignment, Catalog, ColumnType
+from rollup_assets.model.windows import EPOCH
 from rollup_assets.settings import DEFAULT_SPECS
 
 OUTPUTS = (
@@ -436,30 +438,265 @@ def test_bucket_that_does_not_nest_in_its_source(
 
 
 @pytest.mark.parametrize(
-    ("size", "zone", "offset"),
+    ("size", "zone", "step", "per_bucket"),
     [
-        ("2h", "Europe/Vienna", "1:00:00"),
-        ("1h", "Asia/Kolkata", "5:30:00"),
-        ("30m", "Asia/Kathmandu", "5:45:00"),
-        ("1h", "Australia/Lord_Howe", "10:30:00"),  # half-hour DST
-        ("1d", "Europe/Vienna", "1:00:00"),
-        ("3h", "America/New_York", "-1 day, 19:00:00"),
+        ("2h", "Europe/Vienna", "1h", 2),
+        ("1h", "Asia/Kolkata", "1h", 1),  # one offset: hourly partitions at local :30
+        ("30m", "Asia/Kathmandu", "30m", 1),  # at local :15 and :45
+        ("1h", "Australia/Lord_Howe", "30m", 2),  # half-hour DST
+        ("1d", "Europe/Vienna", "1h", 24),
+        ("3h", "America/New_York", "1h", 3),
     ],
 )
-def test_fixed_size_not_offset_invariant_in_the_zone(size: str, zone: str, offset: str) -> None:
+def test_fixed_size_buckets_ignore_the_zone_offsets(
+    size: str, zone: str, step: str, per_bucket: int
+) -> None:
+    """A FixedSize bucket is UTC time from its origin, whatever offsets the zone uses (these
+    were refused before origins existed); the zone only decides the local times Dagster's
+    partitions start at, and may make it cut a bucket into several partitions."""
+    cat = parse_catalog(catalog(h=rollup(size=size, zone=zone)))
+    spec = cat.rollups["h"]
+    grid = partition_grid(spec)
+    assert grid is not None and (format_duration(grid.step), grid.per_bucket) == (step, per_bucket)
+    split = f"{per_bucket} partitions of {step} per bucket"
+    assert (split in describe(spec, cat)) is (per_bucket > 1)
+
+
+@pytest.mark.parametrize("size", ["2d", "25h", "90m", "7m", "45m", "5h", "7h", "1w", "P7D"])
+def test_any_whole_number_of_minutes_up_to_a_week_loads(size: str) -> None:
+    spec = parse_catalog(catalog(h=rollup(size=size, zone="UTC"))).rollups["h"]
+    assert spec.size == parse_duration(size)
+
+
+@pytest.mark.parametrize("size", ["8d", "2w", "169h", "10081m"])
+def test_fixed_size_longer_than_a_week(size: str) -> None:
+    rejected(catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size", "longer than 7d")
+
+
+@pytest.mark.parametrize("size", ["30s", "0s", "90s", "PT1M30S"])
+def test_fixed_size_is_a_whole_number_of_minutes(size: str) -> None:
     rejected(
-        catalog(h=rollup(size=size, zone=zone)), "h", "offset-invariant FixedSize", zone, offset
+        catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size", "whole number of minutes"
     )
 
 
-@pytest.mark.parametrize("size", ["2d", "25h", "1w"])
-def test_fixed_size_longer_than_a_day(size: str) -> None:
-    rejected(catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size", "longer than a day")
+@pytest.mark.parametrize(
+    ("origin", "expected"),
+    [
+        ("2024-01-01T00:30:00Z", datetime(2024, 1, 1, 0, 30, tzinfo=UTC)),
+        ("2024-01-01T01:30:00+01:00", datetime(2024, 1, 1, 0, 30, tzinfo=UTC)),
+        (datetime(2024, 1, 1, 6, tzinfo=UTC), datetime(2024, 1, 1, 6, tzinfo=UTC)),
+        ("1969-12-31T18:00:00-06:00", EPOCH),
+    ],
+)
+def test_origin_is_an_instant_kept_in_utc(origin: Any, expected: datetime) -> None:
+    spec = parse_catalog(catalog(h=rollup(size="90m", origin=origin))).rollups["h"]
+    assert spec.origin == expected and spec.origin.utcoffset() == timedelta(0)
 
 
-@pytest.mark.parametrize("size", ["7m", "45m", "90m", "5h", "7h", "30s", "0s", "90s"])
-def test_fixed_size_must_divide_an_hour_or_a_day(size: str) -> None:
-    rejected(catalog(h=rollup(size=size, zone="UTC")), "h", "bucket size")
+def test_origin_defaults_to_the_epoch_and_leaves_the_fingerprint_as_it_was() -> None:
+    spec = parse_catalog(catalog(h=rollup())).rollups["h"]
+    assert spec.origin == EPOCH
+    assert spec.schema_fingerprint() == (
+        "rollup|meter|FixedSize|1:00:00|Europe/Vienna|2024-01-01T00:00:00|"
+        "kwh:Sum:kwh_sum,kwh:Count:kwh_count"
+    )
+    moved = parse_catalog(catalog(h=rollup(origin="2024-01-01T00:30:00Z"))).rollups["h"]
+    assert moved.schema_fingerprint() != spec.schema_fingerprint()
+    assert "2024-01-01T00:30:00+00:00" in moved.schema_fingerprint()
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "2024-01-01",
+        "2024-01-01T00:30:00",
+        datetime(2024, 1, 1, 0, 30),
+        "soon",
+        1800,
+        True,
+        "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "9999-12-31T23:30:00-01:00",  # past 9999 in UTC
+    ],
+)
+def test_origin_needs_its_offset(origin: Any) -> None:
+    rejected(catalog(h=rollup(origin=origin)), "h", "origin", "UTC offset")
+
+
+def test_origin_on_a_whole_minute() -> None:
+    rejected(catalog(h=rollup(origin="2024-01-01T00:30:30Z")), "h", "origin", "whole minute")
+
+
+def test_origin_only_applies_to_fixed_size() -> None:
+    doc = chain(d2=level("hourly", "CalendarDay", origin="2024-01-01T00:00:00Z"))
+    rejected(doc, "d2", "origin", "only applies to FixedSize", "local midnight")
+
+
+@pytest.mark.parametrize(
+    ("size", "zone", "step", "per_bucket"),
+    [
+        pytest.param("7d", "Australia/Lord_Howe", "30m", 336, id="week-half-hour-dst"),
+        pytest.param("P6DT30M", "Europe/Vienna", "30m", 289, id="6d-30m"),
+        pytest.param("5000m", "UTC", "20m", 250, id="5000m"),
+    ],
+)
+def test_buckets_dagster_cannot_partition_in_few_enough_pieces(
+    size: str, zone: str, step: str, per_bucket: int
+) -> None:
+    rejected(
+        catalog(h=rollup(size=size, zone=zone)),
+        "h",
+        "partitions align with buckets",
+        f"partitions of {step} in {zone}, {per_bucket} per bucket (at most 168)",
+    )
+
+
+def test_buckets_no_cron_schedule_can_partition() -> None:
+    """Monrovia kept a UTC offset of -0:44:30 until 1972: no local minute is a UTC hour."""
+    doc = catalog(h=rollup(size="1h", zone="Africa/Monrovia", start="1960-01-01"))
+    rejected(doc, "h", "partitions align with buckets", "not a whole number of minutes")
+    assert parse_catalog(catalog(h=rollup(size="1h", zone="Africa/Monrovia", start="1973-01-01")))
+
+
+@pytest.mark.parametrize(
+    ("size", "origin", "zone", "step", "per_bucket"),
+    [
+        pytest.param("90m", None, "Europe/Vienna", "30m", 3, id="90m"),
+        pytest.param("90m", "2024-01-01T00:15:00Z", "Europe/Vienna", "30m", 3, id="90m-at-15"),
+        pytest.param("90m", "2024-01-01T00:10:00Z", "Europe/Vienna", "30m", 3, id="90m-at-10"),
+        pytest.param("7d", "2024-01-01T00:30:00Z", "Europe/Vienna", "1h", 168, id="week-at-30"),
+        pytest.param("3d", None, "Australia/Lord_Howe", "30m", 144, id="3d-lord-howe"),
+        pytest.param("2d", None, "Europe/Vienna", "1h", 48, id="2d-vienna"),
+        pytest.param("2d", None, "UTC", "1d", 2, id="2d-utc"),
+        pytest.param("7d", "2024-01-01T00:30:00Z", "UTC", "1d", 7, id="week-from-half-past-utc"),
+        pytest.param("7d", None, "Europe/Vienna", "1h", 168, id="week-vienna"),
+        pytest.param("5h", None, "Europe/Vienna", "1h", 5, id="5h"),
+        pytest.param("2d", "2024-01-01T00:00:00+05:30", "Asia/Kolkata", "1d", 2, id="2d-kolkata"),
+        pytest.param("1h", None, "Europe/Vienna", "1h", 1, id="hourly-as-before"),
+        pytest.param("1d", None, "UTC", "1d", 1, id="daily-utc-as-before"),
+    ],
+)
+def test_partition_grid_is_the_coarsest_cron_grid_through_every_boundary(
+    size: str, origin: str | None, zone: str, step: str, per_bucket: int
+) -> None:
+    extra = {"origin": origin} if origin else {}
+    spec = parse_catalog(catalog(h=rollup(size=size, zone=zone, **extra))).rollups["h"]
+    grid = partition_grid(spec)
+    assert grid is not None and (format_duration(grid.step), grid.per_bucket) == (step, per_bucket)
+
+
+HALF_PAST = "2024-01-01T00:30:00Z"
+
+
+def period_archive(period: str, **rollups: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "time_range_archives": {"t": {"period": period, "columns": {"kwh": "double"}}},
+        "rollups": rollups,
+    }
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(
+            catalog(h=rollup(size="30m"), q=rollup("h", size="90m", origin=HALF_PAST)),
+            id="90m-from-half-past-over-30m",
+        ),
+        pytest.param(catalog(h=rollup(), d2=rollup("h", size="2d")), id="2d-over-hourly"),
+        pytest.param(catalog(q=rollup(size="90m"), d2=rollup("q", size="2d")), id="2d-over-90m"),
+        pytest.param(
+            catalog(q=rollup(size="90m", zone="UTC"), d=level("q", "CalendarDay", zone="UTC")),
+            id="utc-day-over-90m",
+        ),
+        pytest.param(
+            catalog(h=rollup(size="30m", origin=HALF_PAST), d=level("h", "CalendarDay")),
+            id="vienna-day-over-30m-from-half-past",
+        ),
+        pytest.param(
+            catalog(
+                h=rollup(zone="Asia/Kolkata", origin=HALF_PAST),
+                d=level("h", "CalendarDay", zone="Asia/Kolkata"),
+                m=level("d", "CalendarMonth", zone="Asia/Kolkata"),
+            ),
+            id="kolkata-day-over-hours-at-half-past",
+        ),
+        pytest.param(
+            catalog(
+                w=rollup(size="7d", origin="2024-01-01T00:00:00+01:00"),
+                w2=rollup("w", size="7d", origin="2024-01-08T00:00:00+01:00"),
+            ),
+            id="week-over-week-a-week-later",
+        ),
+        pytest.param(
+            period_archive("15m", q=rollup("t", size="90m", origin=HALF_PAST)),
+            id="90m-over-15m-ranges",
+        ),
+    ],
+)
+def test_fixed_size_buckets_that_nest(doc: dict[str, Any]) -> None:
+    cat = parse_catalog(doc)
+    assert set(cat.rollups) == set(doc["rollups"])
+
+
+@pytest.mark.parametrize(
+    ("doc", "archive", "fragments"),
+    [
+        pytest.param(
+            catalog(h=rollup(size="30m"), q=rollup("h", size="90m", origin="2024-01-01T00:15:00Z")),
+            "q",
+            ("origin 2024-01-01T00:15:00Z is not a boundary of the 30m source buckets",),
+            id="90m-from-quarter-past-over-30m",
+        ),
+        pytest.param(
+            catalog(h=rollup(), q=rollup("h", size="90m")),
+            "q",
+            ("not an integer multiple",),
+            id="90m-over-hourly",
+        ),
+        pytest.param(
+            catalog(q=rollup(size="90m"), d=level("q", "CalendarDay")),
+            "d",
+            ("local midnight in Europe/Vienna",),
+            id="vienna-day-over-90m",
+        ),
+        pytest.param(
+            catalog(
+                h=rollup(size="30m", origin="2024-01-01T00:15:00Z"), d=level("h", "CalendarDay")
+            ),
+            "d",
+            ("local midnight in Europe/Vienna", "counted from 2024-01-01T00:15:00Z"),
+            id="vienna-day-over-30m-from-quarter-past",
+        ),
+        pytest.param(
+            catalog(d2=rollup(size="2d", zone="UTC"), d=level("d2", "CalendarDay", zone="UTC")),
+            "d",
+            ("do not divide a day",),
+            id="utc-day-over-2d",
+        ),
+        pytest.param(
+            chain(d2=rollup("daily", size="2d", start=None)),
+            "d2",
+            ("length varies",),
+            id="2d-over-vienna-days",
+        ),
+        pytest.param(
+            catalog(d2=rollup(size="2d"), w=rollup("d2", size="7d")),
+            "w",
+            ("not an integer multiple",),
+            id="week-over-2d",
+        ),
+        pytest.param(
+            period_archive("1h", h=rollup("t", origin=HALF_PAST)),
+            "h",
+            ("origin 2024-01-01T00:30:00Z is not a boundary of the 1h source buckets",),
+            id="hour-from-half-past-over-hour-ranges",
+        ),
+    ],
+)
+def test_fixed_size_buckets_that_do_not_nest(
+    doc: dict[str, Any], archive: str, fragments: tuple[str, ...]
+) -> None:
+    rejected(doc, archive, "bucket nests in source", *fragments)
 
 
 def test_fixed_size_needs_a_size() -> None:

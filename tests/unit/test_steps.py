@@ -6,7 +6,7 @@ import pytest
 
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.errors import InvalidStepError, InvalidTimeRangeError
-from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Alignment
 from rollup_assets.model.steps import check_step_range, describe_step, step_spec
 
@@ -90,3 +90,32 @@ def test_a_query_range_must_be_whole_steps() -> None:
         check_step_range(spec, month, None, datetime(2025, 2, 1, tzinfo=UTC))
     check_step_range(spec, month, None, datetime(2025, 1, 31, 23, tzinfo=UTC))
     assert describe_step(month) == "month" and describe_step(step_spec(spec, "180m")) == "3h"
+
+
+def test_a_duration_step_counts_from_the_rollups_origin() -> None:
+    """Over 90-minute buckets from 00:30 UTC, a 3-hour step starts at 00:30, 03:30, ...: whole
+    pairs of the rollup's buckets, never a bucket cut in two."""
+    doc = {
+        "raw_archives": {"r": {"columns": {"x": "double"}}},
+        "rollups": {
+            "q": {
+                "source": "r",
+                "alignment": "FixedSize",
+                "size": "90m",
+                "origin": "2025-01-01T00:30:00Z",
+                "reference_time_zone": "Europe/Vienna",
+                "start": "2025-01-01",
+                "aggregations": [{"column": "x", "function": "Sum"}],
+            }
+        },
+    }
+    spec = parse_catalog(doc).rollup("q")
+    step = step_spec(spec, "3h")
+    assert step.origin == spec.origin == datetime(2025, 1, 1, 0, 30, tzinfo=UTC)
+    t = datetime(2025, 6, 1, 2, 0, tzinfo=UTC)
+    assert Bucketing.of(step).window_of(t).start == datetime(2025, 6, 1, 0, 30, tzinfo=UTC)
+    check_step_range(spec, step, datetime(2025, 6, 1, 3, 30, tzinfo=UTC), None)
+    with pytest.raises(InvalidTimeRangeError, match="2025-06-01T00:30:00Z and"):
+        check_step_range(spec, step, datetime(2025, 6, 1, 3, tzinfo=UTC), None)
+    with pytest.raises(InvalidStepError, match="not an integer multiple"):
+        step_spec(spec, "2h")

@@ -2,6 +2,7 @@
 forward writes, flips and repairs, what each publish rewrites, and that concurrent publishes
 converge. Expected rows are computed here from the partials written, not by the read path."""
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,7 +11,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-import rollup_assets.services.surface as surface_module
+import rollup_assets.services.surface_files as surface_files
+import rollup_assets.services.surface_layout as surface_layout
 from resources.delta_tables import file_actions
 from resources.rollup_table import Written
 from resources.warehouse import Warehouse
@@ -19,7 +21,16 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import AggregateFunction, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, publish
+from rollup_assets.services.surface import (
+    GENMAP_APP,
+    ROWS_APP,
+    Known,
+    current_rows,
+    publish,
+    reflected,
+)
+from rollup_assets.services.surface_files import compact as compact_surface
+from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag, surface_lag
 
 DAY = timedelta(days=1)
 # Local (Vienna) days as UTC windows, across the end of a month.
@@ -205,7 +216,7 @@ def test_cell_and_bucket_pointers_replace_exactly_their_cells(engine, spec) -> N
 def test_a_publish_in_batches_of_one_partition_writes_the_same_rows(
     engine, spec, monkeypatch
 ) -> None:
-    monkeypatch.setattr(surface_module, "PARTS_PER_BATCH", 1)
+    monkeypatch.setattr(surface_files, "PARTS_PER_BATCH", 1)
     cells = base()  # two months' partitions (the daily rollup's surface is by UTC month)
     write_forward(engine, spec, cells)
     done = publish(engine, spec)
@@ -311,3 +322,169 @@ def test_a_publish_takes_the_rows_a_recompute_holds_when_they_are_the_target(
     publish(engine, spec, known)  # no longer the state its rows are of
     assert reads
     assert surface_rows(engine, spec) == expected(spec, cells | fix | more)
+
+
+# -- the file layout: files of whole entities by entity range, within a cap ----------------------
+
+METERS = [f"meter-{i:02d}" for i in range(12)]
+
+
+def wide() -> dict[Cell, float]:
+    return {(e, w): float(i + 100 * j) for i, w in enumerate(WINDOWS) for j, e in enumerate(METERS)}
+
+
+def snapshot_of(engine: Engine, spec: RollupSpec):
+    return engine.rollups.snapshot(spec).reflects
+
+
+def files_of(engine: Engine, spec: RollupSpec) -> list[dict]:
+    return file_actions(DeltaTable(engine.rollups.surface_uri(spec)))
+
+
+def assert_layout(files: list[dict], cap: int) -> None:
+    """Every file within the cap, and the files of each partition of disjoint entity ranges."""
+    by_part: dict[str, list[tuple[str, str]]] = {}
+    for f in files:
+        assert f["num_records"] <= cap, f
+        by_part.setdefault(f["partition.bucket_part"], []).append(
+            (f["min.entity_id"], f["max.entity_id"])
+        )
+    for ranges in by_part.values():
+        ranges.sort()
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges)), ranges
+
+
+@pytest.fixture
+def cap(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A cap of 8 rows per surface file, so a few meters make several files per partition."""
+    monkeypatch.setattr(surface_layout, "SURFACE_FILE_ROWS", 8)
+    return 8
+
+
+def test_a_partition_is_written_as_capped_files_of_entity_ranges(engine, spec, cap) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    files = files_of(engine, spec)
+    # January: 12 meters x 3 days (36 rows) in files of two meters; February: 12 rows.
+    assert sorted(f["num_records"] for f in files) == [6] * 8
+    assert_layout(files, cap)
+    assert surface_rows(engine, spec) == expected(spec, cells)
+
+
+def test_a_one_cell_publish_rewrites_only_the_file_of_its_entity(engine, spec, cap) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    before = {f["path"] for f in files_of(engine, spec)}
+    fix = {("meter-05", WINDOWS[1]): 0.5}
+    correct(engine, spec, fix)
+    done = publish(engine, spec)
+    assert (done.files_removed, done.files_added) == (1, 1)
+    assert done.surface_rows_read == 6 and done.file_rows_written == 6  # one file, two meters
+    after = {f["path"] for f in files_of(engine, spec)}
+    assert len(before - after) == 1 and len(after - before) == 1
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
+
+
+def test_cells_of_new_entities_join_a_file_that_splits_past_the_cap(engine, spec, cap) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    # Two meters sorting after every other, and one before: cell pointers of entities no file
+    # holds yet, in January's three days.
+    new = {(e, w): 7.0 for e in ("meter-99", "meter-98", "meter-00a") for w in WINDOWS[:3]}
+    correct(engine, spec, new)
+    done = publish(engine, spec)
+    assert done.files_removed == 2  # the first and the last file of January take them
+    files = files_of(engine, spec)
+    assert_layout(files, cap)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **new})
+
+
+def test_a_query_merges_the_files_back_into_query_order(engine, spec, cap) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    snap = engine.rollups.snapshot(spec)
+    rows = current_rows(engine, spec, snap, Window(WINDOWS[0].start, WINDOWS[-1].end))
+    assert rows is not None
+    assert rows.to_pylist() == expected(spec, cells)  # by bucket start, then entity
+
+
+def test_maintenance_merges_small_neighbouring_files_and_keeps_what_the_surface_reflects(
+    engine, spec, monkeypatch
+) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    monkeypatch.setattr(surface_layout, "SURFACE_FILE_ROWS", 4)
+    publish(engine, spec)
+    # January: one file per meter (3 rows); February: three files of four meters.
+    assert sorted(f["num_records"] for f in files_of(engine, spec)) == [3] * 12 + [4] * 3
+    monkeypatch.setattr(surface_layout, "SURFACE_FILE_ROWS", 24)  # merged up to 12 rows
+    recorded = reflected(DeltaTable(engine.rollups.surface_uri(spec)))
+    assert compact_surface(engine, spec) == 15
+    files = files_of(engine, spec)
+    assert sorted(f["num_records"] for f in files) == [12] * 4
+    assert_layout(files, 12)
+    assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) == recorded
+    assert surface_rows(engine, spec) == expected(spec, cells)
+    assert compact_surface(engine, spec) == 0
+
+
+# -- the lag: from the logs alone -------------------------------------------------------------
+
+
+def test_the_lag_runs_from_the_oldest_flip_the_surface_does_not_show(engine, spec) -> None:
+    cells = base()
+    write_forward(engine, spec, cells)
+    assert surface_lag(engine, spec).needs_publish  # never published: no surface yet
+    publish(engine, spec)
+    assert surface_lag(engine, spec) == SurfaceLag(spec.name, snapshot_of(engine, spec), None)
+    before = datetime.now(UTC)
+    correct(engine, spec, {("meter-a", WINDOWS[0]): 1.0})
+    flipped = datetime.now(UTC)
+    correct(engine, spec, {("meter-b", WINDOWS[1]): 2.0})
+    lag = surface_lag(engine, spec)
+    assert lag.needs_publish and lag.since is not None
+    # The first flip's commit time (Delta keeps milliseconds), not the second's.
+    assert before - timedelta(milliseconds=1) <= lag.since <= flipped
+    assert lag.seconds(lag.since + timedelta(seconds=5)) == 5.0
+    publish(engine, spec)
+    assert not surface_lag(engine, spec).needs_publish
+
+
+def test_commits_that_leave_the_active_rows_lag_nothing_until_there_are_many(engine, spec) -> None:
+    write_forward(engine, spec, base())
+    publish(engine, spec)
+    store = engine.rollups
+
+    def invisible() -> None:  # a recompute's rows, committed and never flipped
+        rows = partials(spec, {("meter-a", WINDOWS[0]): 3.0})
+        g = store.next_generation(spec)
+        written = store.write_rows(
+            rows, spec, generation=g, job_id=f"j{g}", run_id="r", source_versions={}
+        )
+        store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+
+    for _ in range(NEUTRAL_SLACK):
+        invisible()
+    lag = surface_lag(engine, spec)
+    assert lag.since is None and lag.behind == NEUTRAL_SLACK and not lag.needs_publish
+    invisible()
+    lag = surface_lag(engine, spec)
+    assert lag.since is None and lag.seconds(datetime.now(UTC)) == 0.0 and lag.needs_publish
+    publish(engine, spec)
+    assert not surface_lag(engine, spec).needs_publish
+
+
+def test_a_surface_of_re_created_tables_cannot_tell_its_lag(engine, spec) -> None:
+    write_forward(engine, spec, base())
+    for i in range(3):
+        correct(engine, spec, {("meter-a", WINDOWS[1]): float(i)})
+    publish(engine, spec)
+    engine.warehouse.drop_table(engine.rollups.uri(spec))
+    engine.warehouse.drop_table(engine.rollups.genmap_uri(spec))
+    write_forward(engine, spec, {(e, WINDOWS[0]): 5.0 for e in ENTITIES})
+    lag = surface_lag(engine, spec)
+    assert lag.unknown and lag.needs_publish and lag.seconds(datetime.now(UTC)) is None

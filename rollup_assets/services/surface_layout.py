@@ -1,0 +1,223 @@
+"""The surface's file layout: within each partition, files of whole entities, each covering a
+contiguous range of entity ids and holding at most `SURFACE_FILE_ROWS` rows.
+
+Why entity ranges. A correction changes a few cells (entity, bucket); a partition holds every
+entity's rows of a UTC day, month or year. With one file per partition a publish rewrote the
+partition's rows of every entity to replace one cell, so its cost grew with the number of
+entities. Cut by entity range, the file holding a changed cell is found from the files' own
+statistics (min/max `entity_id`), and a publish rewrites only that file: at most
+`SURFACE_FILE_ROWS` rows per changed cell whatever the number of entities. A changed bucket of
+every entity (a forward refresh, a bucket recomputed whole) still rewrites its partition.
+
+A partition's rows are cut into files in (entity, bucket start) order, between entities. Inside
+a file they are ordered by bucket start, then entity: a reader filtering on time skips row
+groups (its entity filter skips whole files), and the query path puts a partition's files back
+in query order (bucket start, entity) by merging as many sorted runs as there are files
+(`in_query_order`), not by sorting every row.
+
+How files stay within the cap. A rewritten file that would exceed it is split into
+`ceil(rows / SURFACE_FILE_ROWS)` files of about equal size, cut between entities; a cell of an
+entity no file holds yet goes to the file whose range it extends (`claims`), so ranges stay
+disjoint. One entity is never split: an entity with more rows in a partition than the cap (a
+sub-minute rollup) gets a file of its own, larger than the cap. Maintenance merges neighbouring
+files that a shrinking partition left small (`compaction_groups`), instead of Delta's own
+compaction, which would pack files of unrelated entity ranges together.
+"""
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from resources.schemas import PART_COLUMN
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.windows import Window, merge_windows
+
+# Rows per surface file at most (one entity's rows are never split). Chosen by measurement
+# (docs/architecture.md, "The surface"): every file costs a plain reader about a millisecond to
+# open, so at 1,000 meters a year of daily rows in files of 16,384 rows (25 files) reads in
+# about 1.15x the time of the 13 partition-sized files it replaced, where 8,192 (49 files)
+# took 1.5x; at 10,000 meters both read faster than partition-sized files. A one-cell publish
+# reads and writes at most this many rows of each level at any number of meters.
+SURFACE_FILE_ROWS = 16_384
+ORDER = [("bucket_start", "ascending"), ("entity_id", "ascending")]
+
+
+@dataclass(frozen=True)
+class EntityRange:
+    """The entity ids a surface file holds, from its statistics (None: unknown, e.g. ids longer
+    than the statistics keep)."""
+
+    low: str | None
+    high: str | None
+
+    @classmethod
+    def of(cls, f: dict) -> "EntityRange":
+        low, high = f.get("min.entity_id"), f.get("max.entity_id")
+        known = isinstance(low, str) and isinstance(high, str)
+        return cls(low if known else None, high if known else None)
+
+    @property
+    def known(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def may_hold(self, entity: str) -> bool:
+        """Can the file hold rows of `entity`? (Always, for a file of unknown range.)"""
+        if self.low is None or self.high is None:
+            return True
+        return self.low <= entity <= self.high
+
+
+def in_entity_order(files: Sequence[dict]) -> list[dict]:
+    """The files of one partition by the first entity they hold (files of unknown range last)."""
+    return sorted(
+        files,
+        key=lambda f: (not EntityRange.of(f).known, EntityRange.of(f).low or "", f["path"]),
+    )
+
+
+def claims(ordered: Sequence[dict], entities: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """`claimant` of each entity at once (-1: no file's range is known)."""
+    lows = [r.low for r in map(EntityRange.of, ordered) if r.low is not None]
+    values = entities.to_pylist()
+    if not lows:
+        return np.full(len(values), -1, dtype=np.int64)
+    return np.array([max(0, bisect.bisect_right(lows, e) - 1) for e in values], dtype=np.int64)
+
+
+def split_by_entity(rows: pa.Table, cap: int | None = None) -> list[pa.Table]:
+    """Rows of one partition as the files they are written in (default cap:
+    `SURFACE_FILE_ROWS`): pieces of whole entities, in entity order, each within the cap (but an
+    entity with more rows than the cap, alone) and about equal in size, each ordered by bucket
+    start, then entity."""
+    cap = cap or SURFACE_FILE_ROWS
+    n = rows.num_rows
+    if n == 0:
+        return []
+    if n <= cap:
+        return [rows.sort_by(ORDER)]
+    by_entity = rows.sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
+    entity = by_entity["entity_id"]
+    changes = pc.not_equal(entity.slice(1), entity.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    # Where each entity's rows start, and the end: the only places a file may be cut.
+    bounds = np.concatenate([[0], np.flatnonzero(changes) + 1, [n]])
+    cuts = [0]
+    while cuts[-1] < n:
+        first = cuts[-1]
+        left = n - first
+        if left <= cap:
+            cuts.append(n)
+            continue
+        # The rest in as few pieces as the cap allows, about equal: cut nearest to the first
+        # piece's share, at an entity boundary within the cap (past one entity over the cap).
+        target = first + left / math.ceil(left / cap)
+        lo = int(np.searchsorted(bounds, first, side="right"))
+        hi = int(np.searchsorted(bounds, first + cap, side="right"))
+        within = bounds[lo:hi]
+        cuts.append(
+            int(within[np.argmin(np.abs(within - target))]) if len(within) else int(bounds[lo])
+        )
+    return [by_entity.slice(a, b - a).sort_by(ORDER) for a, b in itertools.pairwise(cuts)]
+
+
+def in_query_order(parts: Sequence[pa.Table]) -> pa.Table:
+    """The rows of one partition's files, given in entity order (each ordered by bucket start,
+    then entity, with disjoint entity ranges), merged into query order (bucket start, entity):
+    for each bucket start, each file's slice of it in turn. Slices copy nothing; a file not
+    ordered by bucket start is merged by a stable sort instead."""
+    if not parts:
+        raise ValueError("in_query_order needs at least one file's rows")
+    if len(parts) == 1:
+        return parts[0]
+    starts = [p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts]
+    if any(len(s) > 1 and bool((np.diff(s) < 0).any()) for s in starts):
+        rows = pa.concat_tables(parts)
+        order = np.argsort(np.concatenate(starts), kind="stable")
+        return rows.take(pa.array(order))
+    keys = np.unique(np.concatenate(starts))
+    lows = [np.searchsorted(s, keys, side="left") for s in starts]
+    highs = [np.searchsorted(s, keys, side="right") for s in starts]
+    pieces = [
+        part.slice(int(lo[k]), int(hi[k] - lo[k]))
+        for k in range(len(keys))
+        for part, lo, hi in zip(parts, lows, highs, strict=True)
+        if hi[k] > lo[k]
+    ]
+    return pa.concat_tables(pieces)
+
+
+def by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:
+    """Slices of `table` (sorted by partition) per partition value."""
+    if table.num_rows == 0:
+        return []
+    values = table[PART_COLUMN].to_pylist()
+    out, first = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[first]:
+            out.append((values[first], table.slice(first, i - first)))
+            first = i
+    return out
+
+
+def compaction_groups(ordered: Sequence[dict], limit: int | None = None) -> list[list[dict]]:
+    """Runs of neighbouring files of one partition (in entity order, ranges known) that together
+    hold at most `limit` rows (default: half the cap, so a merged file has room to grow before
+    it is split again): each run is merged into one file (runs of one file are left)."""
+    limit = limit or SURFACE_FILE_ROWS // 2
+    groups: list[list[dict]] = []
+    run: list[dict] = []
+    total = 0
+    for f in ordered:
+        rows = f.get("num_records")
+        if not EntityRange.of(f).known or not isinstance(rows, int):
+            run, total = _flush(groups, run), 0
+            continue
+        if run and total + rows > limit:
+            run, total = _flush(groups, run), 0
+        run.append(f)
+        total += rows
+    _flush(groups, run)
+    return groups
+
+
+def _flush(groups: list[list[dict]], run: list[dict]) -> list[dict]:
+    if len(run) > 1:
+        groups.append(run)
+    return []
+
+
+def files_to_read(ordered: Sequence[dict], cells: Cells, taker: np.ndarray) -> list[int]:
+    """Indices of the files (of one partition, in entity order) that may hold a row of a changed
+    cell (by their bucket and entity statistics) or take a new row (`taker`)."""
+    whole = [w for w, scope in cells if scope is None]
+    named = [(w, e) for w, scope in cells if scope is not None for e in scope]
+    entities = sorted({e for _, e in named})
+    spans = merge_windows([w for w, _ in named])
+    out = set(int(i) for i in np.unique(taker) if i >= 0)
+    for i, f in enumerate(ordered):
+        lo, hi = f.get("min.bucket_start"), f.get("max.bucket_start")
+
+        def meets(windows: list[Window], lo: object = lo, hi: object = hi) -> bool:
+            if not isinstance(lo, datetime) or not isinstance(hi, datetime):
+                return bool(windows)
+            return any(w.start <= hi and lo < w.end for w in windows)
+
+        if meets(whole):
+            out.add(i)
+            continue
+        if not entities or not meets(spans):
+            continue
+        r = EntityRange.of(f)
+        if r.low is None or r.high is None:
+            out.add(i)
+            continue
+        j = bisect.bisect_left(entities, r.low)
+        if j < len(entities) and entities[j] <= r.high:
+            out.add(i)
+    return sorted(out)
