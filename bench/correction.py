@@ -187,7 +187,7 @@ def fold_pointers(bench: Bench, world: BenchWorld) -> dict:
     """What maintenance's folding does after the waves: buckets queued, the tick that rewrites
     them, and the pointer rows left."""
     with measure(bench.probe, "fold cell pointers (maintenance's jobs, then the sensors)") as step:
-        jobs = fold_jobs(world.engine, set())
+        jobs = fold_jobs(world.engine, set(), datetime.now(UTC))
         world.engine.ledger.record(jobs)
         world.tick(NOW, CORRECTION_SENSORS)
     after = pointer_rows(world)

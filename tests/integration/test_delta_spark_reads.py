@@ -193,6 +193,9 @@ def test_history_shows_every_commit_and_its_operation(built: Built, spark: Spark
         ("MERGE", "ingest"),
         ("MERGE", "ingest"),
         ("DELETE", "delete"),
+        # Maintenance's retention pass moved the retained-from instant with nothing to drop: an
+        # empty commit records it, so an ingest racing the pass conflicts (`fence_retention`).
+        ("WRITE", "retention"),
     ]
 
 

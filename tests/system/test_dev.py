@@ -88,19 +88,51 @@ def test_dev_runs_a_correction_on_the_warm_spark_server_and_stops_cleanly(
                 interval=3,
                 what="every level to equal the raw data",
             )
-            records = world.instance.fetch_materializations(
-                dg.AssetRecordsFilter(
-                    asset_key=dg.AssetKey("energy_hourly"), after_timestamp=committed.timestamp()
-                ),
-                limit=1000,
-            ).records
-            used = {
-                str(meta["spark"].value)
-                for r in records
-                if (meta := r.asset_materialization.metadata)  # type: ignore[union-attr]
-                and meta["trigger"].value not in ("Forward", "OpenBucket")
-            }
-            assert used and all(u.startswith(server.url) for u in used), used
+            # The correction was applied as differences, on the driver. A recompute of the day
+            # for every meter (queued by the command line, run by the daemon) is Spark's work.
+            queued = subprocess.run(
+                [
+                    str(BIN / "rollups"),
+                    "recompute",
+                    "energy_hourly",
+                    "--from",
+                    day_start.isoformat(),
+                    "--to",
+                    (day_start + timedelta(days=1)).isoformat(),
+                    "--no-wait",
+                ],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert queued.returncode == 0, queued.stdout + queued.stderr
+
+            def used() -> dict[str, set[str]]:
+                records = world.instance.fetch_materializations(
+                    dg.AssetRecordsFilter(
+                        asset_key=dg.AssetKey("energy_hourly"),
+                        after_timestamp=committed.timestamp(),
+                    ),
+                    limit=1000,
+                ).records
+                out: dict[str, set[str]] = {}
+                for r in records:
+                    meta = r.asset_materialization.metadata  # type: ignore[union-attr]
+                    if meta and meta["trigger"].value not in ("Forward", "OpenBucket"):
+                        out.setdefault(str(meta["trigger"].value), set()).add(
+                            str(meta["spark"].value)
+                        )
+                return out
+
+            wait_for(lambda: "Manual" in used(), 300, interval=3, what="the manual recompute")
+            seen = used()
+            started = {u for urls in seen.values() for u in urls if u != "not started"}
+            assert started and all(u.startswith(server.url) for u in started), seen
+            assert all(u.startswith(server.url) for u in seen["Manual"]), seen
+            # What the recompute queued above it runs too before `rollups dev` is stopped.
+            wait_for(lambda: settled(world.instance), 300, what="the daemon to go idle")
         finally:
             if dev.poll() is None:
                 os.kill(dev.pid, signal.SIGINT)  # what Ctrl-C delivers to the foreground job
