@@ -116,7 +116,7 @@ def test_configuring_again_replaces_the_reader() -> None:
 
 def test_job_events_count_by_outcome_with_their_run_time() -> None:
     running = Job("energy_hourly", Trigger.PERIODIC, hours(2), state=JobState.RUNNING)
-    done = running.next(state=JobState.COMPLETED, duration_ms=1500, technique="delta")
+    done = running.next(state=JobState.COMPLETED, duration_ms=1500, technique="difference")
     start = datetime(2025, 6, 3, tzinfo=UTC)
     failed = Job(
         "energy_daily",
@@ -137,7 +137,7 @@ def test_job_events_count_by_outcome_with_their_run_time() -> None:
     assert jobs.unit == "{job}"
     assert jobs.total() == 5
     assert jobs.total(rollup="energy_hourly", outcome="completed", lane="recompute") == 1
-    assert jobs.total(technique="delta", trigger="Periodic") == 1
+    assert jobs.total(technique="difference", trigger="Periodic") == 1
     assert jobs.total(rollup="energy_daily", outcome="failed", trigger="ChainPropagation") == 1
     assert jobs.total(outcome="given_up") == 1 and jobs.total(outcome="coalesced") == 1
     assert jobs.total(lane="forward", outcome="completed", technique="none") == 1
