@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from resources.warehouse import spark_uri
 from rollup_assets.demo.report import table
 from rollup_assets.demo.story import CORRECTED_METER, DemoError, Story
+from rollup_assets.services.surface import publish
 
 ROLLUP = "energy_monthly"
 
@@ -25,6 +26,9 @@ def read_with_delta_spark(story: Story, spark: SparkSession) -> None:
         "The surface table holds exactly the active rows; Spark, Databricks, Trino, DuckDB or "
         "Polars read it as a plain Delta table.",
     )
+    # The surface publish sensor keeps it within its lag bound; the demo publishes on the spot,
+    # as `rollups publish` does, so what Spark reads is the state the query reads.
+    publish(story.engine, story.engine.catalog.rollup(ROLLUP))
     ours = story.query(ROLLUP)
     frame = spark.read.format("delta").load(path)
     theirs = frame.select(*ours.column_names).toArrow()
