@@ -13,7 +13,8 @@ from bench.baselines import computed_sql, differing, duck, lookback_refresh, ora
 from bench.context import Bench
 from bench.generate import NOW, PERIOD_END, Dataset, late_readings
 from bench.harness import BenchWorld, RunSpan
-from bench.metrics import measure, median, say
+from bench.metrics import delta_logs, measure, median, say, written_since
+from bench.reads import compare_downsampling, compare_reads
 from resources.delta_tables import open_table, read_commit
 from rollup_assets.model.jobs import ChangeSource, Job
 from rollup_assets.model.specs import RollupSpec
@@ -44,17 +45,39 @@ def write_late(bench: Bench, dataset: Dataset, count: int, seed: int) -> tuple[p
     return table, path
 
 
-def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed: int) -> dict:
-    """Ingest `count` late readings, tick until quiet; what each level recomputed and read."""
+def correct(
+    bench: Bench,
+    world: BenchWorld,
+    dataset: Dataset,
+    count: int,
+    seed: int,
+    with_reads: bool = True,
+) -> dict:
+    """Ingest `count` late readings, tick until quiet, publish the surfaces: what each level
+    recomputed and read, the bytes every step wrote, and (`with_reads`) how reads compare with
+    a plain read of the surface before and after the publish."""
     table, path = write_late(bench, dataset, count, seed)
+    logs = delta_logs(world.warehouse)
     with measure(bench.probe, f"ingest of {count:,} late reading(s)") as ingest_step:
         result = world.ingest(path, ChangeSource.MANUAL)
+    written = {"ingest": written_since(world.warehouse, logs)}
     committed = world.commit_time(result.version)
+    logs = delta_logs(world.warehouse)
     with measure(bench.probe, f"correction of {count:,} reading(s): sensors + runs") as step:
         world.tick(NOW, CORRECTION_SENSORS)
+    written["correction"] = written_since(world.warehouse, logs)
     jobs = world.recompute_jobs_since(committed)
     runs = [r for r in world.runs_since(step.started - 1) if r.end <= step.ended]
+    # Reads right after the wave, before any fold: while the surface lags, the query path
+    # folds the differences itself; once published, it reads the surface.
+    reads = {"surface_lagging": year_of_daily_rows(bench, world) if with_reads else None}
+    logs = delta_logs(world.warehouse)
     published = publish_surfaces(bench, world, f"after {count:,} reading(s)")
+    written["publish"] = written_since(world.warehouse, logs)
+    written["total"] = {k: sum(w[k] for w in written.values()) for k in ("files", "bytes", "rows")}
+    if with_reads:
+        reads["surface_current"] = year_of_daily_rows(bench, world)
+        reads["downsample_to_months"] = compare_downsampling(bench, world)
     levels: dict[str, dict] = {
         name: {"windows": 0, "rows_written": 0, "rows_read": 0, "runs": 0, "entities": None}
         for name in world.catalog.rollups
@@ -77,6 +100,8 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
     last = max((j.finished_at for j in jobs if j.finished_at), default=None)
     latency = (last - committed).total_seconds() if last else None
     recompute_rows = sum(v["rows_read"] for v in levels.values())
+    seconds = ingest_step.seconds + step.seconds + published["publish"]["seconds"]
+    rows_read = step.rows_read["total"] + published["rows_read"]
     return {
         "readings": count,
         "raw_version": result.version,
@@ -92,6 +117,15 @@ def correct(bench: Bench, world: BenchWorld, dataset: Dataset, count: int, seed:
         "jobs": work,
         "driver_rows_read_by": bench.probe.driver.by_purpose(step.started, step.ended),
         "surface": published,
+        "bytes_written": written,
+        "reads_after": reads,
+        # Ingest, correction and publish together, and per reading (the density figures).
+        "whole_wave": {"seconds": round(seconds, 3), "rows_read": rows_read},
+        "per_reading": {
+            "seconds": round(seconds / count, 6),
+            "rows_read": round(rows_read / count, 1),
+            "bytes_written": round(written["total"]["bytes"] / count, 1),
+        },
         "_changes": table.select(["entity_id", "ts"]),
     }
 
@@ -136,6 +170,12 @@ def publish_surfaces(bench: Bench, world: BenchWorld, label: str) -> dict:
         "written": written,
         "lagging_after": still,
     }
+
+
+def year_of_daily_rows(bench: Bench, world: BenchWorld) -> dict:
+    """The query path's read of a year of daily rows (the archive's days at most) against a
+    plain delta-rs read of the surface."""
+    return compare_reads(bench, world, "energy_daily", min(365, bench.days))
 
 
 def _surface_version(world: BenchWorld, spec: RollupSpec) -> int:
@@ -184,19 +224,20 @@ def identical_reingest(bench: Bench, world: BenchWorld, day: datetime) -> dict:
 
 
 def fold_pointers(bench: Bench, world: BenchWorld) -> dict:
-    """What maintenance's folding does after the waves: buckets queued, the tick that rewrites
-    them, and the pointer rows left."""
-    with measure(bench.probe, "fold cell pointers (maintenance's jobs, then the sensors)") as step:
-        jobs = fold_jobs(world.engine, set(), datetime.now(UTC))
-        world.engine.ledger.record(jobs)
-        world.tick(NOW, CORRECTION_SENSORS)
-    after = pointer_rows(world)
-    say(f"pointer rows after folding: {after}")
+    """What maintenance's folding does once the waves' flips are past the rollback window:
+    buckets queued, the tick that folds them, and the pointer rows left."""
+    later = world.past_rollback_window()
+    with measure(bench.probe, "fold differences (maintenance's jobs, then the sensors)") as step:
+        jobs = fold_jobs(later.engine, set(), datetime.now(UTC))
+        later.engine.ledger.record(jobs)
+        later.tick(NOW, CORRECTION_SENSORS)
+    after = pointer_rows(later)
+    say(f"pointer rows after folding {sum(len(j.windows) for j in jobs):,} buckets: {after}")
     return {
         "buckets": sum(len(j.windows) for j in jobs),
         "tick_loop": step.as_dict(),
         "pointer_rows": after,
-        "surface": publish_surfaces(bench, world, "after the fold"),
+        "surface": publish_surfaces(bench, later, "after the fold"),
     }
 
 

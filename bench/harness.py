@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -104,6 +104,19 @@ class BenchWorld:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+    def past_rollback_window(self) -> "BenchWorld":
+        """This world as it runs once every flip is older than the rollback window (a week on,
+        by default): the same warehouse and instance with no rollback window left, so
+        maintenance may fold every closed bucket (the clock the runs read is the real one)."""
+        wh = str(self.warehouse)
+        settings = replace(
+            Settings.from_env(), surface_max_lag_seconds=0, generation_retention_hours=0
+        )
+        resource = WarehouseResource(root=wh, generation_retention_hours=0)
+        defs = build_definitions(self.catalog, resource, settings=settings)
+        engine = Engine(self.catalog, Warehouse(wh), generation_retention=timedelta(0))
+        return replace(self, engine=engine, defs=defs)
 
     @property
     def ops(self) -> Operations:

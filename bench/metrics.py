@@ -425,3 +425,23 @@ def measure(probe: Probe, name: str, rows: bool = True) -> Iterator[Step]:
         step.rows_read = probe.rows_read(step.started, step.ended)
     read = f", rows read {step.rows_read['total']:,}" if rows else ""
     say(f"{name}: {step.seconds:.1f}s, driver peak {step.driver_peak_mb:.0f} MiB{read}")
+
+
+def delta_logs(root: Path) -> set[Path]:
+    """Every Delta commit file under `root` (a local warehouse)."""
+    return set(root.rglob("_delta_log/*.json"))
+
+
+def written_since(root: Path, before: set[Path]) -> dict[str, int]:
+    """What the Delta commits written under `root` since `before` (from `delta_logs`) added:
+    data files, their bytes and their rows (from each add's statistics). A table's whole
+    rewrite shows here as what it is, whatever wrote it."""
+    out = {"files": 0, "bytes": 0, "rows": 0}
+    for log in sorted(delta_logs(root) - before):
+        for line in log.read_text(encoding="utf-8").splitlines():
+            add = json.loads(line).get("add") if line.strip() else None
+            if add:
+                out["files"] += 1
+                out["bytes"] += int(add["size"])
+                out["rows"] += json.loads(add.get("stats") or "{}").get("numRecords", 0)
+    return out
