@@ -61,8 +61,9 @@ def validate_catalog(
     resolved: dict[str, RollupSpec] = {}
     for name in ordered:
         resolved[name] = _check_rollup(rollups[name], raw, time_range, resolved)
-    for spec in [*values, *resolved.values()]:
-        _check_retention(spec, [r for r in resolved.values() if r.source == spec.name])
+    retained: list[ArchiveSpec] = [*values, *resolved.values()]
+    for archive in retained:
+        _check_retention(archive, [r for r in resolved.values() if r.source == archive.name])
     # Ingest checks each time-range row against the buckets of the rollups built from it.
     time_range = {
         name: dataclasses.replace(
