@@ -192,8 +192,9 @@ def lineage(rollup: str, bucket: str, entity: str, fmt: str) -> None:
 def status(rollup: str | None, fmt: str) -> None:
     """Health of one rollup or of every archive: status, watermark, pending and held work, the
     last success and failure, work given up after its last attempt, any action (a rewind, a
-    column change) under way or left unfinished, and how many seconds its surface table lags
-    behind its oldest change not published yet (0: none)."""
+    column change) under way or left unfinished, the instant retention keeps rows from (raw and
+    rollups), and how many seconds its surface table lags behind its oldest change not
+    published yet (0: none)."""
     from rollup_assets.model.intents import Intent
     from rollup_assets.services.health import health
     from rollup_assets.services.surface_lag import surface_lag
@@ -227,6 +228,7 @@ def status(rollup: str | None, fmt: str) -> None:
                     "archive": n,
                     "status": s.status.value if s else "Created",
                     "action_under_way": intent.describe() if intent else None,
+                    "retained_from": iso_utc(s.retained_from) if s and s.retained_from else None,
                 },
             )
     echo_data(rows, fmt)
