@@ -238,7 +238,7 @@ def status(rollup: str | None, fmt: str) -> None:
 @click.option(
     "--now",
     "now",
-    help="Measure the raw retention horizons from this instant (ISO-8601); "
+    help="Measure the retention horizons from this instant (ISO-8601); "
     "default: ROLLUPS_NOW, else the real time.",
 )
 @click.option(
@@ -254,12 +254,14 @@ def status(rollup: str | None, fmt: str) -> None:
 @tenant_option
 @handle_errors
 def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
-    """Finish interrupted actions, apply raw retention, then sweep, compact, vacuum and
-    checkpoint every table.
+    """Finish interrupted actions, apply raw and rollup retention, then sweep, compact, vacuum
+    and checkpoint every table.
 
     Retention: an activated raw or time-range archive whose spec declares `retention` loses its
     UTC days older than now - retention, once every first-level rollup reading it has
     aggregated them. The rollups keep their values (a retention delete is not a correction).
+    A rollup declaring `retention` loses its buckets older than now - retention, once every
+    rollup reading it has aggregated them; the levels above keep their values.
     Actions an interrupted process left half done (a rewind, a column change, a rollback) are
     finished first. Each table's compaction, vacuum and checkpoint runs on its own, retried
     when it loses a commit race; exits 1 if an archive's retention or a step of a table failed
@@ -269,10 +271,12 @@ def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
 
     at = parse_instant(now, "--now") if now else settings().now
     report = run(engine(), now=at, retention_hours=retention_hours)
-    shown = {"details", "retention", "failures"}
+    shown = {"details", "retention", "rollup_retention", "failures"}
     echo_data({k: v for k, v in asdict(report).items() if k not in shown}, fmt)
-    for outcome in report.retention:
-        click.echo(outcome.describe(), err=fmt != "table")
+    lines = [o.describe() for o in report.retention]
+    lines += [o.describe() for o in report.rollup_retention]
+    for line in lines:
+        click.echo(line, err=fmt != "table")
     for failure in report.failures:
         click.echo(f"failed: {failure}", err=True)
     if report.retention_failures or report.failures:
