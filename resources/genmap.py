@@ -28,7 +28,7 @@ stale action fails its commit (`FenceMovedError`) instead of installing pointers
 another action removed.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -71,6 +71,9 @@ GENMAP_SCHEMA = pa.schema(
 
 # The app id of the pointer table's fence (see the module docstring).
 FENCE_APP = "rollups.fence"
+# The app id under which rollup retention records, in the pointer commit that dropped the
+# pointers of the buckets before it, the instant (Unix microseconds) the rollup keeps from.
+RETAINED_APP = "rollups.retained_from"
 
 
 def _conform(table: DeltaTable) -> pa.Table:
@@ -78,6 +81,12 @@ def _conform(table: DeltaTable) -> pa.Table:
     if "delta" not in data.column_names:
         data = data.append_column("delta", pa.array([False] * data.num_rows, pa.bool_()))
     return data.select(GENMAP_SCHEMA.names).cast(GENMAP_SCHEMA)
+
+
+def retained_mark(table: DeltaTable | None) -> int:
+    """The instant (Unix microseconds) before which rollup retention dropped every pointer of
+    a pointer table snapshot (0: it never did)."""
+    return 0 if table is None else table.transaction_version(RETAINED_APP) or 0
 
 
 def fence_of(table: DeltaTable | None) -> int | None:
@@ -369,12 +378,14 @@ def write_pointer_table(
     storage_options: dict[str, str] | None = None,
     expect: int | None = ANY,
     move: bool = False,
+    marks: Sequence[tuple[str, int]] = (),
 ) -> int:
     """Replace the whole pointer table with `change(current)` in one commit (retried on a
     conflict, `change` then applied to the fresh table). With `expect` (a fence read earlier,
     None for "no table yet"), the commit is a compare-and-set: it raises FenceMovedError,
     committing nothing, when the fence is no longer that value. With `move`, the commit moves
-    the fence on: whoever read it before fails its own commit."""
+    the fence on: whoever read it before fails its own commit. `marks` are further app
+    transactions (app id, version) the commit records (retention's `RETAINED_APP`)."""
     fs, root = filesystem_for(uri, storage_options)
 
     def plan(snapshot: DeltaTable | None) -> CommitPlan:
@@ -390,7 +401,7 @@ def write_pointer_table(
         add = add_action(write_file(fs, root, "", new, row_group_rows=None))
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
         moved = [(FENCE_APP, (fence or 0) + 1)] if move else []
-        return CommitPlan(adds=[add], removes=removes, app_transactions=moved)
+        return CommitPlan(adds=[add], removes=removes, app_transactions=[*moved, *marks])
 
     return commit(
         uri, plan, schema=GENMAP_SCHEMA, metadata=metadata, storage_options=storage_options

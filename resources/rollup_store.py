@@ -56,7 +56,7 @@ from resources.genmap import (
     visible_mask,
     write_pointer_table,
 )
-from resources.rollup_table import RollupTable, Written, cell_keys, in_windows
+from resources.rollup_table import REPLACED_KEY, RollupTable, Written, cell_keys, in_windows
 from resources.schemas import (
     DELTA_COLUMN,
     PART_COLUMN,
@@ -80,11 +80,6 @@ from rollup_assets.model.windows import Window, iso_utc, merge_windows
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
 READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
-
-
-# The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
-# [start, end] ISO pairs).
-REPLACED_KEY = "rollups.replaced"
 
 
 class PointersMoved(Exception):

@@ -1,4 +1,4 @@
-"""A rollup table's location and its row rewrites: sweeps, reclaims and rewinds.
+"""A rollup table's location and its row rewrites: sweeps, reclaims, rewinds and retention.
 
 A rollup table holds rows of every generation. Rows leave it only by a file rewrite: each file
 holding rows to drop is removed and its other rows are written to a new file, all in one commit
@@ -7,9 +7,12 @@ what a flip superseded (never before the flip, and not while a pointer of the ce
 than the generation retention: as-of reads and rollbacks find the superseded rows meanwhile); a
 reclaim drops generations that were never flipped (left by runs that died before their flip); a
 rewind drops recomputed rows after a watermark it moves back, once it has dropped their pointers
-(moving the rollup's fence).
+(moving the rollup's fence); retention drops every row (base and difference rows of every
+generation) of the buckets before the instant the rollup keeps from, once it has dropped their
+pointers (recording that instant and moving the fence).
 """
 
+import json
 import logging
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -40,9 +43,11 @@ from resources.delta_tables import (
     remove_action,
 )
 from resources.genmap import (
+    RETAINED_APP,
     covered_mask,
     flipped_since,
     read_pointers,
+    retained_mark,
     visible_mask,
     write_pointer_table,
 )
@@ -51,13 +56,18 @@ from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows, micros
+from rollup_assets.model.windows import Window, iso_utc, merge_windows, micros
 
 log = logging.getLogger(__name__)
 # A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and
 # larger than SWEEP_MIN_ROWS) to the maintenance sweep; see RollupTable.sweep.
 SWEEP_FACTOR = 8
 SWEEP_MIN_ROWS = 4_096
+# The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
+# [start, end] ISO pairs); a retention commit of the row table records the same.
+REPLACED_KEY = "rollups.replaced"
+# The `rollups.operation` of retention's commits (pointer table and row table).
+RETENTION_OPERATION = "retention"
 
 
 def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) -> pa.ChunkedArray:
@@ -317,6 +327,64 @@ class RollupTable:
             )
 
         return self._delete_rows(spec, select, drop, {"rollups.operation": "rewind"})
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def pointers_retained_from(self, spec: RollupSpec) -> datetime | None:
+        """The instant before which retention dropped every pointer of the rollup, as its
+        pointer table records it (None: it never did)."""
+        mark = retained_mark(open_table(self.genmap_uri(spec), self.options))
+        return datetime.fromtimestamp(mark / 1e6, UTC) if mark else None
+
+    def drop_pointers_before(self, spec: RollupSpec, cut: datetime) -> int | None:
+        """Retention's first effect: drop the pointers of buckets starting before `cut` in one
+        commit that records `cut` (`RETAINED_APP`) and moves the rollup's fence, so a recompute
+        that read the fence before can no longer flip there. Nothing is committed when the table
+        records `cut` (or later) already. Returns the commit's version (None: none)."""
+        kept = self.pointers_retained_from(spec)
+        if kept is not None and kept >= cut:
+            return None
+        b = pa.scalar(cut, TS)
+        return write_pointer_table(
+            self.genmap_uri(spec),
+            lambda cur: cur.filter(pc.greater_equal(cur["bucket_start"], b)),
+            metadata={
+                "rollups.operation": RETENTION_OPERATION,
+                "rollups.retained_from": iso_utc(cut),
+            },
+            storage_options=self.options,
+            move=True,
+            marks=[(RETAINED_APP, micros(cut))],
+        )
+
+    def delete_before(self, spec: RollupSpec, cut: datetime) -> int:
+        """Retention's second effect, once the pointers are gone: delete every row of a bucket
+        starting before `cut` (base and difference rows, of every generation) in one commit,
+        which records the buckets from the first stored one to `cut` as replaced:
+        generation-0 rows were visible without a pointer, so the surface's publish learns that
+        those cells changed. Returns the rows deleted (no commit when none)."""
+        table = open_table(self.uri(spec), self.options)
+        files = file_actions(table) if table is not None else []
+        starts = [f.get("min.bucket_start") for f in files]
+        first = min((t for t in starts if t is not None), default=cut)
+        if first >= cut and None not in starts:
+            return 0  # nothing stored before the cut
+        b = pa.scalar(cut, TS)
+
+        def select(files: list[dict]) -> list[dict]:
+            return [
+                f for f in files if f.get("min.bucket_start") is None or f["min.bucket_start"] < cut
+            ]
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            return pc.less(rows["bucket_start"], b)
+
+        metadata = {
+            "rollups.operation": RETENTION_OPERATION,
+            "rollups.retained_from": iso_utc(cut),
+            REPLACED_KEY: json.dumps([[iso_utc(first), iso_utc(cut)]]),
+        }
+        return self._delete_rows(spec, select, drop, metadata)
 
     def _delete_rows(
         self,

@@ -48,6 +48,8 @@ POINTS = {
     "column_intent": "a column change recorded its intent; the table not switched",
     "column_switch": "a column change switched the table; rows ingested meanwhile not refreshed",
     "retention_state": "retention recorded the new retained-from instant; nothing dropped",
+    "rollup_retention_state": "rollup retention recorded its retained-from; pointers still there",
+    "rollup_retention_pointers": "rollup retention dropped the pointers (fence moved); rows there",
     # Ingest.
     "merge_attempt": "an ingest checked its rows against retention; its MERGE not committed",
 }

@@ -192,8 +192,9 @@ def lineage(rollup: str, bucket: str, entity: str, fmt: str) -> None:
 def status(rollup: str | None, fmt: str) -> None:
     """Health of one rollup or of every archive: status, watermark, pending and held work, the
     last success and failure, work given up after its last attempt, any action (a rewind, a
-    column change) under way or left unfinished, and how many seconds its surface table lags
-    behind its oldest change not published yet (0: none)."""
+    column change) under way or left unfinished, the instant retention keeps rows from (raw and
+    rollups), and how many seconds its surface table lags behind its oldest change not
+    published yet (0: none)."""
     from rollup_assets.model.intents import Intent
     from rollup_assets.services.health import health
     from rollup_assets.services.surface_lag import surface_lag
@@ -227,6 +228,7 @@ def status(rollup: str | None, fmt: str) -> None:
                     "archive": n,
                     "status": s.status.value if s else "Created",
                     "action_under_way": intent.describe() if intent else None,
+                    "retained_from": iso_utc(s.retained_from) if s and s.retained_from else None,
                 },
             )
     echo_data(rows, fmt)
@@ -236,7 +238,7 @@ def status(rollup: str | None, fmt: str) -> None:
 @click.option(
     "--now",
     "now",
-    help="Measure the raw retention horizons from this instant (ISO-8601); "
+    help="Measure the retention horizons from this instant (ISO-8601); "
     "default: ROLLUPS_NOW, else the real time.",
 )
 @click.option(
@@ -252,12 +254,14 @@ def status(rollup: str | None, fmt: str) -> None:
 @tenant_option
 @handle_errors
 def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
-    """Finish interrupted actions, apply raw retention, then sweep, compact, vacuum and
-    checkpoint every table.
+    """Finish interrupted actions, apply raw and rollup retention, then sweep, compact, vacuum
+    and checkpoint every table.
 
     Retention: an activated raw or time-range archive whose spec declares `retention` loses its
     UTC days older than now - retention, once every first-level rollup reading it has
     aggregated them. The rollups keep their values (a retention delete is not a correction).
+    A rollup declaring `retention` loses its buckets older than now - retention, once every
+    rollup reading it has aggregated them; the levels above keep their values.
     Actions an interrupted process left half done (a rewind, a column change, a rollback) are
     finished first. Each table's compaction, vacuum and checkpoint runs on its own, retried
     when it loses a commit race; exits 1 if an archive's retention or a step of a table failed
@@ -267,10 +271,12 @@ def maintain(now: str | None, retention_hours: int, fmt: str) -> None:
 
     at = parse_instant(now, "--now") if now else settings().now
     report = run(engine(), now=at, retention_hours=retention_hours)
-    shown = {"details", "retention", "failures"}
+    shown = {"details", "retention", "rollup_retention", "failures"}
     echo_data({k: v for k, v in asdict(report).items() if k not in shown}, fmt)
-    for outcome in report.retention:
-        click.echo(outcome.describe(), err=fmt != "table")
+    lines = [o.describe() for o in report.retention]
+    lines += [o.describe() for o in report.rollup_retention]
+    for line in lines:
+        click.echo(line, err=fmt != "table")
     for failure in report.failures:
         click.echo(f"failed: {failure}", err=True)
     if report.retention_failures or report.failures:

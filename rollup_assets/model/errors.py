@@ -81,8 +81,9 @@ class UnsupportedTableFeatureError(RollupsError):
 
 
 class RawRowsRetainedError(RollupsError):
-    """A first-level recompute (or rewind) needs raw rows that retention removed; the stored
-    buckets keep their values and nothing was written."""
+    """A recompute (or rewind, or rollback) needs rows that retention removed: raw rows of a
+    first level's source, buckets of a rollup a level above reads, or the rollup's own dropped
+    buckets; the stored buckets keep their values and nothing was written."""
 
 
 class InvalidTimeRangeError(RollupsError):

@@ -1,4 +1,5 @@
-"""Raw retention: which whole UTC days of a raw or time-range archive go, and what that forbids.
+"""Retention: which whole UTC days of a raw or time-range archive go, which buckets of a rollup
+go, and what that forbids.
 
 A raw table is partitioned by the UTC day of its time column. Retention drops whole days: a day
 goes when every instant of it is older than `now - retention` (the day ending exactly at that
@@ -8,10 +9,16 @@ work in it. The rollups keep what they aggregated from the dropped rows: they be
 record, so a first-level recompute that would need those rows is refused, while the levels above
 still recompute from the level below.
 
+A rollup drops whole buckets: a bucket goes when it ends at or before `now - retention`, and
+only once every rollup reading it (the levels directly above) has aggregated it (its watermark
+is at or past the bucket's end) and neither the rollup nor a reader has pending or running work
+in it. The levels above keep their values; a recompute that would read the dropped buckets is
+refused, and a correction skips them at that level while the levels above still take it.
+
 Pure Python: every instant is an aware UTC `datetime`.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, time, timedelta
 
 from rollup_assets.model.windows import Window, merge_windows
@@ -38,6 +45,23 @@ def retention_cut(now: datetime, retention: timedelta, holds: Iterable[datetime]
     cut = retention_horizon(now, retention)
     for hold in holds:
         cut = min(cut, utc_midnight(hold))
+    return cut
+
+
+def bucket_cut(
+    now: datetime,
+    retention: timedelta,
+    floor: Callable[[datetime], datetime],
+    holds: Iterable[datetime],
+) -> datetime:
+    """The bucket boundary before which a rollup's buckets are dropped now: the start of the
+    bucket holding `now - retention` (`floor` is the rollup's: the start of the bucket holding
+    an instant), moved back to the start of the bucket of every hold (a watermark of the rollup
+    or of a reader, the first bucket start of pending or running work), so no bucket still
+    needed goes."""
+    cut = floor(now - retention)
+    for hold in holds:
+        cut = min(cut, floor(hold))
     return cut
 
 

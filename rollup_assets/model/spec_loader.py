@@ -413,6 +413,7 @@ _ROLLUP_KEYS = {
     "start",
     "aggregations",
     "description",
+    "retention",
 }
 
 
@@ -447,6 +448,7 @@ def _parse_rollup(name: str, body: Any) -> RollupSpec:
         start=_start(name, b.get("start")),
         aggregations=aggs,
         description=str(b.get("description", "")),
+        retention=_retention(name, b),
     )
 
 
@@ -470,7 +472,8 @@ def _aggregation(name: str, index: int, a: Any) -> AggregationSpec:
 
 
 def _retention(name: str, body: Mapping[str, Any]) -> timedelta | None:
-    """`retention` of a raw or time-range archive; absent or null: rows are kept forever."""
+    """`retention` of a raw or time-range archive or of a rollup; absent or null: rows are kept
+    forever."""
     value = body.get("retention")
     return None if value is None else _duration(name, "retention", value)
 

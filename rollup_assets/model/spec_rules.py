@@ -61,8 +61,9 @@ def validate_catalog(
     resolved: dict[str, RollupSpec] = {}
     for name in ordered:
         resolved[name] = _check_rollup(rollups[name], raw, time_range, resolved)
-    for spec in values:
-        _check_retention(spec, [r for r in resolved.values() if r.source == spec.name])
+    retained: list[ArchiveSpec] = [*values, *resolved.values()]
+    for archive in retained:
+        _check_retention(archive, [r for r in resolved.values() if r.source == archive.name])
     # Ingest checks each time-range row against the buckets of the rollups built from it.
     time_range = {
         name: dataclasses.replace(
@@ -83,12 +84,11 @@ def _check_tenants(tenants: dict[str, Tenant]) -> None:
             raise SpecError(f"tenants.{name}", "tenant name", f"tenant name {problem}")
 
 
-def _check_retention(
-    spec: RawArchiveSpec | TimeRangeArchiveSpec, readers: list[RollupSpec]
-) -> None:
-    """A raw day may only go once every rollup reading it has closed the buckets it touches:
-    the retention must be longer than each first level's longest bucket plus its watermark
-    lag (otherwise the forward lane would aggregate a bucket whose rows are partly gone)."""
+def _check_retention(spec: ArchiveSpec, readers: list[RollupSpec]) -> None:
+    """Rows (a raw day, a rollup's bucket) may only go once every rollup reading them has
+    closed the buckets they fall in: the retention must be longer than each reader's longest
+    bucket plus its watermark lag (otherwise the forward lane would aggregate a bucket whose
+    rows are partly gone)."""
     if spec.retention is None:
         return
     if spec.retention <= timedelta(0):

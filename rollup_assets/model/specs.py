@@ -280,6 +280,10 @@ class RollupSpec:
     watermark_lag: timedelta = timedelta(0)
     refresh_open_bucket: bool = True
     description: str = ""
+    # How long the rollup's buckets are kept (buckets older than it are dropped, once every
+    # rollup reading this one has aggregated them); None: forever. Not part of the schema
+    # fingerprint: it may change while the rollup is activated.
+    retention: timedelta | None = None
     # Filled in by validation: the value type of each aggregated source column.
     column_types: Mapping[str, ColumnType] = field(default_factory=dict, compare=False)
     kind: ArchiveKind = field(default=ArchiveKind.ROLLUP, init=False)
@@ -347,8 +351,9 @@ ArchiveSpec = RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
 def schema_fingerprint(spec: ArchiveSpec) -> str:
     """The schema-relevant part of a spec; an activated archive must keep it unchanged.
 
-    A raw archive's `retention` is not in it: retention decides how long rows are kept, not
-    what a row is, so it may be changed (shortened or lengthened) on an activated archive."""
+    An archive's `retention` (raw, time-range or rollup) is not in it: retention decides how
+    long rows are kept, not what a row is, so it may be changed (shortened or lengthened) on an
+    activated archive."""
     if isinstance(spec, RollupSpec):
         return spec.schema_fingerprint()
     # Computed columns are not frozen: the table records the formulas it applies, and a changed

@@ -27,7 +27,8 @@ class ArchiveState:
     accept_gaps: bool | None = None
     fingerprint: str | None = None
     activated_at: datetime | None = None
-    # Raw and time-range archives: retention has dropped every UTC day before this midnight.
+    # Retention has dropped everything before this instant: every UTC day before this midnight
+    # (raw and time-range archives), every bucket before this bucket boundary (rollups).
     retained_from: datetime | None = None
     # An operator action of several commits under way (`model.intents`), encoded; None: none.
     intent: str | None = None

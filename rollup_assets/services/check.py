@@ -23,20 +23,25 @@ class CheckDiff:
     rows: int
     differing: int
     examples: list[dict] = field(default_factory=list)
-    retained: int = 0  # buckets not checked: their raw rows were removed by retention
+    retained: int = 0  # buckets not checked: retention removed their source rows or them
 
 
 def compare_with_source(
     engine: Engine, spark: SparkSession, spec: RollupSpec, spans: list[Window]
 ) -> CheckDiff:
     """Compare the aggregated (closed) buckets in `spans`; later buckets are skipped, and so
-    are first-level buckets whose raw rows retention removed (counted in `retained`)."""
+    are buckets whose source rows retention removed, or which the rollup's own retention
+    dropped (counted in `retained`)."""
     publish(engine, spec)
     state = engine.states.get(spec.name)
     mark = state.watermark
     buckets = [w for w in buckets_in(spec, spans) if mark is not None and w.end <= mark]
-    # A first-level bucket whose raw rows retention removed has no source left to compare with.
-    removed = engine.removed_spans(engine.catalog.archive(spec.source))
+    # A bucket whose source rows retention removed has no source left to compare with, and one
+    # the rollup's own retention dropped has no stored rows.
+    removed = [
+        *engine.removed_spans(engine.catalog.archive(spec.source)),
+        *engine.removed_spans(spec),
+    ]
     kept = [w for w in buckets if not removed_within([w], removed)]
     retained = len(buckets) - len(kept)
     buckets = kept

@@ -222,33 +222,47 @@ class Engine:
         )
 
     def removed_spans(self, source: ArchiveSpec) -> list[Window]:
-        """The time ranges of a raw or time-range archive whose rows retention removed (empty
-        for a rollup): everything before the archive's `retained_from` (recorded in its state
-        before the days are dropped, so it outlives the table's log), and the ranges of manual
-        retention deletes (recorded in their commits). The one answer to "which raw range is
+        """The time ranges of an archive whose rows retention removed: everything before the
+        archive's `retained_from` (recorded in its state before anything is dropped, so it
+        outlives the table's log) and, for a raw or time-range archive, the ranges of manual
+        retention deletes (recorded in their commits). The one answer to "which range is
         gone"."""
-        if isinstance(source, RollupSpec):
-            return []
-        spans = self.raw.retained_spans(source)
+        spans = [] if isinstance(source, RollupSpec) else self.raw.retained_spans(source)
         kept_from = self.states.get(source.name).retained_from
         if kept_from is not None:
             spans.append(Window(BEGINNING, kept_from))
         return merge_windows(spans)
 
+    def require_kept(self, spec: RollupSpec, windows: Sequence[Window]) -> None:
+        """Refuse work that would write or show again buckets of `spec` its own retention
+        dropped (a recompute, a rewind or a rollback there)."""
+        own = self.removed_spans(spec)
+        dropped = removed_within(windows, own)
+        if dropped:
+            asked = merge_windows(list(windows))
+            span = Window(asked[0].start, asked[-1].end)
+            raise RawRowsRetainedError(
+                f"cannot aggregate '{spec.name}' again over {span}: its buckets in "
+                f"{', '.join(str(w) for w in dropped)} were dropped by its retention "
+                f"({spec.name} keeps nothing {describe_removed(own)}); the levels above keep "
+                "their values and nothing was written."
+            )
+
     def require_source_rows(self, spec: RollupSpec, windows: Sequence[Window]) -> None:
-        """Refuse work on `spec` that would aggregate raw rows retention removed: a first-level
-        bucket reaching into a removed range can no longer be aggregated again (its stored rows
-        are the only record). A rollup over a rollup always can: it reads the level below."""
+        """Refuse work on `spec` that would aggregate rows retention removed: a bucket reaching
+        into a removed range of its source (raw rows, or a rollup's dropped buckets) can no
+        longer be aggregated again (its stored rows are the only record), and a bucket of
+        `spec` that its own retention dropped is not brought back."""
+        self.require_kept(spec, windows)
         source = self.catalog.archive(spec.source)
         removed = self.removed_spans(source)
-        if not removed:
-            return
         gone = removed_within(windows, removed)
         if gone:
             asked = merge_windows(list(windows))
             span = Window(asked[0].start, asked[-1].end)
+            what = "rows" if isinstance(source, RollupSpec) else "raw rows"
             raise RawRowsRetainedError(
-                f"cannot aggregate '{spec.name}' again over {span}: it needs raw rows of "
+                f"cannot aggregate '{spec.name}' again over {span}: it needs {what} of "
                 f"'{source.name}' in {', '.join(str(w) for w in gone)}, which retention removed "
                 f"({source.name} keeps nothing {describe_removed(removed)}); the stored buckets "
                 "keep their values and nothing was written. The levels above still recompute "

@@ -38,6 +38,8 @@ class Health:
     last_given_up: str | None = None
     # An operator action of several commits under way or left unfinished (`model.intents`).
     action_under_way: str | None = None
+    # Retention dropped every bucket before this boundary (None: every bucket is kept).
+    retained_from: datetime | None = None
 
 
 def health(
@@ -78,6 +80,7 @@ def health(
             else None
         ),
         action_under_way=intent.describe() if intent else None,
+        retained_from=state.retained_from,
     )
 
 

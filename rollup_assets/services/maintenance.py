@@ -3,7 +3,8 @@ folding, and vacuum.
 
 First what interrupted operator actions left is finished (`services.recovery`), then each raw
 archive's retention drops its UTC days older than its horizon (`services.retention`); the
-rollups keep what they aggregated from them.
+rollups keep what they aggregated from them. Then each rollup's retention drops its buckets
+older than its horizon (`services.rollup_retention`); the levels above keep their values.
 
 Every commit adds a log entry and usually a small file; forward refreshes and control writes add
 many. Upkeep keeps reads fast: a checkpoint bounds log replay, compaction merges small files
@@ -24,8 +25,8 @@ fold changes the layout, never a value (cells a rollback gave back an earlier st
 bucket a pointer of which could still be rolled back is left until the generation retention
 has passed since its flip (`model.keeping`), checked again when the fold runs: a fold
 supersedes every pointer of its buckets and would take that rollback away. Buckets a retention
-delete reached are not folded at the first level: their raw rows are gone, so the stored rows
-are the only record (`Engine.removed_spans`).
+delete reached are not folded at the level above it: the source rows (raw rows, or a rollup's
+dropped buckets) are gone, so the stored rows are the only record (`Engine.removed_spans`).
 
 Every rollup's surface is published (`services.surface`: built when missing, brought up to date
 when its publish lags) and then kept like the other tables, except that its small neighbouring
@@ -55,6 +56,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import RetentionOutcome, apply_retention
+from rollup_assets.services.rollup_retention import RollupRetentionOutcome, apply_rollup_retention
 from rollup_assets.services.surface import publish
 from rollup_assets.services.surface_files import compact as compact_surface
 
@@ -68,6 +70,7 @@ STEP_ATTEMPTS = 5
 class MaintenanceReport:
     raw_days_dropped: int = 0  # UTC days retention dropped from raw and time-range archives
     raw_rows_dropped: int = 0
+    rollup_rows_dropped: int = 0  # rows rollup retention dropped (base and difference rows)
     retention_failures: int = 0  # archives whose retention failed (the others went on)
     tables: int = 0
     files_compacted: int = 0
@@ -77,6 +80,7 @@ class MaintenanceReport:
     buckets_to_fold: int = 0  # buckets queued to be rewritten whole (their pointers folded)
     details: list[str] = field(default_factory=list)
     retention: list[RetentionOutcome] = field(default_factory=list)
+    rollup_retention: list[RollupRetentionOutcome] = field(default_factory=list)
     # Steps that failed after their retries ("<table>: <step>: <error>"); the others went on.
     failures: list[str] = field(default_factory=list)
 
@@ -110,9 +114,8 @@ def fold_jobs(engine: Engine, busy: set[str], now: datetime) -> list[Job]:
         if spec.name in busy or queued or state is None or state.watermark is None:
             continue
         buckets = sorted(engine.buckets_to_fold(spec, now=now, closed_before=state.watermark))
-        source = engine.catalog.archive(spec.source)
-        if buckets and not isinstance(source, RollupSpec):
-            kept = engine.removed_spans(source)
+        if buckets:
+            kept = engine.removed_spans(engine.catalog.archive(spec.source))
             buckets = [w for w in buckets if not any(w.overlaps(k) for k in kept)]
         if buckets:
             jobs.append(Job(spec.name, Trigger.MAINTENANCE, tuple(sorted(buckets)), entities=None))
@@ -137,11 +140,11 @@ def maintain(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     enforce_retention: bool = True,
 ) -> MaintenanceReport:
-    """Finish what interrupted actions left, apply raw retention as of `now` (default: the real
-    clock), then sweep, fold, compact, vacuum (files unreferenced for `retention_hours`, never
-    less than the generation retention) and checkpoint every table. Each step of each table
-    runs on its own: a commit race lost is retried, and a step that still fails is reported
-    (`failures`) while the others go on."""
+    """Finish what interrupted actions left, apply raw and rollup retention as of `now`
+    (default: the real clock), then sweep, fold, compact, vacuum (files unreferenced for
+    `retention_hours`, never less than the generation retention) and checkpoint every table.
+    Each step of each table runs on its own: a commit race lost is retried, and a step that
+    still fails is reported (`failures`) while the others go on."""
     report = MaintenanceReport()
     for note in recover(engine, actor="maintenance"):
         report.details.append(note)
@@ -152,6 +155,11 @@ def maintain(
         report.raw_rows_dropped += outcome.rows
         report.retention_failures += bool(outcome.error)
         report.details.append(outcome.describe())
+    for kept in apply_rollup_retention(engine, now or datetime.now(UTC)):
+        report.rollup_retention.append(kept)
+        report.rollup_rows_dropped += kept.rows
+        report.retention_failures += bool(kept.error)
+        report.details.append(kept.describe())
     warehouse, catalog = engine.warehouse, engine.catalog
     active = {j.rollup: j for j in engine.ledger.snapshot().jobs.values() if j.state.active}
     statuses = engine.states.all()

@@ -32,12 +32,13 @@ again for its part before the rewind point (the forward lane aggregates the rest
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
 from resources.fill import Fill
+from resources.genmap import read_pointers
 from resources.raw_store import ChangeFeedGone
 from resources.rollup_table import Written
 from rollup_assets import metrics
@@ -158,6 +159,18 @@ def run_recompute(
     events: list[Job] = []
     if waiting:
         events.append(job.again(tuple(sorted(waiting))))
+    carried: list[Job] = []
+    dropped = _dropped(state.retained_from, ready) if job.corrects else []
+    if dropped:
+        # Retention dropped these buckets here: a difference would bring back a partial bucket.
+        # The levels above still hold them, and take the change as their own correction.
+        ready = [w for w in ready if w not in set(dropped)]
+        carried = _carry_up(engine, spec, job, dropped)
+        events += carried
+        say(
+            f"{spec.name}: {len(dropped)} bucket(s) before {state.retained_from} were dropped by "
+            f"retention; their change goes to the levels above ({len(carried)} job(s))"
+        )
     if not ready:
         note = (
             "nothing to recompute: every bucket is at/after the watermark "
@@ -165,6 +178,8 @@ def run_recompute(
         )
         if waiting:
             note = f"{len(waiting)} bucket(s) are frozen or past the watermark and stay pending"
+        if dropped:
+            note = f"{len(dropped)} bucket(s) dropped by retention; the levels above corrected"
         done = job.next(
             state=JobState.COMPLETED,
             windows_processed=0,
@@ -177,7 +192,7 @@ def run_recompute(
         )
         engine.ledger.record([*events, done])
         say(f"{spec.name}: {note}")
-        return RunOutcome(done, [], note=note)
+        return RunOutcome(done, [], note=note, propagated=carried)
 
     if progress is not None:
         progress(spec.name, 0, len(ready))
@@ -319,7 +334,7 @@ def run_recompute(
             version,
             work.versions,
             duration,
-            propagated=propagated,
+            propagated=[*carried, *propagated],
             change=change,
         )
     except BaseException as exc:
@@ -327,6 +342,33 @@ def run_recompute(
         # Dagster stops a run with a BaseException: the job must not stay Running behind it.
         record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
         raise
+
+
+def _dropped(retained_from: datetime | None, buckets: list[Window]) -> list[Window]:
+    """The buckets retention dropped: those starting before the rollup's `retained_from`."""
+    if retained_from is None:
+        return []
+    return [w for w in buckets if w.start < retained_from]
+
+
+def _carry_up(engine: Engine, spec: RollupSpec, job: Job, dropped: list[Window]) -> list[Job]:
+    """Corrections of the levels above for the part of correction `job` in buckets `spec` no
+    longer holds (retention dropped them): the same source changes, shown from the pointer
+    table's current version. That version is past retention's pointer commit, and so past
+    every version from which a level above aggregated those cells: no aggregation above can
+    hold the change already (a recompute above over them is refused since)."""
+    parts = job.parts_within(dropped) or ()
+    if not parts:
+        return []
+    _, seen = read_pointers(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options)
+    return propagation_jobs(
+        engine.catalog,
+        spec,
+        cells_of(spec, job).restrict(dropped),
+        seen,
+        engine.states.all(),
+        parts=tuple(replace(p, seen_at=seen) for p in parts),
+    )
 
 
 @dataclass

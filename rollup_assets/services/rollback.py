@@ -116,6 +116,9 @@ def rollback(
     ]
     if done_before:
         raise RollbackRefusedError(f"{what}: already rolled back by job {done_before[0].job_id}")
+    # Retention dropped the rows the rollback would show again (and their pointers): refused,
+    # like any other work over dropped buckets.
+    engine.require_kept(spec, job.windows)
     running = snap.active(spec.name)
     if running:
         raise RollbackRefusedError(

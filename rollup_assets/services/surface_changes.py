@@ -1,11 +1,12 @@
 """Which cells of a rollup changed between two of its states (pointer and row versions): what a
 publish of the surface replaces, and what the level above checks its stored rows against.
 
-Active rows change in two ways only: a pointer commit (a flip, a rewind, a rollback) changes the
-cells of the pointers that differ between the two pointer versions; a forward-lane commit of the
-row table (generation-0 rows replaced in place) changes the buckets it records and its added
-files' statistics span. Every other row-table commit (`NEUTRAL_OPERATIONS`: a recompute's
-invisible rows, sweeps, reclaims, compaction) leaves the active rows as they were.
+Active rows change in two ways only: a pointer commit (a flip, a rewind, a rollback, retention)
+changes the cells of the pointers that differ between the two pointer versions; a forward-lane
+commit of the row table (generation-0 rows replaced in place), or retention's (every row of the
+buckets before its instant deleted), changes the buckets it records and its added files'
+statistics span. Every other row-table commit (`NEUTRAL_OPERATIONS`: a recompute's invisible
+rows, sweeps, reclaims, compaction) leaves the active rows as they were.
 """
 
 import bisect
@@ -23,8 +24,8 @@ from deltalake.exceptions import DeltaError
 
 from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
 from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import REPLACED_KEY, Reflected
-from resources.rollup_table import in_windows
+from resources.rollup_store import Reflected
+from resources.rollup_table import REPLACED_KEY, RETENTION_OPERATION, in_windows
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
@@ -33,8 +34,12 @@ from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
 
-# Row-table commits that change which rows are active: the forward lane's in-place writes.
-FORWARD_OPERATIONS = frozenset({Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value})
+# Row-table commits that change which rows are active: the forward lane's in-place writes, and
+# retention's deletes (generation-0 rows are active without a pointer). Each records the
+# buckets it replaced.
+FORWARD_OPERATIONS = frozenset(
+    {Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value, RETENTION_OPERATION}
+)
 # Row-table commits that leave the active rows as they were (a rewind's pointer commit is what
 # changes them; its row commit deletes rows no pointer referenced any more).
 NEUTRAL_OPERATIONS = frozenset({"recompute", "sweep", "reclaim", "rewind", *NO_DATA_OPERATIONS})
