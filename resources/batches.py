@@ -65,8 +65,9 @@ class BatchReader:
 
     # -- passes ------------------------------------------------------------------------------
 
-    def validate(self) -> BatchSummary:
-        """First pass: convert every chunk, check keys are unique; nothing is kept but keys."""
+    def validate(self, not_before: dt.datetime | None = None) -> BatchSummary:
+        """First pass: convert every chunk, check keys are unique and no reading is before
+        `not_before` (what retention keeps); nothing is kept but keys."""
         keys: list[pa.Table] = []
         offset = 0
         lo = hi = None
@@ -77,6 +78,8 @@ class BatchReader:
             except IngestValidationError as err:
                 raise self._first_offence(err, chunk, offset, keys) from None
             time_col = key_columns(self.spec)[1]
+            if not_before is not None:
+                self._require_retained(t, offset, keys, not_before)
             keys.append(self._keys(t, offset))
             if t.num_rows:
                 a, b = pc.min_max(t[time_col]).values()
@@ -94,6 +97,28 @@ class BatchReader:
             raise self._duplicate(first)
         entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
         return BatchSummary(offset, lo, hi, sorted(days), entities)
+
+    def _require_retained(
+        self, t: pa.Table, offset: int, keys: list[pa.Table], not_before: dt.datetime
+    ) -> None:
+        """Refuse the first reading of converted chunk `t` before `not_before` (retention has
+        dropped its day: its rollups keep their values and would not be corrected), unless a
+        key repeated before it is the first offence."""
+        time_col = key_columns(self.spec)[1]
+        early = pc.less(t[time_col], pa.scalar(not_before, t.schema.field(time_col).type))
+        if not pc.any(early).as_py():
+            return
+        i = pc.index(early, True).as_py()
+        before = pa.concat_tables([*keys, self._keys(t.slice(0, i), offset)])
+        dup = _first_duplicate(before, key_columns(self.spec))
+        if dup is not None:
+            raise self._duplicate(dup)
+        raise IngestValidationError(
+            self.spec.name,
+            offset + i,
+            f"{time_col} {t[time_col][i].as_py().isoformat()} is before "
+            f"{not_before.isoformat()}: retention has dropped those days",
+        )
 
     def _keys(self, t: pa.Table, offset: int) -> pa.Table:
         rows = pa.array(range(offset, offset + t.num_rows), pa.int64())

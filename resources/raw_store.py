@@ -889,9 +889,7 @@ def _validated(
 ) -> tuple[BatchReader, BatchSummary]:
     """The batch validated whole, as an ingest does (IngestValidationError otherwise)."""
     reader = BatchReader(spec, source, progress)
-    summary = reader.validate()
-    _require_retained(spec, summary, not_before)
-    return reader, summary
+    return reader, reader.validate(not_before)
 
 
 def _require_retained(
