@@ -1,8 +1,10 @@
-"""Reading and validating an ingest batch (Parquet or CSV) against a raw or time-range spec.
+"""Validating an ingest batch (a Parquet or CSV file, or data in memory: `batch_sources`)
+against a raw or time-range spec.
 
 The batch is validated whole before anything is written: every chunk is converted to the
-archive's Arrow schema, and the first offending row (0-based, in file order) is reported with its
-reason. Conversion is streamed in chunks, so a large file is never held several times over.
+archive's Arrow schema, and the first offending row (0-based, in the batch's order) is reported
+with its reason. Conversion is streamed in chunks, so a large batch is never held several times
+over.
 
 Rules: an entity id is text, not empty, without control characters (a newline, a NUL);
 required columns present and non-null; values convertible to the declared type; no NaN
@@ -21,10 +23,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
 
 from resources.batch_conversion import BatchConverter
+from resources.batch_sources import BatchSource, FileSource
 from resources.schemas import archive_schema
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.progress import Progress
@@ -35,8 +36,6 @@ from rollup_assets.model.specs import (
     TimeRangeArchiveSpec,
     key_columns,
 )
-
-CHUNK_ROWS = 262_144
 
 
 @dataclass(frozen=True)
@@ -49,80 +48,38 @@ class BatchSummary:
 
 
 class BatchReader:
-    """Validated, converted chunks of one input file; `validate()` must pass before `chunks()`."""
+    """Validated, converted chunks of one batch (a file, or data in memory: `batch_sources`);
+    `validate()` must pass before `chunks()`."""
 
     def __init__(
         self,
         spec: RawArchiveSpec | TimeRangeArchiveSpec,
-        path: str | Path,
+        source: BatchSource | str | Path,
         progress: Progress | None = None,
     ) -> None:
         self.spec = spec
-        self.path = Path(path)
+        self.source = source if isinstance(source, BatchSource) else FileSource(spec.name, source)
         self.schema = archive_schema(spec)
         self.converter = BatchConverter(spec, self.schema)
         self.progress = progress
 
-    # -- raw chunks from the file ----------------------------------------------------------
-
-    def _raw_chunks(self) -> Iterator[pa.Table]:
-        suffix = self.path.suffix.lower()
-        if not self.path.exists():
-            raise IngestValidationError(self.spec.name, None, f"file {self.path} does not exist")
-        if self.path.stat().st_size == 0:
-            raise IngestValidationError(self.spec.name, None, f"file {self.path} is empty")
-        if suffix in (".parquet", ".pq"):
-            try:
-                pf = pq.ParquetFile(self.path)
-                for batch in pf.iter_batches(batch_size=CHUNK_ROWS):
-                    yield pa.Table.from_batches([batch])
-            except (pa.ArrowException, OSError) as exc:
-                raise IngestValidationError(
-                    self.spec.name, None, f"{self.path.name} is not a readable Parquet file ({exc})"
-                ) from None
-        elif suffix in (".csv", ".txt"):
-            try:
-                reader = pcsv.open_csv(
-                    self.path,
-                    read_options=pcsv.ReadOptions(block_size=1 << 24),
-                    convert_options=pcsv.ConvertOptions(
-                        column_types=dict.fromkeys(self._csv_header(), pa.string()),
-                        # Only an empty cell is missing: Arrow's default list would turn text
-                        # such as "NA" or "null" into nulls, and "NaN" must reach the NaN check.
-                        null_values=[""],
-                        strings_can_be_null=True,
-                    ),
-                )
-                for batch in reader:
-                    yield pa.Table.from_batches([batch])
-            except (pa.ArrowException, OSError) as exc:
-                raise IngestValidationError(
-                    self.spec.name, None, f"{self.path.name} is not a readable CSV file ({exc})"
-                ) from None
-        else:
-            raise IngestValidationError(
-                self.spec.name, None, f"unsupported file type '{suffix}' (use .parquet or .csv)"
-            )
-
-    def _csv_header(self) -> list[str]:
-        with open(self.path, encoding="utf-8-sig", errors="replace") as f:
-            first = f.readline().strip()
-        return [c.strip().strip('"') for c in first.split(",")]
-
     # -- passes ------------------------------------------------------------------------------
 
-    def validate(self) -> BatchSummary:
-        """First pass: convert every chunk, check keys are unique; nothing is kept but keys."""
+    def validate(self, not_before: dt.datetime | None = None) -> BatchSummary:
+        """First pass: convert every chunk, check keys are unique and no reading is before
+        `not_before` (what retention keeps); nothing is kept but keys."""
         keys: list[pa.Table] = []
         offset = 0
         lo = hi = None
         days: set[dt.date] = set()
-        for chunk in self._raw_chunks():
+        for chunk in self.source.chunks():
             try:
                 t = self.converter.convert(chunk, offset)
             except IngestValidationError as err:
                 raise self._first_offence(err, chunk, offset, keys) from None
             time_col = key_columns(self.spec)[1]
+            if not_before is not None:
+                self._require_retained(t, offset, keys, not_before)
             keys.append(self._keys(t, offset))
             if t.num_rows:
                 a, b = pc.min_max(t[time_col]).values()
@@ -133,13 +90,35 @@ class BatchReader:
             if self.progress is not None:
                 self.progress("validated", offset)
         if offset == 0 or lo is None or hi is None:
-            raise IngestValidationError(self.spec.name, None, f"{self.path.name} holds no rows")
+            raise IngestValidationError(self.spec.name, None, f"{self.source.label} holds no rows")
         allkeys = pa.concat_tables(keys)
         first = _first_duplicate(allkeys, key_columns(self.spec))
         if first is not None:
             raise self._duplicate(first)
         entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
         return BatchSummary(offset, lo, hi, sorted(days), entities)
+
+    def _require_retained(
+        self, t: pa.Table, offset: int, keys: list[pa.Table], not_before: dt.datetime
+    ) -> None:
+        """Refuse the first reading of converted chunk `t` before `not_before` (retention has
+        dropped its day: its rollups keep their values and would not be corrected), unless a
+        key repeated before it is the first offence."""
+        time_col = key_columns(self.spec)[1]
+        early = pc.less(t[time_col], pa.scalar(not_before, t.schema.field(time_col).type))
+        if not pc.any(early).as_py():
+            return
+        i = pc.index(early, True).as_py()
+        before = pa.concat_tables([*keys, self._keys(t.slice(0, i), offset)])
+        dup = _first_duplicate(before, key_columns(self.spec))
+        if dup is not None:
+            raise self._duplicate(dup)
+        raise IngestValidationError(
+            self.spec.name,
+            offset + i,
+            f"{time_col} {t[time_col][i].as_py().isoformat()} is before "
+            f"{not_before.isoformat()}: retention has dropped those days",
+        )
 
     def _keys(self, t: pa.Table, offset: int) -> pa.Table:
         rows = pa.array(range(offset, offset + t.num_rows), pa.int64())
@@ -176,7 +155,7 @@ class BatchReader:
         rows together, and a read for a few entities skips the other row groups."""
         offset = 0
         order = [(k, "ascending") for k in key_columns(self.spec)]
-        for chunk in self._raw_chunks():
+        for chunk in self.source.chunks():
             t = self.converter.convert(chunk, offset)
             offset += t.num_rows
             yield from t.sort_by(order).to_batches()

@@ -30,6 +30,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from resources.batch_conversion import with_stored_operands
+from resources.batch_sources import BatchSource, FileSource
 from resources.batches import BatchReader, BatchSummary
 from resources.delta_files import (
     ROW_GROUP_ROWS,
@@ -244,25 +245,31 @@ class RawStore:
     def ingest(
         self,
         spec: SourceSpec,
-        path: str | Path,
+        source: BatchSource | str | Path,
         change_source: ChangeSource,
         *,
         not_before: dt.datetime | None = None,
         progress: Progress | None = None,
+        written_by: str | None = None,
     ) -> IngestResult:
-        """`_ingest` with the computed columns the table applies; when they changed while the
-        batch was being upserted (a columns commit it did not see), the batch is upserted again,
-        so its rows hold the new formulas' values."""
+        """`_ingest` of `source` (a file's path, or a `BatchSource` of data in memory) with the
+        computed columns the table applies; when they changed while the batch was being upserted
+        (a columns commit it did not see), the batch is upserted again, so its rows hold the new
+        formulas' values. `written_by` (who wrote the batch: a run, an asset) is recorded in the
+        commit."""
+        if not isinstance(source, BatchSource):
+            source = FileSource(spec.name, source)
         while True:
             table = self.table(spec)
             seen = table.version() if table is not None else -1
             try:
                 result = self._ingest(
                     self.applied(spec, table),
-                    path,
+                    source,
                     change_source,
                     not_before=not_before,
                     progress=progress,
+                    written_by=written_by,
                 )
             except Exception as exc:
                 metrics.ingest_failed(spec.name, exc)
@@ -275,28 +282,34 @@ class RawStore:
     def _ingest(
         self,
         spec: SourceSpec,
-        path: str | Path,
+        source: BatchSource,
         change_source: ChangeSource,
         *,
         not_before: dt.datetime | None = None,
         progress: Progress | None = None,
+        written_by: str | None = None,
     ) -> IngestResult:
-        """Validate the whole file, then upsert it in one MERGE commit (`progress` hears of
+        """Validate the whole batch, then upsert it in one MERGE commit (`progress` hears of
         each chunk of both passes).
 
         A row equal to the stored one (every column the same, NaN equal to NaN; an optional
         column left null keeps the stored value) is not rewritten: it changes nothing, so it is
-        not in the change feed and makes nothing dirty. A file of such rows commits nothing.
+        not in the change feed and makes nothing dirty. A batch of such rows commits nothing.
         Raises IngestValidationError, leaving the table untouched, if any row is invalid, or if a
         row's time is before `not_before` (retention dropped those days; its rollups keep their
         values and would not be corrected from the raw rows).
         """
-        reader, summary = _validated(spec, path, not_before, progress)
+        reader, summary = _validated(spec, source, not_before, progress)
         clauses = upsert_clauses(spec, summary.days)
         predicate, updates, differs = clauses.predicate, clauses.updates, clauses.differs
         operands = stored_operands(spec)
         metadata = ingest_metadata(
-            change_source, summary.rows, summary.min_ts, summary.max_ts, Path(path).name
+            change_source,
+            summary.rows,
+            summary.min_ts,
+            summary.max_ts,
+            source.file,
+            written_by=written_by,
         )
 
         fenced = spec.retention is not None and as_utc(summary.min_ts) < (
@@ -869,13 +882,14 @@ def _configured(table: DeltaTable) -> DeltaTable:
 
 
 def _validated(
-    spec: SourceSpec, path: str | Path, not_before: dt.datetime | None, progress: Progress | None
+    spec: SourceSpec,
+    source: BatchSource | str | Path,
+    not_before: dt.datetime | None,
+    progress: Progress | None,
 ) -> tuple[BatchReader, BatchSummary]:
-    """The file validated whole, as an ingest does (IngestValidationError otherwise)."""
-    reader = BatchReader(spec, path, progress)
-    summary = reader.validate()
-    _require_retained(spec, summary, not_before)
-    return reader, summary
+    """The batch validated whole, as an ingest does (IngestValidationError otherwise)."""
+    reader = BatchReader(spec, source, progress)
+    return reader, reader.validate(not_before)
 
 
 def _require_retained(

@@ -89,18 +89,27 @@ def ingest_frame(
     *,
     not_before: dt.datetime | None = None,
     file: str | None = None,
+    written_by: str | None = None,
 ) -> IngestResult:
     """Upsert `frame` (columns named and typed as a file ingest takes them) into the archive in
     one delta-spark MERGE commit; IngestValidationError, writing nothing, when a row is invalid
     or before `not_before`. When the archive's computed columns changed while it ran, the frame
-    is upserted again, so its rows hold the new formulas' values (as `RawStore.ingest`)."""
+    is upserted again, so its rows hold the new formulas' values (as `RawStore.ingest`).
+    `written_by` (a run, an asset) is recorded in the commit."""
     require_delta(spark)
     raw.ensure_table(spec)
     while True:
         table = raw.table(spec)
         seen = table.version() if table is not None else -1
         result = _ingest(
-            raw, spark, raw.applied(spec, table), frame, change_source, not_before, file
+            raw,
+            spark,
+            raw.applied(spec, table),
+            frame,
+            change_source,
+            not_before,
+            file,
+            written_by,
         )
         if not columns_changed_between(raw.uri(spec), raw.options, seen, result.version):
             return result
@@ -220,10 +229,13 @@ def _ingest(
     change_source: ChangeSource,
     not_before: dt.datetime | None,
     file: str | None,
+    written_by: str | None,
 ) -> IngestResult:
     summary = validate_frame(spec, frame, not_before, file)
     clauses = upsert_clauses(spec, summary.days)
-    metadata = ingest_metadata(change_source, summary.rows, summary.min_ts, summary.max_ts, file)
+    metadata = ingest_metadata(
+        change_source, summary.rows, summary.min_ts, summary.max_ts, file, written_by=written_by
+    )
     # How this ingest's commit is found in the log afterwards.
     metadata["rollups.ingest_id"] = uuid.uuid4().hex
     uri = raw.uri(spec)

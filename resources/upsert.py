@@ -55,9 +55,12 @@ def ingest_metadata(
     min_ts: dt.datetime,
     max_ts: dt.datetime,
     file: str | None,
+    *,
+    written_by: str | None = None,
 ) -> dict[str, str]:
     """What an ingest's commit records: change detection classifies its rows by the source, and
-    skips reading it for windows outside [min_ts, max_ts]."""
+    skips reading it for windows outside [min_ts, max_ts]; the file it read, and who wrote it
+    (a run and asset), when known."""
     metadata = {
         "rollups.operation": INGEST_OPERATION,
         "rollups.change_source": change_source.value,
@@ -67,4 +70,6 @@ def ingest_metadata(
     }
     if file is not None:
         metadata["rollups.file"] = file
+    if written_by is not None:
+        metadata["rollups.written_by"] = written_by
     return metadata

@@ -13,6 +13,7 @@ from rollup_assets.orchestration.checks import build_check_job, build_rollup_che
 from rollup_assets.orchestration.jobs import build_rollup_job
 from rollup_assets.orchestration.maintenance_jobs import build_maintenance
 from rollup_assets.orchestration.operator_jobs import build_operator_jobs
+from rollup_assets.orchestration.raw_archives import build_raw_archives
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
 from rollup_assets.orchestration.surface_jobs import build_publish_job
 from rollup_assets.orchestration.tenancy import Scope, scopes_of
@@ -95,6 +96,10 @@ def build_definitions(
                     else None,
                 ),
                 **warehouse_resources(catalog, base),
+                **{
+                    scope.raw_archives_key: build_raw_archives(catalog, scope)
+                    for scope in scopes_of(catalog)
+                },
                 "clock": ClockResource(now=iso_utc(settings.now) if settings.now else None),
             },
             executor=dg.in_process_executor,

@@ -2,11 +2,11 @@
 
 Without tenants (`Scope()`) every name is the plain one it always was: asset `energy_hourly`,
 job `energy_hourly_job`, sensor `retroactive_write_sensor`, pool `rollup_energy_hourly`,
-resource `warehouse`. A tenant's scope prefixes them: asset key `acme/energy_hourly`, job
-`acme__energy_hourly_job`, sensor `acme__retroactive_write_sensor`, pool
-`rollup_acme__energy_hourly`, resource `warehouse__acme` (its own warehouse root), and its
-runs carry the tag `rollups/tenant=acme`. Archive and tenant names never contain `__`, so the
-prefixed names cannot collide.
+resources `warehouse` and `raw_archives`. A tenant's scope prefixes them: asset key
+`acme/energy_hourly`, job `acme__energy_hourly_job`, sensor `acme__retroactive_write_sensor`,
+pool `rollup_acme__energy_hourly`, resources `warehouse__acme` (its own warehouse root) and
+`raw_archives__acme`, and its runs carry the tag `rollups/tenant=acme`. Archive and tenant names
+never contain `__`, so the prefixed names cannot collide.
 """
 
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.orchestration.tags import TAG_TENANT
 
 WAREHOUSE_KEY = "warehouse"
+RAW_ARCHIVES_KEY = "raw_archives"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Scope:
     def warehouse_key(self) -> str:
         """The resource key of this scope's warehouse (and so of its engine)."""
         return f"{WAREHOUSE_KEY}__{self.tenant}" if self.tenant else WAREHOUSE_KEY
+
+    @property
+    def raw_archives_key(self) -> str:
+        """The resource key of this scope's `RawArchives` (writing readings from an asset)."""
+        return f"{RAW_ARCHIVES_KEY}__{self.tenant}" if self.tenant else RAW_ARCHIVES_KEY
 
     def tags(self) -> dict[str, str]:
         """Tags every run of this scope carries."""

@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pyarrow.compute as pc
 import pytest
 import yaml
@@ -83,4 +84,65 @@ def test_the_example_projects_rollups_stay_correct(world: World) -> None:
     late = late.set_column(2, "energy_kwh", pc.multiply(late["energy_kwh"], 2.0))
     world.ingest(late, archive="meter_raw", source="Manual")
     world.tick(NOW)
+    assert compare_all(world.query, world.raw("meter_raw"), world.catalog) == []
+
+
+def test_an_asset_of_the_project_writes_its_readings_into_the_raw_archive(world: World) -> None:
+    from existing_project.defs.readings import collect_readings
+
+    world.activate_all(NOW)
+    world.tick(NOW, sensors=("retroactive_write_sensor",))  # change detection starts here
+    raw = dg.AssetKey("meter_raw")
+    table = world.engine.raw.table(world.catalog.raw["meter_raw"])
+    assert table is not None
+    before = table.version()
+
+    def collect(day: date) -> dg.ExecuteInProcessResult:
+        return dg.materialize(
+            [world.defs.resolve_assets_def("meter_readings")],
+            instance=world.instance,
+            run_config={"ops": {"meter_readings": {"config": {"day": day.isoformat()}}}},
+        )
+
+    run = collect(DAY)
+    assert run.success
+    readings = collect_readings(DAY)
+    stored = world.raw("meter_raw").sort_values(["entity_id", "ts"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        stored[["entity_id", "ts", "energy_kwh"]],
+        readings[["entity_id", "ts", "energy_kwh"]].astype({"ts": stored["ts"].dtype}),
+    )
+    table.update_incremental()
+    version = table.version()
+    assert version == before + 1
+    seen = world.instance.fetch_observations(raw, limit=1).records[0]
+    meta = {k: v.value for k, v in seen.asset_observation.metadata.items()}
+    assert seen.run_id == run.run_id
+    assert meta["delta_version"] == version and meta["change_source"] == "Pipeline"
+    assert (meta["rows"], meta["inserted"], meta["updated"]) == (len(readings), len(readings), 0)
+    assert meta["written_by"] == f"run {run.run_id}, asset meter_readings"
+    commit = next(c for c in table.history(1))
+    assert commit["rollups.written_by"] == meta["written_by"]
+
+    # The same day collected again changes nothing: no commit, and the write says so.
+    again = collect(DAY)
+    assert again.success
+    meta = {
+        k: v.value
+        for k, v in world.instance.fetch_observations(raw, limit=1)
+        .records[0]
+        .asset_observation.metadata.items()
+    }
+    assert (meta["delta_version"], meta["inserted"], meta["unchanged"]) == (version, 0, 192)
+
+    # The retroactive-write sensor records the commit as it records a CLI ingest's, and brings
+    # the rollups over the day up to date.
+    world.tick(NOW)
+    detected = [
+        r.asset_observation.metadata
+        for r in world.instance.fetch_observations(raw, limit=10).records
+        if "dirty_rollups" in r.asset_observation.metadata
+    ]
+    assert [m["delta_version"].value for m in detected] == [version]
+    assert detected[0]["change_source"].value == "Pipeline"
     assert compare_all(world.query, world.raw("meter_raw"), world.catalog) == []

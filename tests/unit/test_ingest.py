@@ -561,7 +561,7 @@ def test_the_first_offending_row_is_reported_whatever_the_check_order(
 def test_bad_rows_in_a_later_chunk_report_the_file_row(
     store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import resources.batches as ingest_module
+    import resources.batch_sources as ingest_module
 
     monkeypatch.setattr(ingest_module, "CHUNK_ROWS", 4)
     rows = readings(12)
