@@ -13,11 +13,11 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from resources.warehouse import Warehouse
 from rollup_assets.component import RollupChain
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from tests.conftest import World
 from tests.oracle import compare_all

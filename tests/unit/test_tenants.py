@@ -11,7 +11,6 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from resources.warehouse import Warehouse, tenant_warehouse, tenant_warehouses
 from rollup_assets.assembly import build_definitions
 from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
@@ -22,6 +21,7 @@ from rollup_assets.orchestration.instance import pool_names
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import SENSORS
 from rollup_assets.orchestration.tags import TAG_TENANT
+from rollup_assets.resources.warehouse import Warehouse, tenant_warehouse, tenant_warehouses
 from rollup_assets.settings import DEFAULT_SPECS, Settings
 
 ROLLUPS = ["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly", "energy_yearly"]

@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from resources.control_tables import ControlTable
-from resources.warehouse import Warehouse
 from rollup_assets import metrics
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import (
@@ -33,6 +31,8 @@ from rollup_assets.model.jobs import (
     fold,
 )
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.resources.control_tables import ControlTable
+from rollup_assets.resources.warehouse import Warehouse
 
 TS = pa.timestamp("us", tz="UTC")
 LEDGER_SCHEMA = pa.schema(

@@ -20,10 +20,10 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from resources.warehouse import filesystem_for
 from rollup_assets.model.asof import Commit
 from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.warehouse import filesystem_for
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,10 @@
 from a local directory.
 
 `make install` fetches them once from Maven Central into the environment
-(`python -m resources.delta_jars DIR`: each file is checked against the size and SHA-256 pinned
-here, and Maven's own `.sha1` of it). Every Spark session the project starts is then given their
-local paths (`spark.jars`) with Delta's SQL extension and catalog. Starting a session downloads
-nothing: a missing jar is an error naming it and the command that installs it.
+(`python -m rollup_assets.resources.delta_jars DIR`: each file is checked against the size and
+SHA-256 pinned here, and Maven's own `.sha1` of it). Every Spark session the project starts is then
+given their local paths (`spark.jars`) with Delta's SQL extension and catalog. Starting a session
+downloads nothing: a missing jar is an error naming it and the command that installs it.
 """
 
 import hashlib
@@ -77,8 +77,8 @@ def jar_paths(directory: Path) -> list[Path]:
             found = "is not" if not path.is_file() else "is incomplete"
             raise DeltaJarsMissingError(
                 f"Delta's jar {jar.file_name} {found} in {directory}: run `{INSTALL_COMMAND}` "
-                f"(or `python -m resources.delta_jars {directory}`), or point ROLLUPS_DELTA_JARS "
-                "at the directory that holds Delta's jars"
+                f"(or `python -m rollup_assets.resources.delta_jars {directory}`), "
+                "or point ROLLUPS_DELTA_JARS at the directory that holds Delta's jars"
             )
         paths.append(path)
     return paths
@@ -149,6 +149,6 @@ def fetch(directory: Path, timeout_s: float = 120.0) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m resources.delta_jars DIRECTORY")
+        sys.exit("usage: python -m rollup_assets.resources.delta_jars DIRECTORY")
     for line in fetch(Path(sys.argv[1])):
         print(line)

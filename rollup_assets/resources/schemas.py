@@ -47,7 +47,7 @@ PART_COLUMN = "bucket_part"
 
 
 # A computed column's field carries its formula and type: the table itself records which
-# formulas its rows were computed with (see `resources/raw_columns.py`).
+# formulas its rows were computed with (see `rollup_assets/resources/raw_columns.py`).
 FORMULA_KEY = "rollups.formula"
 TYPE_KEY = "rollups.type"
 

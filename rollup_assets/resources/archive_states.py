@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.control_tables import CompareAndSetConflict, ControlTable
-from resources.delta_tables import with_retries
-from resources.warehouse import Warehouse
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.resources.control_tables import CompareAndSetConflict, ControlTable
+from rollup_assets.resources.delta_tables import with_retries
+from rollup_assets.resources.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("us", tz="UTC")

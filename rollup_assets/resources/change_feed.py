@@ -14,13 +14,18 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
-from resources.delta_tables import NO_DATA_OPERATIONS, commit_info, open_table, read_commit
-from resources.raw_columns import COLUMNS_OPERATION, formula_changed
-from resources.raw_store import RETENTION_OPERATION, RawStore
-from resources.rollup_store import RollupStore
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    commit_info,
+    open_table,
+    read_commit,
+)
+from rollup_assets.resources.raw_columns import COLUMNS_OPERATION, formula_changed
+from rollup_assets.resources.raw_store import RETENTION_OPERATION, RawStore
+from rollup_assets.resources.rollup_store import RollupStore
 
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 

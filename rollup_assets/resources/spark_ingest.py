@@ -6,9 +6,9 @@ converter as a file ingest (`batch_conversion`): each task checks its rows in or
 its first offending row, and one aggregation finds the first key repeated; the first offence
 in the frame's order (partitions in order, rows within each) is reported with its index and
 reason, and nothing is written. The rows then reach one MERGE, built from the same clauses as
-the delta-rs ingest (`resources/upsert.py`): keyed by (entity_id, time) within the batch's UTC
-days, required and computed columns take the batch's value, optional ones left null keep the
-stored value, and an unchanged row is not rewritten (so a batch of such rows commits nothing).
+the delta-rs ingest (`rollup_assets/resources/upsert.py`): keyed by (entity_id, time) within the
+batch's UTC days, required and computed columns take the batch's value, optional ones left null keep
+the stored value, and an unchanged row is not rewritten (so a batch of such rows commits nothing).
 Computed columns are evaluated by the same formulas, over the stored values of optional
 operands the batch leaves null. The commit records the ingest's metadata as JSON in
 `userMetadata` (the one free-form field delta-spark writes), which change detection reads as
@@ -35,19 +35,19 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from resources.batch_conversion import BatchConverter, fill_computed
-from resources.delta_jars import INSTALL_COMMAND, has_delta
-from resources.delta_tables import read_commit, with_user_metadata
-from resources.raw_columns import columns_changed_between
-from resources.raw_store import MERGE_ATTEMPTS, IngestResult, RawStore, SourceSpec
-from resources.schemas import archive_schema, spark_schema
-from resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses
-from resources.warehouse import spark_uri
 from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import IngestValidationError, RollupsError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, key_columns
 from rollup_assets.model.windows import EPOCH
+from rollup_assets.resources.batch_conversion import BatchConverter, fill_computed
+from rollup_assets.resources.delta_jars import INSTALL_COMMAND, has_delta
+from rollup_assets.resources.delta_tables import read_commit, with_user_metadata
+from rollup_assets.resources.raw_columns import columns_changed_between
+from rollup_assets.resources.raw_store import MERGE_ATTEMPTS, IngestResult, RawStore, SourceSpec
+from rollup_assets.resources.schemas import archive_schema, spark_schema
+from rollup_assets.resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses
+from rollup_assets.resources.warehouse import spark_uri
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ def require_delta(spark: SparkSession) -> None:
         raise DeltaSparkMissingError(
             "this Spark session does not load Delta (spark.sql.extensions has no "
             "DeltaSparkSessionExtension): start it with the project's Spark resource or "
-            f"`resources.spark.build_session`, after `{INSTALL_COMMAND}` fetched Delta's jars"
+            "`rollup_assets.resources.spark.build_session`, after "
+            f"`{INSTALL_COMMAND}` fetched Delta's jars"
         )
 
 

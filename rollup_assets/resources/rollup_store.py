@@ -1,10 +1,10 @@
 """Rollup tables on Delta: generation writes, pointer flips and the consistent read path.
 
 A rollup table holds base rows (a cell's state) and difference rows (a change of it) of every
-generation; its `__genmap` says which are visible per cell (`resources.genmap`). Writers follow
-the optimistic atomic swap: write rows at a new generation, flip the pointers in one commit,
-then sweep what the flip superseded (`RollupTable`). The forward lane (closing and refreshing
-the open bucket) instead replaces generation-0 rows in place with one atomic commit.
+generation; its `__genmap` says which are visible per cell (`rollup_assets.resources.genmap`).
+Writers follow the optimistic atomic swap: write rows at a new generation, flip the pointers in one
+commit, then sweep what the flip superseded (`RollupTable`). The forward lane (closing and
+refreshing the open bucket) instead replaces generation-0 rows in place with one atomic commit.
 
 Readers take the pointer table, then the row-table snapshot, then check that the pointer table
 did not move in between (a sweep only ever follows a flip, so an unchanged pointer version proves
@@ -30,14 +30,22 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_files import (
+from rollup_assets.compute.arrow_partials import rows_with_keys
+from rollup_assets.compute.filters import rows_within
+from rollup_assets.compute.folding import CellKey, fold
+from rollup_assets.model.asof import version_at, version_if_existed
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.errors import AsOfUnavailableError
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.resources.delta_files import (
     WRITTEN_FILES_DDL,
     TargetIndex,
     add_action,
     build_file_writer,
     targets_of,
 )
-from resources.delta_tables import (
+from rollup_assets.resources.delta_tables import (
     CommitPlan,
     commit_history,
     committed_after,
@@ -45,8 +53,8 @@ from resources.delta_tables import (
     open_table,
     with_retries,
 )
-from resources.fill import Fill, run_fill
-from resources.genmap import (
+from rollup_assets.resources.fill import Fill, run_fill
+from rollup_assets.resources.genmap import (
     flipped_pointers,
     live_files,
     read_fence,
@@ -56,8 +64,8 @@ from resources.genmap import (
     visible_mask,
     write_pointer_table,
 )
-from resources.rollup_table import RollupTable, Written, cell_keys, in_windows
-from resources.schemas import (
+from rollup_assets.resources.rollup_table import RollupTable, Written, cell_keys, in_windows
+from rollup_assets.resources.schemas import (
     DELTA_COLUMN,
     PART_COLUMN,
     data_schema,
@@ -67,15 +75,7 @@ from resources.schemas import (
     table_schema,
     with_row_shape,
 )
-from resources.warehouse import data_file_uri, spark_uri
-from rollup_assets.compute.arrow_partials import rows_with_keys
-from rollup_assets.compute.filters import rows_within
-from rollup_assets.compute.folding import CellKey, fold
-from rollup_assets.model.asof import version_at, version_if_existed
-from rollup_assets.model.cells import Cells
-from rollup_assets.model.errors import AsOfUnavailableError
-from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
-from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 
 log = logging.getLogger(__name__)
 # Threads that read a rollup's files side by side (shared, so a query starts none).
@@ -236,8 +236,8 @@ class RollupStore(RollupTable):
         )
 
     def fence(self, spec: RollupSpec) -> int | None:
-        """The rollup's fence now (`resources.genmap`): read it before reading anything a
-        pointer commit relies on, and hand it to that commit."""
+        """The rollup's fence now (`rollup_assets.resources.genmap`): read it before reading
+        anything a pointer commit relies on, and hand it to that commit."""
         return read_fence(self.genmap_uri(spec), self.options)
 
     def move_fence(self, spec: RollupSpec, why: str, *, job_id: str = "") -> int:
@@ -504,9 +504,9 @@ class RollupStore(RollupTable):
         run_id: str,
         source_versions: dict[str, int],
     ) -> Written:
-        """Executors aggregate and write a first fill (`resources.fill`), one file per storage
-        partition, stamped like `write_rows`; the add actions (nothing is committed yet), the
-        cells and source rows written per bucket, and the source rows decoded."""
+        """Executors aggregate and write a first fill (`rollup_assets.resources.fill`), one file per
+        storage partition, stamped like `write_rows`; the add actions (nothing is committed yet),
+        the cells and source rows written per bucket, and the source rows decoded."""
         stamp: dict[str, str | int] = {
             "generation": generation,
             "run_id": run_id,

@@ -38,8 +38,11 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_files import add_action, write_file
-from resources.delta_tables import (
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.errors import FenceMovedError
+from rollup_assets.model.windows import micros
+from rollup_assets.resources.delta_files import add_action, write_file
+from rollup_assets.resources.delta_tables import (
     CommitPlan,
     LatestCache,
     commit,
@@ -47,10 +50,7 @@ from resources.delta_tables import (
     open_table,
     remove_action,
 )
-from resources.warehouse import filesystem_for
-from rollup_assets.model.cells import Cells
-from rollup_assets.model.errors import FenceMovedError
-from rollup_assets.model.windows import micros
+from rollup_assets.resources.warehouse import filesystem_for
 
 TS = pa.timestamp("us", tz="UTC")
 GENMAP_SCHEMA = pa.schema(

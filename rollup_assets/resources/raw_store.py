@@ -29,33 +29,6 @@ from deltalake import CommitProperties, DeltaTable, Transaction, WriterPropertie
 from deltalake.exceptions import CommitFailedError, DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
-from resources.batch_conversion import with_stored_operands
-from resources.batches import BatchReader, BatchSummary
-from resources.delta_files import (
-    ROW_GROUP_ROWS,
-    TargetIndex,
-    Targets,
-    read_row_groups,
-    targets_of,
-)
-from resources.delta_tables import (
-    NO_DATA_OPERATIONS,
-    TABLE_CONFIGURATION,
-    commit_history,
-    commit_info,
-    file_actions,
-    open_table,
-    prune_files,
-    read_commit,
-    refuse_deletion_vectors,
-    with_retries,
-    with_user_metadata,
-)
-from resources.raw_columns import COLUMNS_OPERATION, S, applied_spec, columns_changed_between
-from resources.rollup_table import in_windows
-from resources.schemas import archive_data_schema, archive_schema, spark_schema
-from resources.upsert import ingest_metadata, upsert_clauses
-from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 from rollup_assets import metrics
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
@@ -74,12 +47,44 @@ from rollup_assets.model.specs import (
     key_columns,
 )
 from rollup_assets.model.windows import Window, as_utc, iso_utc, merge_windows, micros
+from rollup_assets.resources.batch_conversion import with_stored_operands
+from rollup_assets.resources.batches import BatchReader, BatchSummary
+from rollup_assets.resources.delta_files import (
+    ROW_GROUP_ROWS,
+    TargetIndex,
+    Targets,
+    read_row_groups,
+    targets_of,
+)
+from rollup_assets.resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    TABLE_CONFIGURATION,
+    commit_history,
+    commit_info,
+    file_actions,
+    open_table,
+    prune_files,
+    read_commit,
+    refuse_deletion_vectors,
+    with_retries,
+    with_user_metadata,
+)
+from rollup_assets.resources.raw_columns import (
+    COLUMNS_OPERATION,
+    S,
+    applied_spec,
+    columns_changed_between,
+)
+from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.schemas import archive_data_schema, archive_schema, spark_schema
+from rollup_assets.resources.upsert import ingest_metadata, upsert_clauses
+from rollup_assets.resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 
 log = logging.getLogger(__name__)
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 # Raw files are capped (about 15,000 energy readings each), and an ingest's rows are sorted
-# by entity and time (`resources/batches.py`): a file holds a narrow range of entities of one
-# day, so an upsert rewrites only the capped files holding the rows it changes (the MERGE
+# by entity and time (`rollup_assets/resources/batches.py`): a file holds a narrow range of entities
+# of one day, so an upsert rewrites only the capped files holding the rows it changes (the MERGE
 # skips the others by their statistics), whatever the number of entities or days.
 RAW_FILE_BYTES = 512 * 1024
 RAW_CONFIGURATION = {

@@ -13,7 +13,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from resources.delta_tables import TABLE_CONFIGURATION, LatestCache, open_table, with_retries
+from rollup_assets.resources.delta_tables import (
+    TABLE_CONFIGURATION,
+    LatestCache,
+    open_table,
+    with_retries,
+)
 
 log = logging.getLogger(__name__)
 

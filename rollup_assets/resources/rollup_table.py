@@ -22,7 +22,11 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from resources.delta_files import (
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.keeping import Keeping
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window, merge_windows, micros
+from rollup_assets.resources.delta_files import (
     ROW_GROUP_ROWS,
     TargetIndex,
     Targets,
@@ -30,7 +34,7 @@ from resources.delta_files import (
     read_row_groups,
     write_file,
 )
-from resources.delta_tables import (
+from rollup_assets.resources.delta_tables import (
     CommitPlan,
     commit,
     file_actions,
@@ -39,19 +43,15 @@ from resources.delta_tables import (
     read_commit,
     remove_action,
 )
-from resources.genmap import (
+from rollup_assets.resources.genmap import (
     covered_mask,
     flipped_since,
     read_pointers,
     visible_mask,
     write_pointer_table,
 )
-from resources.schemas import PART_COLUMN, TS, data_schema, table_schema
-from resources.warehouse import Warehouse, filesystem_for
-from rollup_assets.model.cells import Cells
-from rollup_assets.model.keeping import Keeping
-from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows, micros
+from rollup_assets.resources.schemas import PART_COLUMN, TS, data_schema, table_schema
+from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 
 log = logging.getLogger(__name__)
 # A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and

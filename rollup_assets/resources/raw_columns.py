@@ -32,10 +32,6 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from resources.batch_conversion import fill_computed
-from resources.delta_tables import commit_info, file_actions, read_commit, with_retries
-from resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
-from resources.warehouse import filesystem_for
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.formulas import parse_formula
 from rollup_assets.model.specs import (
@@ -46,6 +42,15 @@ from rollup_assets.model.specs import (
     TimeRangeArchiveSpec,
     key_columns,
 )
+from rollup_assets.resources.batch_conversion import fill_computed
+from rollup_assets.resources.delta_tables import (
+    commit_info,
+    file_actions,
+    read_commit,
+    with_retries,
+)
+from rollup_assets.resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
+from rollup_assets.resources.warehouse import filesystem_for
 
 SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)

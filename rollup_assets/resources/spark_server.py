@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pyspark
 
-from resources.delta_jars import delta_conf
-from resources.processes import pid_alive
-from resources.spark import LOCAL_DEFAULTS, REQUIRED_CONF
+from rollup_assets.resources.delta_jars import delta_conf
+from rollup_assets.resources.processes import pid_alive
+from rollup_assets.resources.spark import LOCAL_DEFAULTS, REQUIRED_CONF
 from rollup_assets.settings import DEFAULT_DELTA_JARS
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ from typing import Any
 
 import dagster as dg
 
-from resources.change_feed import ChangeFeed, SourceLog
 from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.jobs import JobState, Lane
@@ -37,15 +36,16 @@ from rollup_assets.orchestration.tags import (
     partition_range_tags,
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
+from rollup_assets.resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets.sensors.detection import DEFAULT_LIMITS, detect
+from rollup_assets.sensors.drain import Launch, plan_drain
+from rollup_assets.sensors.forward_plan import plan_forward
+from rollup_assets.sensors.surface_plan import plan_publish
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.surface_lag import SurfaceLag, surface_lag
 from rollup_assets.settings import DetectionLimits
-from sensors.detection import DEFAULT_LIMITS, detect
-from sensors.drain import Launch, plan_drain
-from sensors.forward_plan import plan_forward
-from sensors.surface_plan import plan_publish
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from resources.delta_jars import delta_conf
+from rollup_assets.resources.delta_jars import delta_conf
 from rollup_assets.settings import DEFAULT_DELTA_JARS
 
 log = logging.getLogger(__name__)

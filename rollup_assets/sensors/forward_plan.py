@@ -17,7 +17,7 @@ from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigge
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from sensors.drain import Launch
+from rollup_assets.sensors.drain import Launch
 
 
 class SourceLog(Protocol):

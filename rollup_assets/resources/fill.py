@@ -28,7 +28,13 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from resources.delta_files import (
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.folding import fold
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
+from rollup_assets.model.windows import EPOCH, Window, micros
+from rollup_assets.resources.delta_files import (
     WRITTEN_FILES_SCHEMA,
     TargetIndex,
     add_action,
@@ -36,22 +42,16 @@ from resources.delta_files import (
     row_groups_for,
     write_file,
 )
-from resources.genmap import visible_mask
-from resources.rollup_table import Written, cell_keys
-from resources.schemas import (
+from rollup_assets.resources.genmap import visible_mask
+from rollup_assets.resources.rollup_table import Written, cell_keys
+from rollup_assets.resources.schemas import (
     PART_COLUMN,
     archive_data_schema,
     data_schema,
     part_values,
     with_row_shape,
 )
-from resources.warehouse import filesystem_for
-from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import partials_arrow
-from rollup_assets.compute.folding import fold
-from rollup_assets.model.cells import Cells
-from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
-from rollup_assets.model.windows import EPOCH, Window, micros
+from rollup_assets.resources.warehouse import filesystem_for
 
 TS = pa.timestamp("us", tz="UTC")
 # What each task returns per file: the written file, and per bucket (start in microseconds

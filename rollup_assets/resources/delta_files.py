@@ -21,8 +21,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from resources.warehouse import filesystem_for
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.warehouse import filesystem_for
 
 WRITTEN_FILES_SCHEMA = pa.schema(
     [

@@ -19,7 +19,6 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.change_feed import Changes
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, LedgerSnapshot, Trigger
@@ -27,6 +26,7 @@ from rollup_assets.model.placement import buckets_in, job_scope
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.change_feed import Changes
 from rollup_assets.settings import DetectionLimits
 
 log = logging.getLogger(__name__)

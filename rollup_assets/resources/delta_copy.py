@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from resources.checksums import copy_with_sha256
-from resources.delta_tables import file_actions, open_table, read_commit
-from resources.warehouse import TABLE_FOLDERS, filesystem_for
 from rollup_assets.model.errors import BackupError
+from rollup_assets.resources.checksums import copy_with_sha256
+from rollup_assets.resources.delta_tables import file_actions, open_table, read_commit
+from rollup_assets.resources.warehouse import TABLE_FOLDERS, filesystem_for
 
 log = logging.getLogger(__name__)
 LOG_DIR = "_delta_log"

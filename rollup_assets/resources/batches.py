@@ -24,8 +24,6 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from resources.batch_conversion import BatchConverter
-from resources.schemas import archive_schema
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import (
@@ -35,6 +33,8 @@ from rollup_assets.model.specs import (
     TimeRangeArchiveSpec,
     key_columns,
 )
+from rollup_assets.resources.batch_conversion import BatchConverter
+from rollup_assets.resources.schemas import archive_schema
 
 CHUNK_ROWS = 262_144
 
