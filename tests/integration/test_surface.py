@@ -2,7 +2,7 @@
 active rows at every level: after corrections whose superseded rows stay in the row tables, after
 a run died between its flip and its publish, after a restore, and when it was never built.
 
-Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path the README
+Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path docs/reads.md
 names, never this project's read path; the values are compared with the pandas oracle."""
 
 import json
