@@ -27,9 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $@
 
-# The jars pinned in resources/delta_jars.py, checked against their pinned SHA-256.
-$(DELTA_JARS)/.installed: $(VENV)/.installed resources/delta_jars.py
-	$(BIN)/python -m resources.delta_jars $(DELTA_JARS)
+# The jars pinned in rollup_assets/resources/delta_jars.py, checked against their pinned SHA-256.
+$(DELTA_JARS)/.installed: $(VENV)/.installed rollup_assets/resources/delta_jars.py
+	$(BIN)/python -m rollup_assets.resources.delta_jars $(DELTA_JARS)
 	@touch $@
 
 install: $(VENV)/.installed $(DELTA_JARS)/.installed ## Create .venv, install the project with its dev tools and Delta's jars
@@ -51,13 +51,13 @@ test-fast: install ## Unit tests only (no JVM)
 	$(BIN)/pytest tests/unit
 
 lint: install ## ruff format --check, ruff check, and the layer contract (lint-imports)
-	$(BIN)/ruff format --check rollup_assets resources sensors tests bench
-	$(BIN)/ruff check rollup_assets resources sensors tests bench
+	$(BIN)/ruff format --check rollup_assets tests bench
+	$(BIN)/ruff check rollup_assets tests bench
 	$(BIN)/lint-imports
 
 fmt: install ## Format the code
-	$(BIN)/ruff format rollup_assets resources sensors tests bench
-	$(BIN)/ruff check --fix rollup_assets resources sensors tests bench
+	$(BIN)/ruff format rollup_assets tests bench
+	$(BIN)/ruff check --fix rollup_assets tests bench
 
 typecheck: install ## mypy on the packages
 	$(BIN)/mypy

@@ -15,10 +15,10 @@ from bench.generate import NOW, PERIOD_END, Dataset, late_readings
 from bench.harness import BenchWorld, RunSpan
 from bench.metrics import delta_logs, measure, median, say, written_since
 from bench.reads import compare_downsampling, compare_reads
-from resources.delta_tables import open_table, read_commit
 from rollup_assets.model.jobs import ChangeSource, Job
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import open_table, read_commit
 from rollup_assets.services.maintenance import fold_jobs
 from rollup_assets.services.query import query_arrow
 from rollup_assets.services.surface_lag import surface_lag

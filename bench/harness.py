@@ -17,9 +17,6 @@ import dagster as dg
 from pyspark.sql import SparkSession
 
 from bench.generate import Dataset
-from resources.raw_store import IngestResult
-from resources.spark import LOCAL_DEFAULTS, build_session
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Lane
 from rollup_assets.model.placement import buckets_in
@@ -31,6 +28,9 @@ from rollup_assets.orchestration.partitions import key_range_for, partitions_def
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import TickReport, execute, tick_until_quiet
 from rollup_assets.orchestration.tags import partition_range_tags
+from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.spark import LOCAL_DEFAULTS, build_session
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.settings import Settings

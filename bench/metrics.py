@@ -27,10 +27,10 @@ import pyarrow as pa
 import rollup_assets.services.engine as engine_module
 import rollup_assets.services.surface as surface_module
 import rollup_assets.services.surface_files as surface_files_module
-from resources.fill import Fill
-from resources.raw_store import RawStore
-from resources.rollup_store import RollupStore
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
+from rollup_assets.resources.fill import Fill
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.rollup_store import RollupStore
 
 MB = 1024 * 1024
 try:
@@ -236,8 +236,8 @@ class DriverReads:
     """Counts the rows read outside Spark's scans (installed once): every rollup-table,
     raw-table and surface-table file the driver reads (row groups read, before filtering), every
     change file a correction reads from the change feed, and the source rows the tasks of a
-    first fill or of a job's named cells decode (`resources.fill`, reported back by its
-    tasks)."""
+    first fill or of a job's named cells decode (`rollup_assets.resources.fill`, reported back by
+    its tasks)."""
 
     def __init__(self) -> None:
         self.reads: list[tuple[float, int]] = []

@@ -22,13 +22,13 @@ import rollup_assets.services.surface_layout as layout
 from bench.context import Bench
 from bench.generate import PERIOD_END
 from bench.metrics import say
-from resources.schemas import part_values
-from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import meter_ids
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.schemas import part_values
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows, publish
 

@@ -29,12 +29,12 @@ from bench.correction import CLOSED_UNTIL, write_late
 from bench.generate import Dataset
 from bench.harness import BenchWorld
 from bench.metrics import measure, say
-from resources.raw_store import IngestResult, RawStore
-from resources.spark_ingest import ingest_frame, read_file
-from resources.warehouse import Warehouse, spark_uri
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import RawArchiveSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.raw_store import IngestResult, RawStore
+from rollup_assets.resources.spark_ingest import ingest_frame, read_file
+from rollup_assets.resources.warehouse import Warehouse, spark_uri
 
 WRITERS = ("delta-rs", "delta-spark", "delta-spark, deletion vectors")
 

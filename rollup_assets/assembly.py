@@ -5,7 +5,6 @@ reusable component (`component.py`) call `build_definitions` with what they read
 
 import dagster as dg
 
-from resources.warehouse import tenant_warehouses
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.assets import build_raw_spec, build_rollup_asset
@@ -17,8 +16,9 @@ from rollup_assets.orchestration.raw_archives import build_raw_archives
 from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
 from rollup_assets.orchestration.surface_jobs import build_publish_job
 from rollup_assets.orchestration.tenancy import Scope, scopes_of
+from rollup_assets.resources.warehouse import tenant_warehouses
+from rollup_assets.sensors.definitions import build_sensors, build_surface_sensor
 from rollup_assets.settings import Settings
-from sensors.definitions import build_sensors, build_surface_sensor
 
 
 def _scope_definitions(catalog: Catalog, scope: Scope, settings: Settings) -> dg.Definitions:

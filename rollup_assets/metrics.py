@@ -172,7 +172,7 @@ def enabled() -> bool:
 
 
 class Ingested(Protocol):
-    """An ingest's result (`resources.raw_store.IngestResult`)."""
+    """An ingest's result (`rollup_assets.resources.raw_store.IngestResult`)."""
 
     @property
     def archive(self) -> str: ...
@@ -187,7 +187,7 @@ class Ingested(Protocol):
 
 
 class ReadCommit(Protocol):
-    """A source commit change detection read (`sensors.detection.CommitSummary`)."""
+    """A source commit change detection read (`rollup_assets.sensors.detection.CommitSummary`)."""
 
     @property
     def archive(self) -> str: ...
@@ -196,7 +196,7 @@ class ReadCommit(Protocol):
 
 
 class Detected(Protocol):
-    """What one detection tick found (`sensors.detection.Detection`)."""
+    """What one detection tick found (`rollup_assets.sensors.detection.Detection`)."""
 
     @property
     def jobs(self) -> Sequence[Job]: ...

@@ -54,7 +54,7 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting of a process, with the defaults documented in the README."""
+    """Every setting of a process, with the defaults documented in docs/deployment.md."""
 
     warehouse: str = DEFAULT_WAREHOUSE
     specs: Path = DEFAULT_SPECS

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets import faults
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
@@ -28,6 +27,7 @@ from rollup_assets.orchestration.partitions import key_range_for, partitions_def
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import execute, tick_until_quiet
 from rollup_assets.orchestration.tags import partition_range_tags
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def spark():
     """The one session of a test process; Delta-enabled like every session the project starts
     (Delta's jars from where `make install` put them, or $ROLLUPS_DELTA_JARS)."""
-    from resources.spark import build_session
+    from rollup_assets.resources.spark import build_session
     from rollup_assets.settings import Settings
 
     session = build_session(

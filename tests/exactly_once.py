@@ -16,12 +16,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.delta_tables import open_table
-from resources.genmap import read_pointers, visible_mask
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import open_table
+from rollup_assets.resources.genmap import read_pointers, visible_mask
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import table_uris
 from tests.oracle import oracle

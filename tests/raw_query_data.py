@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable
 
-from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.settings import DEFAULT_SPECS

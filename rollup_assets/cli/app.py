@@ -136,7 +136,7 @@ def scope() -> "Scope":
 def engine() -> "Engine":
     """The engine over the warehouse of the tenant the command acts for (the configured
     warehouse itself when the spec declares no tenants)."""
-    from resources.warehouse import Warehouse, tenant_warehouse
+    from rollup_assets.resources.warehouse import Warehouse, tenant_warehouse
     from rollup_assets.services.engine import Engine
 
     base = Warehouse(settings().warehouse)
@@ -219,8 +219,8 @@ def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
 def spark_session() -> "SparkSession":
     """The process's Spark session as the settings configure it: the warm server's when it is
     up, else a Spark Connect URL or a local master (started on the first call)."""
-    from resources.spark import build_session
-    from resources.spark_server import usable_url
+    from rollup_assets.resources.spark import build_session
+    from rollup_assets.resources.spark_server import usable_url
 
     s = settings()
     remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)

@@ -28,8 +28,8 @@ SOURCES = click.Choice(["Manual", "Pipeline", "Import"])
 def validate(fmt: str) -> None:
     """Load and validate the spec file, and its tenants' warehouse roots against
     ROLLUPS_WAREHOUSE; list the archives it declares."""
-    from resources.warehouse import Warehouse, tenant_warehouses
     from rollup_assets.model.describe import describe
+    from rollup_assets.resources.warehouse import Warehouse, tenant_warehouses
 
     c = catalog()
     tenant_warehouses(Warehouse(settings().warehouse), c)  # roots that overlap are refused

@@ -20,7 +20,7 @@ class WarmSparkError(RollupsError):
 
 def _server() -> ModuleType:
     """The server module, imported on use (it imports pyspark)."""
-    from resources import spark_server
+    from rollup_assets.resources import spark_server
 
     return spark_server
 

@@ -9,9 +9,9 @@ import click
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from resources.warehouse import spark_uri
 from rollup_assets.demo.report import table
 from rollup_assets.demo.story import CORRECTED_METER, DemoError, Story
+from rollup_assets.resources.warehouse import spark_uri
 from rollup_assets.services.surface import publish
 
 ROLLUP = "energy_monthly"

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 import dagster as dg
 
-from resources.warehouse import Warehouse
 from rollup_assets.demo.report import (
     Reader,
     chart,
@@ -28,6 +27,7 @@ from rollup_assets.demo.steps import (
 )
 from rollup_assets.demo.story import MARKER, DemoError, Story
 from rollup_assets.model.errors import TenantError
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.settings import Settings
 
@@ -63,12 +63,12 @@ def prepare_dirs(warehouse: Path, home: Path) -> str:
 
 
 def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
-    from resources.spark import build_session
     from rollup_assets.assembly import build_definitions
     from rollup_assets.demo.delta_spark import read_with_delta_spark
     from rollup_assets.model.spec_loader import load_catalog
     from rollup_assets.orchestration.instance import ensure_home, ensure_pools
     from rollup_assets.orchestration.resources import WarehouseResource
+    from rollup_assets.resources.spark import build_session
 
     warehouse = Warehouse(settings.warehouse)
     home = ensure_home(settings)

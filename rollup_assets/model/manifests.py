@@ -27,13 +27,14 @@ EXPORT_FORMAT = "rollups-export"
 BACKUP_FORMAT_VERSION = 2  # 2: every file's SHA-256
 EXPORT_FORMAT_VERSION = 1
 # How an export's checksum is kept: the SHA-256 of the file under this footer key
-# (`resources/checksums.py`); an export of an older release names none.
+# (`rollup_assets/resources/checksums.py`); an export of an older release names none.
 EXPORT_CHECKSUM = "sha256"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MANIFEST_NAME = "manifest.json"
-# Where a table may live under a warehouse root (see resources/warehouse.py); a manifest naming
-# anything else (an absolute path, `..`, a trailing newline) is refused before a restore writes a
-# byte. Matched whole (`fullmatch`): `$` would also match before a trailing newline.
+# Where a table may live under a warehouse root (see rollup_assets/resources/warehouse.py); a
+# manifest naming anything else (an absolute path, `..`, a trailing newline) is refused before a
+# restore writes a byte. Matched whole (`fullmatch`): `$` would also match before a trailing
+# newline.
 TABLE_PATH = re.compile(r"(raw|rollups|_control)/[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 

@@ -77,7 +77,7 @@ def validate_catalog(
 def _check_tenants(tenants: dict[str, Tenant]) -> None:
     """Tenant names are archive-like names (they become asset-key prefixes and parts of job,
     sensor and pool names). Whether tenants' roots overlap is decided where roots are resolved,
-    against the configured warehouse (`resources.warehouse.tenant_warehouses`)."""
+    against the configured warehouse (`rollup_assets.resources.warehouse.tenant_warehouses`)."""
     for name in tenants:
         problem = name_problem(name)
         if problem is not None:

@@ -24,12 +24,12 @@ ingest's alike) and recomputes what it made dirty.
 
 import dagster as dg
 
-from resources.raw_store import IngestResult
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.tenancy import Scope
+from rollup_assets.resources.raw_store import IngestResult
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import Readings, ingest
 

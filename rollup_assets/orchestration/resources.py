@@ -10,12 +10,17 @@ from dagster_spark.utils import flatten_dict
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from resources.spark import LazySession, active_session, apply_required_conf, build_session
-from resources.spark_server import usable_url
-from resources.warehouse import Warehouse
 from rollup_assets.model.jobs import RetryPolicy
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
+from rollup_assets.resources.spark import (
+    LazySession,
+    active_session,
+    apply_required_conf,
+    build_session,
+)
+from rollup_assets.resources.spark_server import usable_url
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.settings import DEFAULT_DELTA_JARS, DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
@@ -36,7 +41,7 @@ class SparkResource(dg.ConfigurableResource):
 
     ```python
     from delta.tables import DeltaTable
-    from resources.warehouse import spark_uri
+    from rollup_assets.resources.warehouse import spark_uri
 
     @dg.asset(deps=["energy_daily"])
     def daily_peaks(spark: SparkResource, warehouse: WarehouseResource) -> None:

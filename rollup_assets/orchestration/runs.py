@@ -7,7 +7,6 @@ from contextlib import AbstractContextManager
 
 import dagster as dg
 
-from resources.processes import pid_alive
 from rollup_assets.model.jobs import Lane
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.orchestration.dagster_internals import fail_dead_run, pool_slot
@@ -22,6 +21,7 @@ from rollup_assets.orchestration.tags import (
     tag,
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
+from rollup_assets.resources.processes import pid_alive
 
 log = logging.getLogger(__name__)
 UNFINISHED = [

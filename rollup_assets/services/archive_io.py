@@ -4,8 +4,8 @@ An export is what `query` returns for the archive (a rollup's logical columns, a
 time-range archive's rows), read from one snapshot, in one Parquet file whose key-value metadata
 carries the manifest (`model/manifests.py`: archive, kind, columns, range, entities, row count,
 source versions, export time) and, under `CHECKSUM_KEY`, the file's own SHA-256
-(`resources/checksums.py`). An import loads such a file (or any file `ingest` accepts) into a
-raw or time-range archive with the ingest semantics: validated whole, upserted in one commit,
+(`rollup_assets/resources/checksums.py`). An import loads such a file (or any file `ingest` accepts)
+into a raw or time-range archive with the ingest semantics: validated whole, upserted in one commit,
 detected by the sensors like any other write. Rollup rows are derived from their source, so they
 are never imported: import the source's rows and the rollups follow.
 
@@ -26,14 +26,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from resources.checksums import parquet_checksum_matches, parquet_placeholder, seal_parquet
-from resources.raw_store import IngestResult
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.manifests import EXPORT_CHECKSUM, ExportManifest
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import schema_fingerprint
+from rollup_assets.resources.checksums import (
+    parquet_checksum_matches,
+    parquet_placeholder,
+    seal_parquet,
+)
+from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.query import query_versions

@@ -2,9 +2,9 @@
 
 What a backup holds: every table of the warehouse (raw and time-range archives, rollups, their
 pointer tables, the archive states and the ledger) copied at one version each
-(`resources/delta_copy.py`), under `tables/<path under the root>`, and `manifest.json`, written
-last, naming each table's version, what was copied (each file with the SHA-256 of the bytes
-copied), and the archives the specs declared.
+(`rollup_assets/resources/delta_copy.py`), under `tables/<path under the root>`, and
+`manifest.json`, written last, naming each table's version, what was copied (each file with the
+SHA-256 of the bytes copied), and the archives the specs declared.
 
 Which versions: the ones a reader would have seen at one instant. They are found without
 clocks by reading twice: every table's latest version is read (a rollup's row table together
@@ -44,17 +44,6 @@ from datetime import UTC, datetime
 
 import pyarrow.fs as pafs
 
-from resources.checksums import sha256_of_files
-from resources.delta_copy import (
-    copy_files,
-    copy_table,
-    first_entry,
-    list_files,
-    split_log,
-    table_paths,
-)
-from resources.delta_tables import committed_after, open_table
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import (
     BackupError,
     BackupInvalidError,
@@ -68,6 +57,17 @@ from rollup_assets.model.manifests import (
     declared_archives,
 )
 from rollup_assets.model.progress import Progress
+from rollup_assets.resources.checksums import sha256_of_files
+from rollup_assets.resources.delta_copy import (
+    copy_files,
+    copy_table,
+    first_entry,
+    list_files,
+    split_log,
+    table_paths,
+)
+from rollup_assets.resources.delta_tables import committed_after, open_table
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish_all
 

@@ -2,7 +2,7 @@
 applies, and applying one column's change (add, new formula, remove) without stopping ingest.
 
 The spec file is where a column is declared; the table records the formulas its rows were
-computed with (`resources/raw_columns.py`). A difference is a pending change, shown by
+computed with (`rollup_assets/resources/raw_columns.py`). A difference is a pending change, shown by
 `column_states` and applied by `change_column`: every row is rewritten with the new formulas
 into files readers do not see, then one commit switches the table (a failure leaves the
 previous columns and values). Rows an ingest inserted while the rewrite ran are upserted again
@@ -26,8 +26,6 @@ from datetime import UTC, datetime
 
 from deltalake.exceptions import CommitFailedError
 
-from resources.delta_tables import with_retries
-from resources.raw_columns import INTENT_KEY, refresh_inserted, rewrite_columns, switch_commit
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.errors import InvalidArchiveOperationError, SpecError
@@ -35,6 +33,13 @@ from rollup_assets.model.intents import Intent, IntentKind, require_no_intent
 from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import iso_utc
+from rollup_assets.resources.delta_tables import with_retries
+from rollup_assets.resources.raw_columns import (
+    INTENT_KEY,
+    refresh_inserted,
+    rewrite_columns,
+    switch_commit,
+)
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,6 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from resources.delta_tables import read_commit
-from resources.genmap import base_generation
-from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION
 from rollup_assets.compute.folding import difference_rows
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
@@ -39,6 +36,9 @@ from rollup_assets.model.placement import buckets_in, cells_of
 from rollup_assets.model.specs import ENTITY_COLUMN, Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.delta_tables import read_commit
+from rollup_assets.resources.genmap import base_generation
+from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

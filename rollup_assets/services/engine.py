@@ -17,16 +17,6 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.archive_states import ArchiveStateStore
-from resources.delta_tables import file_actions, prune_files
-from resources.fill import MAX_FILL_SOURCE_ROWS, Fill, partials_schema, plan_parts, run_partials
-from resources.genmap import delta_pointers, live_files
-from resources.ledger import Ledger
-from resources.raw_store import RawStore
-from resources.rollup_store import RollupStore, Snapshot
-from resources.rollup_table import cell_keys, in_windows
-from resources.schemas import data_schema
-from resources.warehouse import Warehouse
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow, rows_with_keys
 from rollup_assets.compute.compare import (
@@ -61,6 +51,22 @@ from rollup_assets.model.specs import (
 )
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.archive_states import ArchiveStateStore
+from rollup_assets.resources.delta_tables import file_actions, prune_files
+from rollup_assets.resources.fill import (
+    MAX_FILL_SOURCE_ROWS,
+    Fill,
+    partials_schema,
+    plan_parts,
+    run_partials,
+)
+from rollup_assets.resources.genmap import delta_pointers, live_files
+from rollup_assets.resources.ledger import Ledger
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.rollup_store import RollupStore, Snapshot
+from rollup_assets.resources.rollup_table import cell_keys, in_windows
+from rollup_assets.resources.schemas import data_schema
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 log = logging.getLogger(__name__)
@@ -145,8 +151,8 @@ class Engine:
 
     def _corrected_below(self, spec: RollupSpec, cells: Cells, below: Snapshot | None) -> bool:
         """Has the level below `spec` difference rows in `cells`' buckets? Spark tasks cannot
-        aggregate a cell below again when its fold cannot tell it (`resources.fill`): such
-        work takes a path that can."""
+        aggregate a cell below again when its fold cannot tell it (`rollup_assets.resources.fill`):
+        such work takes a path that can."""
         source = self.catalog.archive(spec.source)
         if not isinstance(source, RollupSpec):
             return False
@@ -332,8 +338,8 @@ class Engine:
         below: Snapshot | None,
     ) -> tuple[pa.Table, dict[str, int]]:
         """`driver_partials` of named cells, aggregated in Spark tasks, one storage partition
-        each (`resources.fill.run_partials`: the row groups that may hold the partition's
-        cells, read and aggregated with Arrow, no shuffle), the partials brought to the
+        each (`rollup_assets.resources.fill.run_partials`: the row groups that may hold the
+        partition's cells, read and aggregated with Arrow, no shuffle), the partials brought to the
         driver."""
         plan = self._by_partition(spec, cells, raw_table, below)
         if plan is None:  # the source has no table: no cell has a row (as `driver_partials`)
@@ -385,10 +391,10 @@ class Engine:
         return self.buckets_to_fold(spec) & whole
 
     def _fill(self, spec: RollupSpec, cells: Cells, raw_table: DeltaTable | None) -> Fill | None:
-        """A first fill of `cells` (`resources.fill`), when it applies: buckets for every entity
-        with nothing stored in them yet (checked by the caller), and no storage partition whose
-        source files hold more than `MAX_FILL_SOURCE_ROWS` rows (one task aggregates each
-        partition in memory). None otherwise: the whole job takes the general path."""
+        """A first fill of `cells` (`rollup_assets.resources.fill`), when it applies: buckets for
+        every entity with nothing stored in them yet (checked by the caller), and no storage
+        partition whose source files hold more than `MAX_FILL_SOURCE_ROWS` rows (one task aggregates
+        each partition in memory). None otherwise: the whole job takes the general path."""
         if not cells or any(scope is not None for _, scope in cells):
             return None
         fill = self._by_partition(spec, cells, raw_table, None)
@@ -412,7 +418,7 @@ class Engine:
         """The buckets of `cells` by storage partition of `spec`, each with the source files
         that may hold their rows (a raw source at `raw_table`, a rollup source at `below` or its
         current snapshot), for Spark tasks to aggregate one partition each
-        (`resources.fill`); None when the source has no table."""
+        (`rollup_assets.resources.fill`); None when the source has no table."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         pointers = None

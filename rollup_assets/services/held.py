@@ -18,13 +18,13 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.raw_store import CHANGE_TYPE, ChangeFeedGone
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
+from rollup_assets.resources.raw_store import CHANGE_TYPE, ChangeFeedGone
 from rollup_assets.services.engine import Engine
 
 

@@ -17,14 +17,14 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.delta_tables import commit_info, read_commit
-from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
-from resources.rollup_store import Snapshot
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.errors import InvalidTimeRangeError, RowNotFoundError
 from rollup_assets.model.jobs import Job, LedgerSnapshot
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.resources.delta_tables import commit_info, read_commit
+from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
+from rollup_assets.resources.rollup_store import Snapshot
 from rollup_assets.services.engine import Engine
 
 ROW_COLUMNS = ["entity_id", "bucket_start", "bucket_end", "run_id", "job_id", "source_versions"]

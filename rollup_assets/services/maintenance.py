@@ -46,13 +46,13 @@ from functools import partial
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from resources.delta_tables import open_table, with_retries
-from resources.genmap import read_pointers
-from resources.warehouse import Warehouse
 from rollup_assets import metrics
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import open_table, with_retries
+from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import RetentionOutcome, apply_retention

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from resources.raw_store import CHANGE_TYPE, SourceSpec, UpsertPreview
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.compute.folding import (
     DELTA,
@@ -32,6 +31,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.raw_store import CHANGE_TYPE, SourceSpec, UpsertPreview
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import writable_archive
 

@@ -20,14 +20,14 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.rollup_store import Snapshot
-from resources.schemas import data_schema
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
+from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.schemas import data_schema
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows
 

@@ -14,11 +14,11 @@ import logging
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 
-from resources.raw_store import SourceSpec
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.retention import retention_cut, retention_horizon
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import as_utc, iso_utc
+from rollup_assets.resources.raw_store import SourceSpec
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,8 @@ def retain(engine: Engine, spec: SourceSpec, now: datetime) -> RetentionOutcome:
     checkpoint("retention_state", spec.name)
     # The state is the intent: a pass that dies here leaves `retained_from` ahead of the table,
     # and the next pass drops up to it. The drop records the instant in the table, so an ingest
-    # racing it conflicts and sees it (`resources.raw_store`); with no day left to drop, a
-    # commit of its own records it.
+    # racing it conflicts and sees it (`rollup_assets.resources.raw_store`); with no day left to
+    # drop, a commit of its own records it.
     dropped = engine.raw.drop_days_before(spec, state.retained_from)
     if dropped.version is None:
         engine.raw.fence_retention(spec, state.retained_from)

@@ -8,9 +8,9 @@ completed `Rollback` job naming the job it undid, together with the chain propag
 cells cause one level up: the levels above are recomputed like after any change. Then it
 publishes the rollup's surface table, as a recompute does after its flip.
 
-A correction flips difference pointers (`resources.genmap`): rolling it back restores each of
-its cells' previous difference pointer, which hides its difference rows again. They stay in the
-table like any superseded rows: a later correction of such a cell flips a pointer past them and
+A correction flips difference pointers (`rollup_assets.resources.genmap`): rolling it back restores
+each of its cells' previous difference pointer, which hides its difference rows again. They stay in
+the table like any superseded rows: a later correction of such a cell flips a pointer past them and
 shows them again, which brings the cell back to its source (the undone change included), as a
 recompute would; that correction has the levels above aggregated again on those cells rather
 than corrected with its own change alone (`services.correction.shown_again`).
@@ -38,13 +38,6 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.genmap import (
-    covered_mask,
-    missing_pointers,
-    newer_pointers,
-    restored_pointers,
-)
-from resources.rollup_store import Snapshot
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.durations import format_duration
@@ -54,6 +47,13 @@ from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.resources.genmap import (
+    covered_mask,
+    missing_pointers,
+    newer_pointers,
+    restored_pointers,
+)
+from rollup_assets.resources.rollup_store import Snapshot
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
 

@@ -27,8 +27,8 @@ whole, still in one commit.
 Atomicity. A flip (or forward commit) and the surface commit are two Delta commits. A plain
 reader between them sees the surface's previous state: every row active as of the previous
 flip, consistent in itself. The runs that flip or write do not publish: the surface publish
-sensor (`sensors.surface_plan`) sees from the logs that the surface lags (`surface_lag`) and
-launches one publish run for the lagging rollups, each at most every half of
+sensor (`rollup_assets.sensors.surface_plan`) sees from the logs that the surface lags
+(`surface_lag`) and launches one publish run for the lagging rollups, each at most every half of
 `ROLLUPS_SURFACE_MAX_LAG_SECONDS`, so a plain reader is at most that far behind the last flip
 and a stream of corrections coalesces into few publishes. Since a surface says what it reflects,
 any publish repairs whatever it lags by: maintenance publishes every rollup, the asset check the
@@ -64,8 +64,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from resources.delta_files import read_row_groups
-from resources.delta_tables import (
+from rollup_assets import metrics
+from rollup_assets.compute.arrow_partials import logical_arrow
+from rollup_assets.faults import checkpoint
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_files import read_row_groups
+from rollup_assets.resources.delta_tables import (
     NO_DATA_OPERATIONS,
     CommitPlan,
     commit,
@@ -74,14 +79,9 @@ from resources.delta_tables import (
     prune_files,
     read_commit,
 )
-from resources.rollup_store import READERS, Reflected, Snapshot
-from resources.rollup_table import in_windows
-from resources.schemas import PART_COLUMN, data_schema
-from rollup_assets import metrics
-from rollup_assets.compute.arrow_partials import logical_arrow
-from rollup_assets.faults import checkpoint
-from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_store import READERS, Reflected, Snapshot
+from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.schemas import PART_COLUMN, data_schema
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, Changed, changed_cells
 from rollup_assets.services.surface_files import rewrite

@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.exceptions import DeltaError
 
-from resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
-from resources.genmap import GENMAP_SCHEMA, covered_mask
-from resources.rollup_store import Reflected
-from resources.rollup_table import REPLACED_KEY, RETENTION_OPERATION, in_windows
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
+from rollup_assets.resources.genmap import GENMAP_SCHEMA, covered_mask
+from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.resources.rollup_table import REPLACED_KEY, RETENTION_OPERATION, in_windows
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

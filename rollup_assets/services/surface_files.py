@@ -16,16 +16,27 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from resources.delta_files import add_action, partition_dir, read_row_groups, write_file
-from resources.delta_tables import CommitPlan, commit, file_actions, open_table, remove_action
-from resources.rollup_store import Snapshot
-from resources.rollup_table import in_windows
-from resources.schemas import PART_COLUMN, part_values
-from resources.warehouse import filesystem_for
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import FAR_FUTURE, FAR_PAST, Window, as_utc, merge_windows
+from rollup_assets.resources.delta_files import (
+    add_action,
+    partition_dir,
+    read_row_groups,
+    write_file,
+)
+from rollup_assets.resources.delta_tables import (
+    CommitPlan,
+    commit,
+    file_actions,
+    open_table,
+    remove_action,
+)
+from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.schemas import PART_COLUMN, part_values
+from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import Changed
 from rollup_assets.services.surface_layout import (

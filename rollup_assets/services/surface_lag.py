@@ -19,10 +19,15 @@ from datetime import UTC, datetime
 from deltalake.exceptions import DeltaError
 from pyarrow.fs import FileType
 
-from resources.delta_tables import NO_DATA_OPERATIONS, LatestCache, commit_file, read_commit
-from resources.rollup_store import Reflected
-from resources.warehouse import filesystem_for
 from rollup_assets.model.specs import RollupSpec
+from rollup_assets.resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    LatestCache,
+    commit_file,
+    read_commit,
+)
+from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import MAX_NEUTRAL_COMMITS, reflected
 from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS

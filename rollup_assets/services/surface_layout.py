@@ -35,9 +35,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from resources.schemas import PART_COLUMN
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.schemas import PART_COLUMN
 
 # Rows per surface file at most (one entity's rows are never split). Chosen by measurement
 # (docs/architecture.md, "The surface"): every file costs a plain reader about a millisecond to

@@ -15,9 +15,9 @@ import time
 import traceback
 from pathlib import Path
 
-from resources.warehouse import Warehouse
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 
 

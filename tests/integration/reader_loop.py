@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from resources.warehouse import Warehouse
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
 

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.columns import ColumnAction, change_column
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.verify import raw_frame

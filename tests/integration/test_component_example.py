@@ -1,6 +1,8 @@
 """Another Dagster project adds rollups with the `RollupChain` component
-(`examples/existing_project`): `dg check defs` passes there, and its definitions backfill a
-day, then correct a late write through the sensors, equal to the oracle at both levels."""
+(`examples/existing_project`, which has top-level `resources` and `sensors` packages of its
+own): `dg check defs` passes there, and its definitions keep the project's own asset, resource
+and sensor, backfill a day, then correct a late write through the sensors, equal to the oracle
+at both levels."""
 
 import os
 import subprocess
@@ -14,11 +16,11 @@ import pyarrow.compute as pc
 import pytest
 import yaml
 
-from resources.warehouse import Warehouse
 from rollup_assets.component import RollupChain
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from tests.conftest import World
 from tests.oracle import compare_all
@@ -71,7 +73,16 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> World:
 
 
 def test_the_example_projects_rollups_stay_correct(world: World) -> None:
+    import resources
+    import sensors
+
+    # The project's own packages, not anything rollups installs under those names.
+    assert Path(resources.__file__).parent == EXAMPLE / "resources"
+    assert Path(sensors.__file__).parent == EXAMPLE / "sensors"
     assert world.defs.resolve_assets_def("tariffs") is not None  # the project's own asset
+    assert world.defs.resolve_sensor_def("tariff_book_changed") is not None
+    assert isinstance(world.defs.resources["tariff_book"], resources.TariffBook)
+    assert world.defs.resolve_sensor_def("retroactive_write_sensor") is not None  # the rollups'
     world.ops.activate("meter_raw", now=NOW)
     readings = day_batch(DAY, 3, seed=7)
     world.ingest(readings, archive="meter_raw")

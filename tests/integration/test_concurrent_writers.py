@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import sensors.definitions as sensor_defs
+import rollup_assets.sensors.definitions as sensor_defs
 from rollup_assets import faults
 from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 from rollup_assets.model.jobs import Trigger

@@ -36,7 +36,6 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch, meter_ids
 from rollup_assets.model.jobs import JobState, RetryPolicy, Trigger
@@ -44,6 +43,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools, pool_name
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days

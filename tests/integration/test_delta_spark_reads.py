@@ -21,12 +21,12 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from resources.delta_tables import open_table
-from resources.genmap import read_pointers
-from resources.warehouse import spark_uri
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import open_table
+from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.warehouse import spark_uri
 from rollup_assets.services.ingest import delete_rows
 from rollup_assets.services.maintenance import maintain, table_uris
 from rollup_assets.services.query import query_arrow

@@ -23,8 +23,6 @@ from deltalake import DeltaTable as RsTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from resources.raw_store import RawStore
-from resources.warehouse import Warehouse, spark_uri
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.jobs import ChangeSource, JobState
@@ -32,6 +30,8 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick_until_quiet
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse, spark_uri
 from tests.conftest import World, days, world_of
 from tests.oracle import compare_all, oracle, raw_frame
 

@@ -1,5 +1,5 @@
-"""A first backfill is filled one storage partition per task (`resources.fill`): the same
-partials as the Spark aggregation (nulls and missing readings included) across the autumn DST
+"""A first backfill is filled one storage partition per task (`rollup_assets.resources.fill`): the
+same partials as the Spark aggregation (nulls and missing readings included) across the autumn DST
 switch and a year end; the job records what it wrote; a fill over a corrected level reads its
 active rows only; a second backfill of the same range (rows stored) takes the comparing path
 and changes nothing."""
@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from resources.delta_tables import file_actions
-from resources.fill import plan_parts
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, JobState
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
+from rollup_assets.resources.delta_tables import file_actions
+from rollup_assets.resources.fill import plan_parts
 from tests.conftest import World, day_spans, meter_readings, world_of
 from tests.oracle import compare_all
 

@@ -41,7 +41,7 @@ def corrected_hour() -> pa.Table:
 
 def table_rows(world: World, rollup: str) -> pa.Table:
     """Every stored row (all generations) of a rollup, straight from the Delta snapshot."""
-    from resources.delta_tables import open_table
+    from rollup_assets.resources.delta_tables import open_table
 
     t = open_table(world.engine.rollups.uri(world.catalog.rollup(rollup)))
     assert t is not None

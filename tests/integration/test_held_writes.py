@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from resources.delta_tables import read_commit
 from rollup_assets.cli import app as cli
 from rollup_assets.model.jobs import ChangeSource, JobState, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.tenancy import NO_TENANT
+from rollup_assets.resources.delta_tables import read_commit
+from rollup_assets.sensors.definitions import _health_events
 from rollup_assets.services.health import health
 from rollup_assets.services.held import held_writes
 from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.preview import preview_ingest
-from sensors.definitions import _health_events
 from tests.conftest import World
 from tests.integration.test_operator_controls import (
     DAILY,

@@ -17,14 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-import resources.batch_sources as batch_sources
-from resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, IngestResult
-from resources.warehouse import Warehouse
+import rollup_assets.resources.batch_sources as batch_sources
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, IngestResult
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import Readings, ingest
 from rollup_assets.services.operations import Operations

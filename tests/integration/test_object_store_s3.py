@@ -22,10 +22,6 @@ import pytest
 from moto.server import ThreadedMotoServer
 from pyspark.sql import SparkSession
 
-from resources.delta_tables import open_table
-from resources.raw_store import RawStore
-from resources.schemas import archive_data_schema
-from resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.compute.aggregation import rollup_partials
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.demo.sample_data import day_batch
@@ -35,6 +31,10 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import ArchiveSpec, Catalog, RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import open_table
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.schemas import archive_data_schema
+from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 from rollup_assets.services.engine import Engine
 from tests.conftest import days
 from tests.oracle import compare, oracle, raw_frame

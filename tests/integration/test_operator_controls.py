@@ -20,8 +20,6 @@ import yaml
 from click.testing import CliRunner
 
 import rollup_assets.cli.progress as progress
-from resources.genmap import read_pointers
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.cli import app as cli
 from rollup_assets.demo.sample_data import SCHEMA
@@ -42,6 +40,8 @@ from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.operations import Operations

@@ -29,13 +29,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from tests.conftest import World, days
 from tests.oracle import compare_all, oracle

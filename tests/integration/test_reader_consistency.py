@@ -32,9 +32,9 @@ import pytest
 
 import rollup_assets.orchestration.assets as factory
 import rollup_assets.services.chain as chain
-from resources.rollup_store import RollupStore
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days
 from tests.oracle import oracle, raw_frame

@@ -25,9 +25,6 @@ from deltalake.table import TableOptimizer
 import rollup_assets.services.columns as columns
 import rollup_assets.services.engine as engine_module
 import rollup_assets.services.forward as forward
-from resources.ledger import Ledger
-from resources.rollup_store import RollupStore
-from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.column_rules import ColumnAction
 from rollup_assets.model.errors import IngestValidationError
@@ -35,6 +32,9 @@ from rollup_assets.model.jobs import JobState, Lane, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick, tick_until_quiet
+from rollup_assets.resources.ledger import Ledger
+from rollup_assets.resources.rollup_store import RollupStore
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.columns import change_column, column_states
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain

@@ -14,13 +14,13 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from resources.genmap import read_pointers
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import RawRowsRetainedError
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.retention import BEGINNING
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.genmap import read_pointers
 from rollup_assets.services.health import health
 from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days, fault_at, world_of

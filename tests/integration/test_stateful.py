@@ -60,8 +60,6 @@ from hypothesis.stateful import (
 )
 
 import rollup_assets.services.recompute as recompute
-from resources.genmap import read_pointers
-from resources.warehouse import Warehouse
 from rollup_assets import faults
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA
@@ -78,6 +76,8 @@ from rollup_assets.orchestration.dagster_internals import fail_dead_run
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import tick_until_quiet
+from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.columns import change_column
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain

@@ -2,7 +2,7 @@
 active rows at every level: after corrections whose superseded rows stay in the row tables, after
 a run died between its flip and its publish, after a restore, and when it was never built.
 
-Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path the README
+Every read here is delta-rs (or DuckDB over delta-rs's dataset) on the table path docs/reads.md
 names, never this project's read path; the values are compared with the pandas oracle."""
 
 import json
@@ -20,15 +20,15 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from resources.delta_tables import open_table, read_commit
-from resources.rollup_store import RollupStore
-from resources.rollup_table import RollupTable
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import CURSOR_KEY, tick
+from rollup_assets.resources.delta_tables import open_table, read_commit
+from rollup_assets.resources.rollup_store import RollupStore
+from rollup_assets.resources.rollup_table import RollupTable
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain

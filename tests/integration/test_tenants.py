@@ -15,7 +15,6 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from resources.warehouse import Warehouse, tenant_warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource, JobState, Trigger
@@ -28,6 +27,7 @@ from rollup_assets.orchestration.partitions import key_range_for, partitions_def
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import RunReport, execute, tick_until_quiet
 from rollup_assets.orchestration.tags import TAG_TENANT, partition_range_tags
+from rollup_assets.resources.warehouse import Warehouse, tenant_warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow

@@ -22,7 +22,6 @@ import yaml
 from click.testing import CliRunner
 from deltalake import write_deltalake
 
-from resources.schemas import archive_schema
 from rollup_assets.cli import app as cli
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import IngestValidationError
@@ -30,6 +29,7 @@ from rollup_assets.model.jobs import ChangeSource, Job, JobState
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.schemas import archive_schema
 from rollup_assets.services.ingest import delete_rows
 from tests.conftest import World, day_spans, days, world_of
 from tests.oracle import compare_all

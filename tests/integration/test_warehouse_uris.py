@@ -16,13 +16,13 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
 from tests.conftest import World, days

@@ -14,15 +14,15 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from resources.change_feed import read_changes
-from resources.delta_tables import with_user_metadata
-from resources.raw_store import IngestResult, RawStore
-from resources.spark_ingest import ingest_frame, read_file
-from resources.warehouse import Warehouse
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.resources.change_feed import read_changes
+from rollup_assets.resources.delta_tables import with_user_metadata
+from rollup_assets.resources.raw_store import IngestResult, RawStore
+from rollup_assets.resources.spark_ingest import ingest_frame, read_file
+from rollup_assets.resources.warehouse import Warehouse
 
 ENERGY = load_catalog().raw["energy_raw"]
 DAY = date(2025, 3, 3)

@@ -19,12 +19,12 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from resources.spark import build_session
-from resources.warehouse import Warehouse, spark_uri
 from rollup_assets.assembly import build_definitions
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.spark import build_session
+from rollup_assets.resources.warehouse import Warehouse, spark_uri
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
 from rollup_assets.settings import Settings

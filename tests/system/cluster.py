@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from resources.delta_jars import delta_conf
-from resources.spark_server import SERVER_CLASS as CONNECT_SERVER
-from resources.spark_server import SPARK_HOME, connect_jar, spawn
+from rollup_assets.resources.delta_jars import delta_conf
+from rollup_assets.resources.spark_server import SERVER_CLASS as CONNECT_SERVER
+from rollup_assets.resources.spark_server import SPARK_HOME, connect_jar, spawn
 from rollup_assets.settings import Settings
 
 HOST = "127.0.0.1"

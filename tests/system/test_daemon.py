@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from tests.conftest import REPO_ARTIFACTS, World, days
 from tests.oracle import compare_all

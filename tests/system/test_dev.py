@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from resources import spark_server
+from rollup_assets.resources import spark_server
 from tests.oracle import compare_all
 from tests.system.cluster import free_port
 from tests.system.daemon import BIN, REPO, daemon_env, settled, wait_for

@@ -33,7 +33,6 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from resources.warehouse import Warehouse
 from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.describe import group_name
@@ -44,6 +43,7 @@ from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE, dagster_yaml, ensure_pools
 from rollup_assets.orchestration.partitions import partitions_def_for
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
 from tests.conftest import World, days

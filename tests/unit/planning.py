@@ -8,8 +8,6 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from resources.change_feed import Changes
-from resources.ledger import decode_cells, encode_cells
 from rollup_assets.model.jobs import (
     ChangeSource,
     CursorMove,
@@ -21,6 +19,8 @@ from rollup_assets.model.jobs import (
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.change_feed import Changes
+from rollup_assets.resources.ledger import decode_cells, encode_cells
 
 CHANGED_ROWS = pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
 

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.archive_io import (
     CHECKSUM_KEY,
     MANIFEST_KEY,

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from resources.delta_tables import commit_history
 from rollup_assets.model.asof import Commit, oldest_readable, version_at, version_if_existed
 from rollup_assets.model.errors import AsOfUnavailableError
+from rollup_assets.resources.delta_tables import commit_history
 
 T0 = datetime(2025, 3, 30, 12, 0, tzinfo=UTC)
 

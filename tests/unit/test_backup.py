@@ -10,8 +10,6 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from resources.delta_tables import commit_file
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import (
     BackupError,
     BackupInvalidError,
@@ -21,6 +19,8 @@ from rollup_assets.model.errors import (
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import commit_file
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services import backup as backups
 from rollup_assets.services.backup import backup, consistent_versions, restore
 from rollup_assets.services.engine import Engine

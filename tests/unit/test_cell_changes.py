@@ -8,16 +8,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.delta_files import TargetIndex, _may_hold, targets_of
-from resources.rollup_store import _cells_only
-from resources.rollup_table import in_windows
-from resources.schemas import RAW_ROWS, companion_type
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
+from rollup_assets.resources.rollup_store import _cells_only
+from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.schemas import RAW_ROWS, companion_type
 
 HOURLY = load_catalog().rollup("energy_hourly")
 T0 = datetime(2025, 3, 3, tzinfo=UTC)

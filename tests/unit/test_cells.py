@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resources.ledger import decode_cells, encode_cells
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.cells import (
     FOLD_MIN_POINTERS,
@@ -21,6 +20,7 @@ from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.ledger import decode_cells, encode_cells
 from tests.unit.planning import activated
 
 CATALOG = load_catalog()

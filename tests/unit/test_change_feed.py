@@ -8,14 +8,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.change_feed import ChangeFeed, Changes, read_changes
-from resources.raw_store import RawStore
-from resources.warehouse import Warehouse
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
-from sensors.detection import Detection, detect
+from rollup_assets.resources.change_feed import ChangeFeed, Changes, read_changes
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse
+from rollup_assets.sensors.detection import Detection, detect
 from tests.unit.planning import CHANGED_ROWS, MemoryLedger, activated
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)

@@ -3,7 +3,6 @@ buckets a run takes, kept through the ledger, and handed up the chain."""
 
 from datetime import UTC, datetime, timedelta
 
-from resources.ledger import _decoded_parts, _encoded_parts
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, Trigger
 from rollup_assets.model.placement import buckets_in
@@ -11,6 +10,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.ledger import _decoded_parts, _encoded_parts
 from rollup_assets.services.correction import _keys
 
 CATALOG = load_catalog()

@@ -11,15 +11,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import resources.raw_columns as raw_columns
-from resources.change_feed import ChangeFeed, read_changes
-from resources.raw_store import ChangeFeedGone
-from resources.warehouse import Warehouse
+import rollup_assets.resources.raw_columns as raw_columns
 from rollup_assets.model.errors import RollupSourceMissingError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.change_feed import ChangeFeed, read_changes
+from rollup_assets.resources.raw_store import ChangeFeedGone
+from rollup_assets.resources.warehouse import Warehouse
+from rollup_assets.sensors.detection import detect
 from rollup_assets.services.columns import (
     ColumnAction,
     ColumnChangeError,
@@ -28,7 +29,6 @@ from rollup_assets.services.columns import (
 )
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
-from sensors.detection import detect
 
 NOW = datetime(2025, 6, 10, tzinfo=UTC)
 T0 = datetime(2025, 6, 1, tzinfo=UTC)

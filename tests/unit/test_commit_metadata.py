@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from resources.delta_tables import commit_info, with_user_metadata
+from rollup_assets.resources.delta_tables import commit_info, with_user_metadata
 
 SPARK_INGEST = {
     "operation": "MERGE",

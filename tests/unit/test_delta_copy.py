@@ -8,8 +8,8 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from resources.delta_copy import copy_table, files_at, first_entry, table_paths
 from rollup_assets.model.errors import BackupError
+from rollup_assets.resources.delta_copy import copy_table, files_at, first_entry, table_paths
 
 CONFIG = {"delta.enableChangeDataFeed": "true", "delta.checkpointInterval": "3"}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from resources import delta_jars
-from resources.delta_jars import (
+from rollup_assets.resources import delta_jars
+from rollup_assets.resources.delta_jars import (
     DELTA_CATALOG,
     DELTA_EXTENSION,
     DELTA_JARS,
@@ -19,7 +19,7 @@ from resources.delta_jars import (
     fetch,
     jar_paths,
 )
-from resources.spark import build_session
+from rollup_assets.resources.spark import build_session
 from rollup_assets.settings import Settings
 
 

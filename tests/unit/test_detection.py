@@ -13,8 +13,8 @@ from rollup_assets.model.placement import buckets_in, cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.sensors.detection import DEFAULT_LIMITS, Detection, classify, detect
 from rollup_assets.settings import DetectionLimits
-from sensors.detection import DEFAULT_LIMITS, Detection, classify, detect
 from tests.unit.planning import MemoryFeed, MemoryLedger, activated, update
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)

@@ -11,7 +11,7 @@ from rollup_assets.model.placement import cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
-from sensors.drain import DrainPlan, plan_drain
+from rollup_assets.sensors.drain import DrainPlan, plan_drain
 from tests.unit.planning import MemoryLedger, activated, update
 
 T0 = datetime(2025, 5, 1, tzinfo=UTC)

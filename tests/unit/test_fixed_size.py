@@ -14,7 +14,6 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from resources.schemas import part_values
 from rollup_assets.model.bucketing import (
     Bucketing,
     StorageUnit,
@@ -37,9 +36,10 @@ from rollup_assets.orchestration.partitions import (
     window_of_key,
 )
 from rollup_assets.orchestration.tags import RANGE_END, RANGE_START
+from rollup_assets.resources.schemas import part_values
+from rollup_assets.sensors.definitions import run_request_for
+from rollup_assets.sensors.drain import Launch
 from rollup_assets.settings import DEFAULT_SPECS
-from sensors.definitions import run_request_for
-from sensors.drain import Launch
 
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)

@@ -14,8 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resources.raw_store import RawStore
-from resources.warehouse import Warehouse
 from rollup_assets.compute.formulas import computed_values, evaluate
 from rollup_assets.model.errors import IngestValidationError, SpecError
 from rollup_assets.model.formulas import (
@@ -28,6 +26,8 @@ from rollup_assets.model.formulas import (
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import ColumnType, RawArchiveSpec
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.verify import raw_frame
 
 

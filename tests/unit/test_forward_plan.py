@@ -11,8 +11,8 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from sensors.drain import Launch
-from sensors.forward_plan import plan_forward
+from rollup_assets.sensors.drain import Launch
+from rollup_assets.sensors.forward_plan import plan_forward
 from tests.unit.planning import MemoryLedger, update
 
 CATALOG = load_catalog()

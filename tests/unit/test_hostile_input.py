@@ -26,12 +26,12 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from resources.raw_store import RawStore
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import BackupInvalidError, IngestValidationError, SpecError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.manifests import BackupManifest
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.settings import DEFAULT_SPECS
 from tests.unit.test_cli import Invoke, assert_one_line_failure, rollups  # noqa: F401
 

@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from resources.raw_store import IngestResult, RawStore
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import RawArchiveSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.raw_store import IngestResult, RawStore
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.settings import DEFAULT_SPECS
 
 ENERGY = load_catalog(DEFAULT_SPECS).raw["energy_raw"]
@@ -561,7 +561,7 @@ def test_the_first_offending_row_is_reported_whatever_the_check_order(
 def test_bad_rows_in_a_later_chunk_report_the_file_row(
     store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import resources.batch_sources as ingest_module
+    import rollup_assets.resources.batch_sources as ingest_module
 
     monkeypatch.setattr(ingest_module, "CHUNK_ROWS", 4)
     rows = readings(12)
@@ -823,7 +823,7 @@ def test_stored_operands_of_scattered_rows_read_only_their_row_groups(
     store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 40 days x 200 meters: each UTC day's file has several row groups (sorted by meter).
-    monkeypatch.setattr("resources.raw_store.ROW_GROUP_ROWS", 64)
+    monkeypatch.setattr("rollup_assets.resources.raw_store.ROW_GROUP_ROWS", 64)
     days = [T0 + timedelta(days=d) for d in range(40)]
     rows = [energy_row(f"m{m:03d}", day, 1.0, 2.0, 230.0) for day in days for m in range(200)]
     ingest(store, write_parquet(tmp_path / "base.parquet", as_arrow(rows)))

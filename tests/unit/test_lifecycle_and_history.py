@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from resources.warehouse import Warehouse
 from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
 from rollup_assets.model.errors import ArchiveNotActivatedError, RollupSourceMissingError
@@ -20,6 +19,7 @@ from rollup_assets.model.jobs import ChangeSource, Job, JobState, Lane, Trigger,
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.ingest import ingest_file

@@ -21,7 +21,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from resources.genmap import GENMAP_SCHEMA
 from rollup_assets import metrics
 from rollup_assets.demo.sample_data import SCHEMA
 from rollup_assets.model.cells import Cells
@@ -29,6 +28,7 @@ from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.genmap import GENMAP_SCHEMA
 from rollup_assets.services.surface_changes import POINTER_KEY, Changed
 from rollup_assets.settings import MetricsConfig, Settings, SettingsError
 from tests.metric_points import read, reading
@@ -75,7 +75,8 @@ def test_importing_changes_nothing_and_off_records_nothing() -> None:
     code = (
         "import opentelemetry.metrics as api\n"
         "from opentelemetry.sdk.metrics import MeterProvider\n"
-        "import resources.ledger, resources.raw_store, sensors.definitions\n"
+        "import rollup_assets.resources.ledger, rollup_assets.resources.raw_store\n"
+        "import rollup_assets.sensors.definitions\n"
         "import rollup_assets.services.surface, rollup_assets.definitions\n"
         "from rollup_assets import metrics\n"
         "assert not metrics.enabled()\n"

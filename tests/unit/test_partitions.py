@@ -12,7 +12,6 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from resources.schemas import part_values
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start, storage_partition
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import RollupSpec
@@ -23,6 +22,7 @@ from rollup_assets.orchestration.partitions import (
     partitions_def_for,
     window_of_key,
 )
+from rollup_assets.resources.schemas import part_values
 from rollup_assets.settings import DEFAULT_SPECS
 
 SHIPPED = load_catalog(DEFAULT_SPECS).rollups

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from resources.raw_store import RawStore
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse
 from tests.unit.test_ingest import (
     ENERGY,
     T0,

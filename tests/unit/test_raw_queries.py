@@ -11,7 +11,6 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     InvalidAggregationError,
@@ -20,6 +19,7 @@ from rollup_assets.model.errors import (
     InvalidTimeRangeError,
     InvalidTimeZoneError,
 )
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services import downsample as downsampling
 from rollup_assets.services.downsample import downsample, downsample_arrow
 from rollup_assets.services.engine import Engine

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
     IngestValidationError,
@@ -21,6 +20,7 @@ from rollup_assets.model.retention import removed_within, retention_cut, retenti
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import schema_fingerprint
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import ingest_file
 from rollup_assets.services.operations import Operations

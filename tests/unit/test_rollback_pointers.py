@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from resources.genmap import (
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.genmap import (
     GENMAP_SCHEMA,
     covered_mask,
     flipped_pointers,
@@ -17,8 +19,6 @@ from resources.genmap import (
     newer_pointers,
     restored_pointers,
 )
-from rollup_assets.model.cells import Cells
-from rollup_assets.model.windows import Window
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from resources import spark_server
+from rollup_assets.resources import spark_server
 from rollup_assets.settings import Settings
 from tests.system.cluster import free_port
 
@@ -134,7 +134,7 @@ def test_runs_get_the_url_of_a_current_server_only_and_are_told_why_not(
     state = record(tmp_path, proc.pid, port, spark_server.code_fingerprint())
     assert spark_server.usable_url(tmp_path) == state.url
     record(tmp_path, proc.pid, port, "0123456789abcdef")
-    with caplog.at_level("WARNING", logger="resources.spark_server"):
+    with caplog.at_level("WARNING", logger="rollup_assets.resources.spark_server"):
         assert spark_server.usable_url(tmp_path) is None
     assert "code changed" in caplog.text
     assert spark_server.usable_url(tmp_path / "none") is None  # nothing recorded: no warning

@@ -3,9 +3,9 @@ stream of flips coalesces into few publishes and a publish is never asked for tw
 
 from datetime import UTC, datetime, timedelta
 
-from resources.rollup_store import Reflected
+from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.sensors.surface_plan import plan_publish, spacing, state_of
 from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag
-from sensors.surface_plan import plan_publish, spacing, state_of
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 MAX_LAG = timedelta(seconds=60)

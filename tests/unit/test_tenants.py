@@ -11,7 +11,6 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from resources.warehouse import Warehouse, tenant_warehouse, tenant_warehouses
 from rollup_assets.assembly import build_definitions
 from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
@@ -22,6 +21,7 @@ from rollup_assets.orchestration.instance import pool_names
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import SENSORS
 from rollup_assets.orchestration.tags import TAG_TENANT
+from rollup_assets.resources.warehouse import Warehouse, tenant_warehouse, tenant_warehouses
 from rollup_assets.settings import DEFAULT_SPECS, Settings
 
 ROLLUPS = ["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly", "energy_yearly"]
@@ -278,6 +278,9 @@ def test_each_tenant_uses_only_its_own_warehouse(tenant_defs: tuple[dg.Definitio
     assert "warehouse" not in resources
     assert resources["warehouse__acme"].root == str(root / "base" / "tenants" / "acme")
     assert resources["warehouse__globex"].root == str(root / "g")
+    # An asset of the project writes readings into a tenant's raw archives through its own.
+    assert {"raw_archives__acme", "raw_archives__globex"} <= set(resources)
+    assert "raw_archives" not in resources
     repo = defs.get_repository_def()
     for tenant, other in (("acme", "globex"), ("globex", "acme")):
         for sensor in (f"{tenant}__{s}" for s in SENSORS):
@@ -318,7 +321,7 @@ def test_without_tenants_every_name_is_unchanged(tmp_path: Path) -> None:
         j.name for j in repo.get_all_jobs()
     }
     assert TAG_TENANT not in repo.get_job("energy_hourly_job").tags
-    assert sorted(defs.resources or {}) == ["clock", "spark", "warehouse"]
+    assert sorted(defs.resources or {}) == ["clock", "raw_archives", "spark", "warehouse"]
     assert graph.get(dg.AssetKey("energy_daily")).pools == {"rollup_energy_daily"}
 
 

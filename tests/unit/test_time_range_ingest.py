@@ -19,14 +19,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from resources.batch_conversion import BatchConverter
-from resources.raw_store import RawStore
-from resources.schemas import archive_schema
-from resources.warehouse import Warehouse
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog, TimeRangeArchiveSpec
+from rollup_assets.resources.batch_conversion import BatchConverter
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.schemas import archive_schema
+from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.verify import split_rows
 
 ARCHIVE = "ranges"

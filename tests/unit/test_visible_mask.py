@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from resources.genmap import GENMAP_SCHEMA, live_files, visible_mask
+from rollup_assets.resources.genmap import GENMAP_SCHEMA, live_files, visible_mask
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")

@@ -10,7 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
+from rollup_assets.resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 
 ODD = "wäre house #1"
 

@@ -2,7 +2,11 @@
 
 import dagster as dg
 
+from resources import TariffBook
+
 
 @dg.asset(group_name="billing")
-def tariffs() -> dg.MaterializeResult:
-    return dg.MaterializeResult(metadata={"tariffs": 3})
+def tariffs(tariff_book: TariffBook) -> dg.MaterializeResult:
+    return dg.MaterializeResult(
+        metadata={"tariffs": len(tariff_book.rates_eur_per_kwh), "edition": tariff_book.edition()}
+    )

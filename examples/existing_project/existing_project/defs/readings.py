@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from rollup_assets.orchestration.raw_archives import RawArchives
+from rollup_assets.api import RawArchives
 
 METERS = ("meter-0001", "meter-0002")
 

@@ -1,0 +1,221 @@
+"""What each commit of a source table changed, from the best evidence the table has.
+
+The changed rows come from the change data feed (inserts, deletes, and both images of an
+update); for a table without CDF, or a commit too large to read row by row, from the per-file
+time statistics of the files it added and removed (an over-approximation). Commits that change no
+row (compaction, vacuum, checkpoints) are skipped, and so are retention deletes (old rows dropped
+on purpose, which the rollups keep).
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_tables import (
+    NO_DATA_OPERATIONS,
+    commit_info,
+    open_table,
+    read_commit,
+)
+from rollup_assets.resources.raw_columns import COLUMNS_OPERATION, formula_changed
+from rollup_assets.resources.raw_store import RETENTION_OPERATION, RawStore
+from rollup_assets.resources.rollup_store import RollupStore
+
+SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
+
+
+@dataclass
+class Changes:
+    """The rows (or the file-level ranges) one commit changed."""
+
+    version: int
+    change_source: ChangeSource | None
+    rows: pa.Table | None = None  # entity_id, ts
+    ranges: list[tuple[datetime, datetime, str | None]] = field(
+        default_factory=list
+    )  # min, max, entity
+    # A computed column whose formula the commit changed: every value of it changed.
+    formula_of: str | None = None
+    # When the commit was made (its commit info's timestamp; None when the log does not say).
+    committed_at: datetime | None = None
+
+
+class SourceLog:
+    """The newest version of a source table, and whether commits since a version reached a
+    window: what the forward planner asks before refreshing an open bucket."""
+
+    def __init__(self, raw: RawStore, rollups: RollupStore) -> None:
+        self.raw = raw
+        self.rollups = rollups
+
+    def version(self, spec: SourceSpec | RollupSpec) -> int | None:
+        uri = self.rollups.uri(spec) if isinstance(spec, RollupSpec) else self.raw.uri(spec)
+        table = open_table(uri, self.raw.options)
+        return None if table is None else table.version()
+
+    def changed_within(self, spec: SourceSpec, after: int, window: Window) -> bool:
+        return self.raw.changed_within(spec, after, window)
+
+
+class ChangeFeed:
+    """Reads source commits for change detection (delta-rs only: no Spark)."""
+
+    def __init__(
+        self,
+        raw: RawStore,
+        max_cdf_rows: int,
+        removed: Callable[[SourceSpec], list[Window]] = lambda _spec: [],
+    ) -> None:
+        self.raw = raw
+        self.max_cdf_rows = max_cdf_rows
+        self._removed = removed
+
+    def removed_spans(self, spec: SourceSpec) -> list[Window]:
+        """The time ranges whose rows retention removed (`Engine.removed_spans`)."""
+        return self._removed(spec)
+
+    def latest_version(self, spec: SourceSpec) -> int | None:
+        table = self.raw.table(spec)
+        return None if table is None else table.version()
+
+    def table_id(self, spec: SourceSpec) -> str | None:
+        table = self.raw.table(spec)
+        return None if table is None else str(table.metadata().id)
+
+    def changes(self, spec: SourceSpec, version: int) -> "Changes | None":
+        """What commit `version` changed, or None for a commit without data change."""
+        return read_changes(self.raw, spec, version, self.max_cdf_rows)
+
+
+def read_changes(
+    raw: RawStore, spec: SourceSpec, version: int, max_cdf_rows: int
+) -> Changes | None:
+    """What commit `version` of a source table changed, or None for a commit without data change."""
+    actions = read_commit(raw.uri(spec), version, raw.options)
+    info = commit_info(actions)
+    at = info.get("timestamp")
+    committed_at = None if at is None else datetime.fromtimestamp(int(at) / 1000, tz=UTC)
+    if info.get("operation") in NO_DATA_OPERATIONS and not any("cdc" in a for a in actions):
+        return None
+    if info.get("rollups.operation") == RETENTION_OPERATION:
+        return None  # rows dropped on purpose: the rollups keep what they aggregated
+    if info.get("rollups.operation") == COLUMNS_OPERATION:
+        # The table switched to new formulas: no row is an insert or a delete, but every value
+        # of a re-formulated column changed (an added or removed column changes no rollup).
+        column = formula_changed(info)
+        return (
+            None
+            if column is None
+            else Changes(version, None, formula_of=column, committed_at=committed_at)
+        )
+    data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
+    data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
+    if not data:
+        return None
+    source = info.get("rollups.change_source")
+    change_source = (
+        ChangeSource(source)
+        if isinstance(source, str) and source in ChangeSource._value2member_map_
+        else None
+    )
+    time_col = spec.time_column
+    cdc = [a["cdc"] for a in data if "cdc" in a]
+    # The rows the change feed holds for this commit: its change files' rows when it has them
+    # (a MERGE that rewrote whole files changed only those), otherwise the files it added and
+    # removed (every row of which is an insert or a delete).
+    try:
+        estimate = (
+            raw.change_file_rows(spec, cdc)
+            if cdc
+            else sum(_num_records(next(iter(a.values()))) for a in data)
+        )
+    except FileNotFoundError:  # change files vacuumed: the file statistics still tell
+        estimate = max_cdf_rows + 1
+    table = raw.table(spec)
+    cdf = (
+        table is not None
+        and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    )
+    if cdf and table is not None and estimate <= max_cdf_rows:
+        reader = table.load_cdf(
+            starting_version=version, ending_version=version, columns=["entity_id", time_col]
+        )
+        rows = pa.table(reader).select(["entity_id", time_col]).rename_columns(["entity_id", "ts"])
+        rows = rows.cast(
+            pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+        )
+        return Changes(version, change_source, rows=rows, committed_at=committed_at)
+    ranges = [_file_range(raw, spec, version, next(iter(a.values())), time_col) for a in data]
+    return Changes(version, change_source, ranges=ranges, committed_at=committed_at)
+
+
+def _file_range(
+    raw: RawStore,
+    spec: SourceSpec,
+    version: int,
+    body: dict,
+    time_col: str,
+) -> tuple[datetime, datetime, str | None]:
+    """The time range (and entity, if single) a changed file covers, from the best evidence:
+    its own stats, its UTC-day partition, or its stats in the snapshot it was removed from."""
+    stats = _stats(body)
+    if not stats and "deletionTimestamp" in body:
+        stats = _stats_before(raw, spec, version, body["path"])
+    lo = stats.get("minValues", {}).get(time_col)
+    hi = stats.get("maxValues", {}).get(time_col)
+    elo, ehi = (
+        stats.get("minValues", {}).get("entity_id"),
+        stats.get("maxValues", {}).get("entity_id"),
+    )
+    entity = elo if elo is not None and elo == ehi else None
+    if lo is not None and hi is not None:
+        return _parse(lo), _parse(hi), entity
+    day = (body.get("partitionValues") or {}).get("day")
+    if day:
+        d0 = _parse(day + "T00:00:00Z")
+        return d0, d0 + timedelta(days=1) - timedelta(microseconds=1), entity
+    raise ValueError(
+        f"cannot tell which times commit {version} of '{spec.name}' changed: "
+        f"file {body.get('path')} "
+        "has neither time statistics nor a day partition"
+    )
+
+
+def _stats_before(raw: RawStore, spec: SourceSpec, version: int, path: str) -> dict:
+    table = raw.table(spec, version=version - 1)
+    if table is None:
+        return {}
+    for f in pa.table(table.get_add_actions(flatten=False)).to_pylist():
+        if f["path"] == path:
+            iso = {
+                k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in (f.get("min") or {}).items()
+            }
+            iso_max = {
+                k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in (f.get("max") or {}).items()
+            }
+            return {"minValues": iso, "maxValues": iso_max}
+    return {}
+
+
+def _num_records(body: dict) -> int:
+    return int(_stats(body).get("numRecords", 0) or 0)
+
+
+def _stats(body: dict) -> dict:
+    raw = body.get("stats")
+    if not raw:
+        return {}
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def _parse(text: str) -> datetime:
+    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)

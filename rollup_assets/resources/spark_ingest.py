@@ -1,0 +1,517 @@
+"""Ingest at scale: a Spark DataFrame, or a file Spark reads, upserted into a raw or time-range
+archive by delta-spark's MERGE on the executors, with the semantics of `RawStore.ingest`.
+
+Nothing of the batch is collected on the driver. Validation runs in Spark tasks with the same
+converter as a file ingest (`batch_conversion`): each task checks its rows in order and reports
+its first offending row, and one aggregation finds the first key repeated; the first offence
+in the frame's order (partitions in order, rows within each) is reported with its index and
+reason, and nothing is written. The rows then reach one MERGE, built from the same clauses as
+the delta-rs ingest (`rollup_assets/resources/upsert.py`): keyed by (entity_id, time) within the
+batch's UTC days, required and computed columns take the batch's value, optional ones left null keep
+the stored value, and an unchanged row is not rewritten (so a batch of such rows commits nothing).
+Computed columns are evaluated by the same formulas, over the stored values of optional
+operands the batch leaves null. The commit records the ingest's metadata as JSON in
+`userMetadata` (the one free-form field delta-spark writes), which change detection reads as
+it reads a delta-rs ingest's (`delta_tables.with_user_metadata`).
+
+The frame is evaluated once per pass (validation, duplicate keys, the MERGE), so it must give
+the same rows each time, as a file scan does; cache it otherwise.
+"""
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from rollup_assets.model.column_rules import stored_operands
+from rollup_assets.model.errors import IngestValidationError, RollupsError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, key_columns
+from rollup_assets.model.windows import EPOCH
+from rollup_assets.resources.batch_conversion import BatchConverter, fill_computed
+from rollup_assets.resources.delta_jars import INSTALL_COMMAND, has_delta
+from rollup_assets.resources.delta_tables import read_commit, with_user_metadata
+from rollup_assets.resources.raw_columns import columns_changed_between
+from rollup_assets.resources.raw_store import MERGE_ATTEMPTS, IngestResult, RawStore, SourceSpec
+from rollup_assets.resources.schemas import archive_schema, spark_schema
+from rollup_assets.resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses
+from rollup_assets.resources.warehouse import spark_uri
+
+log = logging.getLogger(__name__)
+
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+ROW = "__row"
+STORED = "__stored"
+# The line of a CSV row that does not have the header's fields (Spark's corrupt record column).
+MALFORMED = "__malformed_line"
+# What each validation task reports: its partition, its rows, its first offending row (local
+# index) and why (`whole`: an offence of the batch as a whole; `MALFORMED`: a CSV line without
+# the header's fields), and the time range (µs since the epoch) and UTC days of its rows.
+CHECKED_DDL = (
+    "part int, rows long, bad_row long, reason string, whole boolean, "
+    "min_us long, max_us long, days string"
+)
+# The commit metadata is a session setting: one MERGE of this process sets it at a time.
+_COMMITTING = threading.Lock()
+
+
+class DeltaSparkMissingError(RollupsError):
+    """The session given to a Spark ingest does not load Delta."""
+
+
+@dataclass(frozen=True)
+class FrameSummary:
+    rows: int
+    min_ts: dt.datetime
+    max_ts: dt.datetime
+    days: list[dt.date]
+    entities: int
+
+
+def ingest_frame(
+    raw: RawStore,
+    spark: SparkSession,
+    spec: SourceSpec,
+    frame: DataFrame,
+    change_source: ChangeSource,
+    *,
+    not_before: dt.datetime | None = None,
+    file: str | None = None,
+    written_by: str | None = None,
+) -> IngestResult:
+    """Upsert `frame` (columns named and typed as a file ingest takes them) into the archive in
+    one delta-spark MERGE commit; IngestValidationError, writing nothing, when a row is invalid
+    or before `not_before`. When the archive's computed columns changed while it ran, the frame
+    is upserted again, so its rows hold the new formulas' values (as `RawStore.ingest`).
+    `written_by` (a run, an asset) is recorded in the commit."""
+    require_delta(spark)
+    raw.ensure_table(spec)
+    while True:
+        table = raw.table(spec)
+        seen = table.version() if table is not None else -1
+        result = _ingest(
+            raw,
+            spark,
+            raw.applied(spec, table),
+            frame,
+            change_source,
+            not_before,
+            file,
+            written_by,
+        )
+        if not columns_changed_between(raw.uri(spec), raw.options, seen, result.version):
+            return result
+        log.info("'%s': computed columns changed during an ingest; upserting again", spec.name)
+
+
+def read_file(spark: SparkSession, spec: SourceSpec, path: str | Path) -> DataFrame:
+    """A Parquet or CSV file read by Spark as a file ingest reads it: a CSV's columns as text
+    (only an empty cell is missing), converted by the ingest's rules. `path` is a local path
+    (which a cluster's executors must see at the same place) or a URI they can read."""
+    text = str(path)
+    suffix = Path(text.rsplit("/", 1)[-1]).suffix.lower()
+    if "://" in text:
+        uri = spark_uri(text)
+    elif not Path(text).exists():
+        raise IngestValidationError(spec.name, None, f"file {text} does not exist")
+    else:
+        uri = spark_uri(str(Path(text).resolve()))
+    if suffix in (".parquet", ".pq"):
+        return spark.read.parquet(uri)
+    if suffix in (".csv", ".txt"):
+        first = spark.read.text(uri).first()
+        line = "" if first is None else str(first[0]).lstrip("\ufeff")
+        header = [c.strip().strip('"') for c in line.strip().split(",")]
+        schema = ", ".join(f"`{c}` string" for c in [*header, MALFORMED])
+        return (
+            spark.read.option("header", True)
+            .option("nullValue", "")
+            .option("emptyValue", "")
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", MALFORMED)
+            .schema(schema)
+            .csv(uri)
+        )
+    raise IngestValidationError(
+        spec.name, None, f"unsupported file type '{suffix}' (use .parquet or .csv)"
+    )
+
+
+def require_delta(spark: SparkSession) -> None:
+    """DeltaSparkMissingError unless the session loads Delta's SQL extension."""
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if not has_delta({"spark.sql.extensions": extensions}):
+        raise DeltaSparkMissingError(
+            "this Spark session does not load Delta (spark.sql.extensions has no "
+            "DeltaSparkSessionExtension): start it with the project's Spark resource or "
+            "`rollup_assets.resources.spark.build_session`, after "
+            f"`{INSTALL_COMMAND}` fetched Delta's jars"
+        )
+
+
+def validate_frame(
+    spec: SourceSpec,
+    frame: DataFrame,
+    not_before: dt.datetime | None = None,
+    file: str | None = None,
+) -> FrameSummary:
+    """The frame (read from `file`, when named) checked whole, in Spark tasks;
+    IngestValidationError naming the first offending row (its index in the frame's order) and
+    why."""
+    converter = BatchConverter(spec, archive_schema(spec))
+    converter.check_columns([c for c in frame.columns if c != MALFORMED])
+    checked = frame.mapInArrow(_checking_task(spec), CHECKED_DDL).collect()
+    parts = sorted(checked, key=lambda r: r["part"])
+    offsets, total = {}, 0
+    for p in parts:
+        offsets[p["part"]] = total
+        total += p["rows"]
+    bad = [(offsets[p["part"]] + p["bad_row"], p) for p in parts if p["reason"] is not None]
+    first_bad = min(bad, key=lambda b: b[0]) if bad else None
+    limit = first_bad[0] if first_bad is not None else None
+    keys = key_columns(spec)
+    keyed = frame.mapInArrow(_keys_task(spec, offsets, limit), _keys_ddl(spec))
+    order = Window.partitionBy(*keys).orderBy(ROW)
+    found = (
+        keyed.withColumn("__n", F.row_number().over(order))
+        .agg(
+            F.min(F.when(F.col("__n") == 2, F.col(ROW))).alias("repeated"),
+            F.countDistinct(ENTITY_COLUMN).alias("entities"),
+        )
+        .first()
+    )
+    repeated, entities = (None, 0) if found is None else (found["repeated"], found["entities"])
+    if repeated is not None and (first_bad is None or repeated < first_bad[0]):
+        raise IngestValidationError(
+            spec.name, repeated, f"duplicate key ({', '.join(keys)}) within the batch"
+        )
+    if first_bad is not None:
+        row, part = first_bad
+        reason = part["reason"]
+        if reason == MALFORMED:  # a CSV line the header's fields do not fit
+            reason = (
+                f"{file or 'the file'} is not a readable CSV file (its row {row} does not have "
+                "the header's fields)"
+            )
+        raise IngestValidationError(spec.name, None if part["whole"] else row, reason)
+    ranged = [p for p in parts if p["rows"] and p["min_us"] is not None]
+    if not ranged:
+        raise IngestValidationError(spec.name, None, f"{file or 'the frame'} holds no rows")
+    lo = EPOCH + dt.timedelta(microseconds=min(p["min_us"] for p in ranged))
+    hi = EPOCH + dt.timedelta(microseconds=max(p["max_us"] for p in ranged))
+    if not_before is not None and lo < not_before:
+        raise IngestValidationError(
+            spec.name,
+            None,
+            f"it holds readings from {lo.isoformat()}, before {not_before.isoformat()}: "
+            "retention has dropped those days",
+        )
+    days = sorted({dt.date.fromisoformat(d) for p in ranged for d in json.loads(p["days"])})
+    return FrameSummary(total, lo, hi, days, int(entities))
+
+
+def _ingest(
+    raw: RawStore,
+    spark: SparkSession,
+    spec: SourceSpec,
+    frame: DataFrame,
+    change_source: ChangeSource,
+    not_before: dt.datetime | None,
+    file: str | None,
+    written_by: str | None,
+) -> IngestResult:
+    summary = validate_frame(spec, frame, not_before, file)
+    clauses = upsert_clauses(spec, summary.days)
+    metadata = ingest_metadata(
+        change_source, summary.rows, summary.min_ts, summary.max_ts, file, written_by=written_by
+    )
+    # How this ingest's commit is found in the log afterwards.
+    metadata["rollups.ingest_id"] = uuid.uuid4().hex
+    uri = raw.uri(spec)
+    rows = frame.mapInArrow(_converting_task(spec), spark_schema(archive_schema(spec)))
+    inserted = updated = 0
+    for attempt in range(MERGE_ATTEMPTS):
+        base = DeltaTable(uri, storage_options=raw.options or None).version()
+        # Computed once (conversion, formulas, the join with the stored rows), then counted and
+        # merged from the copy Spark keeps.
+        changing = _changing_rows(spark, spec, uri, base, rows, summary.days, clauses)
+        changing = changing.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            metrics = (
+                {} if not changing.count() else _merge(spark, uri, changing, clauses, metadata)
+            )
+        except Exception as exc:
+            if not _conflicted(exc) or attempt == MERGE_ATTEMPTS - 1:
+                raise
+            log.debug("ingest into %s conflicted (%s); retrying", spec.name, exc)
+            time.sleep(0.05 * 2**attempt)
+            continue
+        finally:
+            changing.unpersist()
+        inserted += int(metrics.get("num_inserted_rows", 0) or 0)
+        updated += int(metrics.get("num_updated_rows", 0) or 0)
+        version, read = _committed(uri, raw.options, metadata["rollups.ingest_id"])
+        # The rows left out as unchanged were judged at `base`; a commit to the batch's days
+        # after it (before the MERGE read the table) may have changed them: upsert again.
+        if not _changed_days(uri, raw.options, base, read, summary.days):
+            break
+        log.info("'%s': rows changed while an ingest ran; upserting again", spec.name)
+    return IngestResult(
+        spec.name,
+        version,
+        summary.rows,
+        summary.min_ts,
+        summary.max_ts,
+        summary.entities,
+        change_source,
+        inserted=inserted,
+        updated=updated,
+    )
+
+
+def _changing_rows(
+    spark: SparkSession,
+    spec: SourceSpec,
+    uri: str,
+    version: int,
+    rows: DataFrame,
+    days: list[dt.date],
+    clauses: UpsertClauses,
+) -> DataFrame:
+    """The batch's rows the upsert would change at `version`: new keys, and rows that differ
+    from the stored ones (computed columns evaluated over the stored optional operands the
+    batch leaves null). delta-spark rewrites every file a matched row is in, and a file
+    rewritten with no changed row would show its rows in the change feed as deleted and
+    inserted again, so the MERGE gets only these."""
+    keys = key_columns(spec)
+    stored = (
+        spark.read.format("delta")
+        .option("versionAsOf", version)
+        .load(spark_uri(uri))
+        .where(F.col(DAY_COLUMN).isin(*[F.lit(d) for d in days]))
+    )
+    operands = sorted(stored_operands(spec))
+    if operands:
+        kept = stored.select(*keys, *[F.col(o).alias(o + STORED) for o in operands])
+        refill = _refilling_task(spec, operands)
+        rows = rows.join(kept, keys, "left").mapInArrow(refill, rows.schema)
+    on = [F.col(f"s.{k}") == F.col(f"t.{k}") for k in keys]
+    joined = rows.alias("s").join(stored.alias("t"), on, "left")
+    return joined.where(f"t.{keys[0]} IS NULL OR ({clauses.differs})").select("s.*")
+
+
+def _merge(
+    spark: SparkSession,
+    uri: str,
+    source: DataFrame,
+    clauses: UpsertClauses,
+    metadata: dict[str, str],
+) -> dict:
+    """One MERGE of `source` committing `metadata`; its metrics."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    target = SparkDeltaTable.forPath(spark, spark_uri(uri)).alias("t")
+    merger = target.merge(source.alias("s"), clauses.predicate)
+    if clauses.updates:
+        updates: dict[str, str | Column] = dict(clauses.updates)
+        merger = merger.whenMatchedUpdate(condition=clauses.differs, set=updates)
+    with _COMMITTING:
+        previous = spark.conf.get(USER_METADATA_CONF, None)
+        spark.conf.set(USER_METADATA_CONF, json.dumps(metadata, sort_keys=True))
+        try:
+            result = merger.whenNotMatchedInsertAll().execute()
+        finally:
+            if previous is None:
+                spark.conf.unset(USER_METADATA_CONF)
+            else:
+                spark.conf.set(USER_METADATA_CONF, previous)
+    row = result.first() if result is not None else None
+    return row.asDict() if row is not None else {}
+
+
+def _conflicted(exc: Exception) -> bool:
+    """Did the MERGE lose a race with a concurrent commit (and may simply run again)?"""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    return isinstance(exc, DeltaConcurrentModificationException) or "DELTA_CONCURRENT" in str(exc)
+
+
+def _committed(uri: str, options: dict[str, str], ingest_id: str) -> tuple[int, int]:
+    """(version of the commit recording `ingest_id`, the version its MERGE read); the table's
+    current version twice when no such commit was made (nothing changed)."""
+    table = DeltaTable(uri, storage_options=options or None)
+    for commit in map(with_user_metadata, table.history(limit=50)):
+        if commit.get("rollups.ingest_id") == ingest_id:
+            version = int(commit["version"])
+            return version, int(commit.get("readVersion", version - 1))
+    return table.version(), table.version()
+
+
+def _changed_days(
+    uri: str, options: dict[str, str], after: int, upto: int, days: list[dt.date]
+) -> bool:
+    """Did a commit after `after`, up to `upto`, change rows of one of the UTC `days`?"""
+    wanted = {d.isoformat() for d in days}
+    for version in range(after + 1, upto + 1):
+        for action in read_commit(uri, version, options):
+            body = action.get("add") or action.get("remove")
+            if body is None or not body.get("dataChange", True):
+                continue
+            day = (body.get("partitionValues") or {}).get(DAY_COLUMN)
+            if day is None or day in wanted:
+                return True
+    return False
+
+
+# -- Spark tasks (run on the executors) ----------------------------------------------------------
+
+
+def _first_in_chunk(
+    converter: BatchConverter, chunk: pa.Table, offset: int, err: IngestValidationError
+) -> IngestValidationError:
+    """The first offence of `chunk`, given `err` from it: checks run column by column, so a
+    later check can flag an earlier row; the rows before it are checked again until they pass."""
+    while err.row is not None and err.row > offset:
+        try:
+            converter.convert(chunk.slice(0, err.row - offset), offset)
+        except IngestValidationError as earlier:
+            err = earlier
+            continue
+        break
+    return err
+
+
+def _without_malformed(batch: pa.RecordBatch) -> pa.Table:
+    chunk = pa.Table.from_batches([batch])
+    return chunk.drop_columns([MALFORMED]) if MALFORMED in chunk.column_names else chunk
+
+
+def _checking_task(
+    spec: SourceSpec,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        part = context.partitionId() if context is not None else 0
+        converter = BatchConverter(spec, archive_schema(spec))
+        time_col = key_columns(spec)[1]
+        rows = 0
+        offence: tuple[int, str, bool] | None = None  # local row, reason, of the batch whole
+        lo = hi = None
+        days: set[dt.date] = set()
+        for batch in batches:
+            chunk = _without_malformed(batch)
+            if offence is None:
+                if MALFORMED in batch.schema.names:
+                    # A line without the header's fields makes the file unreadable, as when the
+                    # driver parses it; the rows before it are checked first.
+                    broken = pc.is_valid(batch.column(MALFORMED))
+                    if pc.any(broken).as_py():
+                        at = pc.index(broken, True).as_py()
+                        chunk = chunk.slice(0, at)
+                        offence = (rows + at, MALFORMED, True)
+                try:
+                    t = converter.convert(chunk, rows)
+                except IngestValidationError as err:
+                    first = _first_in_chunk(converter, chunk, rows, err)
+                    whole = first.row is None
+                    offence = (rows if first.row is None else first.row, first.reason, whole)
+                else:
+                    if t.num_rows:
+                        a, b = pc.min_max(pc.cast(t[time_col], pa.int64())).values()
+                        lo = a.as_py() if lo is None else min(lo, a.as_py())
+                        hi = b.as_py() if hi is None else max(hi, b.as_py())
+                        days.update(pc.unique(t[DAY_COLUMN]).to_pylist())
+            rows += batch.num_rows
+        bad, reason, whole = offence if offence is not None else (None, None, False)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "part": pa.array([part], pa.int32()),
+                "rows": pa.array([rows], pa.int64()),
+                "bad_row": pa.array([bad], pa.int64()),
+                "reason": pa.array([reason], pa.string()),
+                "whole": pa.array([whole], pa.bool_()),
+                "min_us": pa.array([lo], pa.int64()),
+                "max_us": pa.array([hi], pa.int64()),
+                "days": pa.array([json.dumps(sorted(d.isoformat() for d in days))]),
+            }
+        )
+
+    return run
+
+
+def _keys_ddl(spec: SourceSpec) -> str:
+    keys = key_columns(spec)
+    return ", ".join([f"{keys[0]} string", *(f"{k} timestamp" for k in keys[1:]), f"{ROW} long"])
+
+
+def _keys_task(
+    spec: SourceSpec, offsets: dict[int, int], limit: int | None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Each row's key and index in the frame, for the rows before `limit` (the first invalid
+    row: a key repeated after it is not the first offence)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        start = offsets.get(context.partitionId() if context is not None else 0, 0)
+        converter = BatchConverter(spec, archive_schema(spec))
+        keys = key_columns(spec)
+        for batch in batches:
+            n = batch.num_rows
+            if limit is not None:
+                n = max(0, min(n, limit - start))
+            if n:
+                t = converter.convert(_without_malformed(batch).slice(0, n), start)
+                rows = pa.array(range(start, start + n), pa.int64())
+                t = t.select(keys).append_column(ROW, rows).combine_chunks()
+                yield from t.to_batches()
+            start += batch.num_rows
+
+    return run
+
+
+def _converting_task(
+    spec: SourceSpec,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Rows in the archive's schema, computed columns from the batch's values."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        converter = BatchConverter(spec, archive_schema(spec))
+        for batch in batches:
+            yield from converter.convert(_without_malformed(batch), 0).to_batches()
+
+    return run
+
+
+def _refilling_task(
+    spec: SourceSpec, operands: list[str]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Rows whose optional operands the batch leaves null take the stored values (what the
+    upsert leaves), with the computed columns evaluated again over them (`with_stored_operands`
+    on the driver's path)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        schema = archive_schema(spec)
+        for batch in batches:
+            columns = {name: batch.column(name) for name in schema.names}
+            for o in operands:
+                columns[o] = pc.coalesce(batch.column(o), batch.column(o + STORED))
+            fill_computed(spec, columns, batch.num_rows)
+            yield from pa.table({n: columns[n] for n in schema.names}, schema=schema).to_batches()
+
+    return run

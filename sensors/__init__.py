@@ -1,2 +1,0 @@
-"""Change detection, drain and forward planning (pure planners over snapshots), and the two
-sensors that run them (`sensors.definitions`)."""
