@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import bucket_start
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.specs import AggregateFunction, Alignment, ArchiveSpec, Catalog, RollupSpec
 from rollup_assets.model.windows import EPOCH
 
@@ -127,9 +128,7 @@ def lookback_refresh(
 
 
 def _first_bucket_start(spark: SparkSession, spec: RollupSpec, instant: datetime) -> datetime:
-    frame = spark.createDataFrame(
-        pa.table({"t": pa.array([instant], pa.timestamp("us", tz="UTC"))})
-    )
+    frame = spark.createDataFrame(pa.table({"t": pa.array([instant], TS)}))
     value = frame.select(bucket_start(F.col("t"), spec).alias("b")).toArrow()["b"][0].as_py()
     return value
 

@@ -15,6 +15,7 @@ from bench.generate import NOW, PERIOD_END, Dataset, late_readings
 from bench.harness import BenchWorld, RunSpan
 from bench.metrics import delta_logs, measure, median, say, written_since
 from bench.reads import compare_downsampling, compare_reads
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.jobs import ChangeSource, Job
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
@@ -259,7 +260,7 @@ def left_wrong_by_lookback(
     """Per level: windows whose true value the correction changed, and how many of those a
     7-day look-back leaves wrong (those holding a change older than the look-back horizon)."""
     con = duck()
-    horizon = pa.scalar(PERIOD_END - LOOKBACK, pa.timestamp("us", tz="UTC"))
+    horizon = pa.scalar(PERIOD_END - LOOKBACK, TS)
     out = {}
     old, new = raw_files(world, before), raw_files(world, after)
     computed = computed_sql(world.catalog)

@@ -18,11 +18,10 @@ from bench.context import Bench
 from bench.generate import PERIOD_END
 from bench.harness import BenchWorld
 from bench.metrics import median, say
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.services.downsample import downsample_arrow
 from rollup_assets.services.query import query_arrow
 from rollup_assets.services.realtime import realtime_arrow
-
-TS = pa.timestamp("us", tz="UTC")
 
 
 def plain_read(world: BenchWorld, rollup: str, start: datetime, end: datetime) -> pa.Table:

@@ -22,6 +22,7 @@ import rollup_assets.services.surface_layout as layout
 from bench.context import Bench
 from bench.generate import PERIOD_END
 from bench.metrics import say
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.demo.sample_data import meter_ids
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
@@ -32,7 +33,6 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows, publish
 
-TS = pa.timestamp("us", tz="UTC")
 YEAR = Window(datetime(2025, 1, 1, tzinfo=UTC), PERIOD_END)
 # What each level holds in this scenario: its storage partitions around the corrected cell (two
 # UTC days of hours, two months of days, the year above) are what a publish may rewrite.

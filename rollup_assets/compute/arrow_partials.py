@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.partials import SPARES
 from rollup_assets.model.specs import (
     BASE_KINDS,
@@ -34,7 +35,6 @@ from rollup_assets.model.specs import (
 )
 from rollup_assets.model.windows import Window, micros
 
-TS = pa.timestamp("us", tz="UTC")
 ARROW_TYPES = {
     ColumnType.DOUBLE: pa.float64(),
     ColumnType.LONG: pa.int64(),

@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import ROUNDING
 from rollup_assets.model.specs import BASE_KINDS, ColumnType, RollupSpec
 from rollup_assets.model.windows import iso_utc
 
-TS = pa.timestamp("us", tz="UTC")
 # Sums of floats are compared with a relative tolerance; everything else exactly.
 REL_TOLERANCE = 1e-9
 

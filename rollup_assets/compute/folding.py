@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.partials import ExtremeState, SumState
 from rollup_assets.model.specs import (
     ENTITY_COLUMN,
@@ -75,8 +76,8 @@ def difference_rows(
     ordered = sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     out: dict[str, Any] = {
         ENTITY_COLUMN: pa.array([k[0] for k, _ in ordered], pa.string()),
-        "bucket_start": pa.array([w.start for _, (w, _) in ordered], _TS),
-        "bucket_end": pa.array([w.end for _, (w, _) in ordered], _TS),
+        "bucket_start": pa.array([w.start for _, (w, _) in ordered], TS),
+        "bucket_end": pa.array([w.end for _, (w, _) in ordered], TS),
         DELTA: pa.array([True] * len(ordered), pa.bool_()),
     }
     for c in columns:
@@ -84,9 +85,6 @@ def difference_rows(
         out[f"{c}__in"] = pa.array([v[c][0] for _, (_, v) in ordered], pa.list_(typ))
         out[f"{c}__out"] = pa.array([v[c][1] for _, (_, v) in ordered], pa.list_(typ))
     return pa.table(out)
-
-
-_TS = pa.timestamp("us", tz="UTC")
 
 
 def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:

@@ -11,10 +11,12 @@ from datetime import UTC, date, datetime, timedelta
 import numpy as np
 import pyarrow as pa
 
+from rollup_assets.compute.arrow_types import TS
+
 SCHEMA = pa.schema(
     [
         ("entity_id", pa.string()),
-        ("ts", pa.timestamp("us", tz="UTC")),
+        ("ts", TS),
         ("energy_kwh", pa.float64()),
         ("power_kw", pa.float64()),
         ("voltage_v", pa.float64()),
@@ -63,7 +65,7 @@ def day_batch(
     return pa.table(
         {
             "entity_id": pa.array(ids[mask], pa.string()),
-            "ts": pa.array(ts[mask], pa.timestamp("us", tz="UTC")),
+            "ts": pa.array(ts[mask], TS),
             "energy_kwh": pa.array(np.round(energy.ravel()[mask], 6)),
             "power_kw": pa.array(np.round(power.ravel()[mask], 6), mask=power_null.ravel()[mask]),
             "voltage_v": pa.array(

@@ -15,11 +15,11 @@ from rollup_assets.model.specs import (
     FORMULA_RESULT_TYPES,
     ColumnSpec,
     RawArchiveSpec,
+    SourceSpec,
     TimeRangeArchiveSpec,
     key_columns,
 )
 
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
 
 

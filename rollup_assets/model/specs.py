@@ -346,6 +346,8 @@ class RollupSpec:
 
 
 ArchiveSpec = RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
+# An archive readings are written to, that rollups aggregate from: raw or time-range.
+SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 
 
 def schema_fingerprint(spec: ArchiveSpec) -> str:

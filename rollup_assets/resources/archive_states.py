@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.resources.control_tables import CompareAndSetConflict, ControlTable
 from rollup_assets.resources.delta_tables import with_retries
 from rollup_assets.resources.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
-TS = pa.timestamp("us", tz="UTC")
 
 STATE_SCHEMA = pa.schema(
     [

@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.jobs import ChangeSource
-from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
+from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import (
     NO_DATA_OPERATIONS,
@@ -26,8 +27,6 @@ from rollup_assets.resources.delta_tables import (
 from rollup_assets.resources.raw_columns import COLUMNS_OPERATION, formula_changed
 from rollup_assets.resources.raw_store import RETENTION_OPERATION, RawStore
 from rollup_assets.resources.rollup_store import RollupStore
-
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 
 
 @dataclass
@@ -147,9 +146,7 @@ def read_changes(
             starting_version=version, ending_version=version, columns=["entity_id", time_col]
         )
         rows = pa.table(reader).select(["entity_id", time_col]).rename_columns(["entity_id", "ts"])
-        rows = rows.cast(
-            pa.schema([("entity_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
-        )
+        rows = rows.cast(pa.schema([("entity_id", pa.string()), ("ts", TS)]))
         return Changes(version, change_source, rows=rows, committed_at=committed_at)
     ranges = [_file_range(raw, spec, version, next(iter(a.values())), time_col) for a in data]
     return Changes(version, change_source, ranges=ranges, committed_at=committed_at)

@@ -30,6 +30,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import fold
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
@@ -53,7 +54,6 @@ from rollup_assets.resources.schemas import (
 )
 from rollup_assets.resources.warehouse import filesystem_for
 
-TS = pa.timestamp("us", tz="UTC")
 # What each task returns per file: the written file, and per bucket (start in microseconds
 # since the epoch) the cells written and the source rows behind them, as JSON.
 # And the source rows the task decoded for it (and for partitions it found nothing to fill).

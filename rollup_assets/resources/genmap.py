@@ -38,6 +38,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.model.windows import micros
@@ -52,7 +53,6 @@ from rollup_assets.resources.delta_tables import (
 )
 from rollup_assets.resources.warehouse import filesystem_for
 
-TS = pa.timestamp("us", tz="UTC")
 GENMAP_SCHEMA = pa.schema(
     [
         ("bucket_start", TS),

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from rollup_assets import metrics
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import (
     ChangeKind,
@@ -34,7 +35,6 @@ from rollup_assets.model.windows import Window, iso_utc, merge_windows
 from rollup_assets.resources.control_tables import ControlTable
 from rollup_assets.resources.warehouse import Warehouse
 
-TS = pa.timestamp("us", tz="UTC")
 LEDGER_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),

@@ -39,6 +39,7 @@ from rollup_assets.model.specs import (
     ColumnSpec,
     ColumnType,
     RawArchiveSpec,
+    SourceSpec,
     TimeRangeArchiveSpec,
     key_columns,
 )
@@ -52,7 +53,6 @@ from rollup_assets.resources.delta_tables import (
 from rollup_assets.resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schema
 from rollup_assets.resources.warehouse import filesystem_for
 
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
 COLUMNS_OPERATION = "columns"
 # Commit metadata of a columns commit: the version its rewrite read, and the intent it carries

@@ -43,6 +43,7 @@ from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
     RawArchiveSpec,
+    SourceSpec,
     TimeRangeArchiveSpec,
     key_columns,
 )
@@ -82,7 +83,6 @@ from rollup_assets.resources.upsert import ingest_metadata, upsert_clauses
 from rollup_assets.resources.warehouse import Warehouse, data_file_uri, filesystem_for, spark_uri
 
 log = logging.getLogger(__name__)
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 # Raw files are capped (about 15,000 energy readings each), and an ingest's rows are sorted
 # by entity and time (`batches.py`): a file holds a narrow range of entities of one
 # day, so an upsert rewrites only the capped files holding the rows it changes (the MERGE

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import StorageUnit, storage_unit
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -23,7 +24,6 @@ from rollup_assets.model.specs import (
     key_columns,
 )
 
-TS = pa.timestamp("us", tz="UTC")
 DELTA_COLUMN = "delta"
 # A base row: how many source rows its cell holds (a cell whose rows all left has no row).
 RAW_ROWS = "raw_rows"

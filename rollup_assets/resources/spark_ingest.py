@@ -38,13 +38,13 @@ from pyspark.sql import functions as F
 from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import IngestValidationError, RollupsError
 from rollup_assets.model.jobs import ChangeSource
-from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, key_columns
+from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, SourceSpec, key_columns
 from rollup_assets.model.windows import EPOCH
 from rollup_assets.resources.batch_conversion import BatchConverter, fill_computed
 from rollup_assets.resources.delta_jars import INSTALL_COMMAND, has_delta
 from rollup_assets.resources.delta_tables import read_commit, with_user_metadata
 from rollup_assets.resources.raw_columns import columns_changed_between
-from rollup_assets.resources.raw_store import MERGE_ATTEMPTS, IngestResult, RawStore, SourceSpec
+from rollup_assets.resources.raw_store import MERGE_ATTEMPTS, IngestResult, RawStore
 from rollup_assets.resources.schemas import archive_schema, spark_schema
 from rollup_assets.resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses
 from rollup_assets.resources.warehouse import spark_uri

@@ -19,18 +19,24 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in, job_scope
-from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
+from rollup_assets.model.specs import (
+    Catalog,
+    RawArchiveSpec,
+    RollupSpec,
+    SourceSpec,
+    TimeRangeArchiveSpec,
+)
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.change_feed import Changes
 from rollup_assets.settings import DetectionLimits
 
 log = logging.getLogger(__name__)
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 DEFAULT_LIMITS = DetectionLimits()
 
 
@@ -205,9 +211,7 @@ def _dirty_job(
     b = Bucketing.of(dep)
     pairs: list[tuple[Window, str | None]] = []
     if changes.rows is not None and changes.rows.num_rows:
-        retro = changes.rows.filter(
-            pc.less(changes.rows["ts"], pa.scalar(consumed, pa.timestamp("us", tz="UTC")))
-        )
+        retro = changes.rows.filter(pc.less(changes.rows["ts"], pa.scalar(consumed, TS)))
         if retro.num_rows == 0:
             return None
         keys = retro.group_by(["entity_id", "ts"]).aggregate([])

@@ -30,7 +30,7 @@ from rollup_assets.faults import checkpoint
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.errors import InvalidArchiveOperationError, SpecError
 from rollup_assets.model.intents import Intent, IntentKind, require_no_intent
-from rollup_assets.model.specs import RawArchiveSpec, TimeRangeArchiveSpec
+from rollup_assets.model.specs import RawArchiveSpec, SourceSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.resources.delta_tables import with_retries
@@ -43,7 +43,6 @@ from rollup_assets.resources.raw_columns import (
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 REWRITE_ATTEMPTS = 8
 
 

@@ -28,6 +28,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import difference_rows
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
@@ -350,7 +351,7 @@ def shown_again(engine: Engine, spec: RollupSpec, cells: Cells, generation: int)
         return Cells(())
     rows = pa.table(
         {
-            "bucket_start": pa.array([w.start for w, _, _ in keys], pa.timestamp("us", tz="UTC")),
+            "bucket_start": pa.array([w.start for w, _, _ in keys], TS),
             ENTITY_COLUMN: pa.array([e for _, e, _ in keys], pa.string()),
         }
     )

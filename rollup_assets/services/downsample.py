@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS, logical_columns, rollup_partials
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.errors import InvalidArchiveOperationError
 from rollup_assets.model.query_aggregations import (
@@ -61,7 +62,6 @@ from rollup_assets.services.source_query import (
 )
 
 GROUP_BY = ("entity", "all")
-TS = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)

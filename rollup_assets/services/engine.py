@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow, rows_with_keys
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.compare import (
     CHANGED,
     all_new,
@@ -71,7 +72,6 @@ from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
 
 log = logging.getLogger(__name__)
 CellKey = tuple[str, datetime]  # (entity, bucket start)
-TS = pa.timestamp("us", tz="UTC")
 # A job naming at most this many cells runs on the driver: aggregated from the row groups holding
 # its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
 # past a few thousand, their source row groups are most of each table, which Spark's tasks read

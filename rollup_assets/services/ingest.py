@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from rollup_assets.model.errors import IngestValidationError, InvalidArchiveOperationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.progress import Progress
-from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
 from rollup_assets.resources import spark_ingest
@@ -41,7 +41,7 @@ from rollup_assets.resources.batch_sources import (
     TableSource,
     table_from_pandas,
 )
-from rollup_assets.resources.raw_store import IngestResult, SourceSpec
+from rollup_assets.resources.raw_store import IngestResult
 from rollup_assets.services.engine import Engine
 
 

@@ -28,10 +28,10 @@ from rollup_assets.compute.folding import (
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
-from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec, SourceSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.raw_store import CHANGE_TYPE, SourceSpec, UpsertPreview
+from rollup_assets.resources.raw_store import CHANGE_TYPE, UpsertPreview
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import writable_archive
 

@@ -16,9 +16,9 @@ from datetime import date, datetime
 
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.retention import retention_cut, retention_horizon
+from rollup_assets.model.specs import SourceSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import as_utc, iso_utc
-from rollup_assets.resources.raw_store import SourceSpec
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,11 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.model.query_aggregations import Aggregate, query_zone, source_aggregations
-from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
+from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.steps import check_step_range, source_step_spec
 from rollup_assets.model.windows import Window, as_utc, span
 from rollup_assets.resources.schemas import archive_data_schema, spark_schema
 from rollup_assets.services.engine import Engine
-
-SourceSpec = RawArchiveSpec | TimeRangeArchiveSpec
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from rollup_assets.compute.arrow_partials import logical_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import FAR_FUTURE, FAR_PAST, Window, as_utc, merge_windows
@@ -187,7 +188,7 @@ def rewrite(
 
 def _parts_of(spec: RollupSpec, windows: Sequence[Window]) -> set[str]:
     """The surface partitions `windows` (cut at partition boundaries) lie in."""
-    starts = pa.array([w.start for w in windows], pa.timestamp("us", tz="UTC"))
+    starts = pa.array([w.start for w in windows], TS)
     return set(part_values(spec, starts).to_pylist()) if windows else set()
 
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import JobState
 from rollup_assets.model.windows import Window
@@ -17,7 +18,6 @@ NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
 FIRST = date(2025, 6, 1)
 HOUR = "2025-06-10-14:00"  # Vienna local: 12:00-13:00 UTC
 HOUR_START = datetime(2025, 6, 10, 12, 0, tzinfo=UTC)
-TS = pa.timestamp("us", tz="UTC")
 
 
 def setup_chain(world: World) -> None:

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from rollup_assets.compute.aggregation import rollup_partials
 from rollup_assets.compute.arrow_partials import logical_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangeSource
@@ -43,7 +44,6 @@ BUCKET = "rollups-test"
 FIRST = date(2025, 3, 29)  # the 23 h local day 2025-03-30
 DAYS = 3
 SPAN = Window(datetime(2025, 3, 29, tzinfo=UTC), datetime(2025, 4, 1, tzinfo=UTC))
-TS = pa.timestamp("us", tz="UTC")
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import pytest
 from deltalake import DeltaTable
 
 from rollup_assets.assembly import build_definitions
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.resources import WarehouseResource
@@ -52,7 +53,6 @@ CORRECTED = [
     datetime(2024, 12, 30, 10, 0, tzinfo=UTC),
     datetime(2025, 3, 30, 1, 30, tzinfo=UTC),
 ]
-TS = pa.timestamp("us", tz="UTC")
 # The recompute lane and the publish of what it flips (the forward lane is tested on its own).
 RETROACTIVE = ("retroactive_write_sensor", "surface_publish_sensor")
 DETECTION = ("retroactive_write_sensor",)

@@ -12,13 +12,13 @@ from pyspark.sql import SparkSession
 
 from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
 
 CATALOG = load_catalog()
-TS = pa.timestamp("us", tz="UTC")
 # Around the autumn DST switch (Vienna, 2025-10-26) and the turn of the year.
 SPANS = [
     Window(datetime(2025, 10, 24, tzinfo=UTC), datetime(2025, 10, 29, tzinfo=UTC)),

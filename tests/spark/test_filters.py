@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.filters import MAX_SPAN_TERMS, _coarse, rows_within
 from rollup_assets.model.windows import Window
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 H = timedelta(hours=1)
-TS = pa.timestamp("us", tz="UTC")
 
 
 def scattered(n: int) -> list[Window]:

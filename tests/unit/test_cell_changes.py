@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import rows_with_keys
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import BASE_KINDS
@@ -22,7 +23,6 @@ from rollup_assets.resources.schemas import RAW_ROWS, companion_type
 HOURLY = load_catalog().rollup("energy_hourly")
 T0 = datetime(2025, 3, 3, tzinfo=UTC)
 H = timedelta(hours=1)
-TS = pa.timestamp("us", tz="UTC")
 
 
 def partials(rows: list[tuple[str, int, float | None]], source_rows: bool = False) -> pa.Table:

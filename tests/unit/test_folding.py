@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import (
     DELTA,
     GENERATION,
@@ -31,7 +32,6 @@ CATALOG = load_catalog()
 HOURLY = CATALOG.rollup("energy_hourly")
 DAILY = CATALOG.rollup("energy_daily")
 RAW = CATALOG.archive("energy_raw")
-TS = pa.timestamp("us", tz="UTC")
 # Three hours of one Vienna day, a reading per minute at most: a cell can hold more values
 # than it keeps spares.
 T0 = datetime(2025, 8, 13, 22, tzinfo=UTC) + timedelta(hours=3)

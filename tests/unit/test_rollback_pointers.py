@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import (
@@ -21,7 +22,6 @@ from rollup_assets.resources.genmap import (
 )
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
-TS = pa.timestamp("us", tz="UTC")
 BUCKETS = [Window(T0 + timedelta(hours=h), T0 + timedelta(hours=h + 1)) for h in range(6)]
 ENTITIES = [f"m{i}" for i in range(4)]
 LATER = datetime(2100, 1, 1, tzinfo=UTC)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window
 from rollup_assets.services.surface_layout import (
@@ -23,7 +24,6 @@ from rollup_assets.services.surface_layout import (
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 H = timedelta(hours=1)
-TS = pa.timestamp("us", tz="UTC")
 
 
 def rows(entities: dict[str, int]) -> pa.Table:

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.resources.genmap import GENMAP_SCHEMA, live_files, visible_mask
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
-TS = pa.timestamp("us", tz="UTC")
 
 
 def expected(rows: list[dict], pointers: list[dict]) -> list[bool]:
