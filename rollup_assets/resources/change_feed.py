@@ -16,16 +16,16 @@ import pyarrow as pa
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
 from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import (
-    NO_DATA_OPERATIONS,
     commit_info,
     open_table,
     read_commit,
 )
-from rollup_assets.resources.raw_columns import COLUMNS_OPERATION, formula_changed
-from rollup_assets.resources.raw_store import RETENTION_OPERATION, RawStore
+from rollup_assets.resources.raw_columns import formula_changed
+from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.rollup_store import RollupStore
 
 
@@ -100,11 +100,9 @@ def read_changes(
     info = commit_info(actions)
     at = info.get("timestamp")
     committed_at = None if at is None else datetime.fromtimestamp(int(at) / 1000, tz=UTC)
-    if info.get("operation") in NO_DATA_OPERATIONS and not any("cdc" in a for a in actions):
+    if not is_data_change(info, writes_change_files=any("cdc" in a for a in actions)):
         return None
-    if info.get("rollups.operation") == RETENTION_OPERATION:
-        return None  # rows dropped on purpose: the rollups keep what they aggregated
-    if info.get("rollups.operation") == COLUMNS_OPERATION:
+    if info.get(OPERATION_KEY) == Operation.COLUMNS:
         # The table switched to new formulas: no row is an insert or a delete, but every value
         # of a re-formulated column changed (an added or removed column changes no rollup).
         column = formula_changed(info)

@@ -28,10 +28,6 @@ from rollup_assets.resources.warehouse import filesystem_for
 log = logging.getLogger(__name__)
 
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
-# Commit operations that rewrite or list files without changing any row.
-NO_DATA_OPERATIONS = frozenset(
-    {"OPTIMIZE", "VACUUM START", "VACUUM END", "CHECKPOINT", "SET TBLPROPERTIES"}
-)
 
 R = TypeVar("R")
 

@@ -34,6 +34,7 @@ from deltalake.exceptions import CommitFailedError
 
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
 from rollup_assets.model.formulas import parse_formula
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ColumnSpec,
@@ -54,7 +55,6 @@ from rollup_assets.resources.schemas import FORMULA_KEY, TYPE_KEY, archive_schem
 from rollup_assets.resources.warehouse import filesystem_for
 
 S = TypeVar("S", bound=RawArchiveSpec | TimeRangeArchiveSpec)
-COLUMNS_OPERATION = "columns"
 # Commit metadata of a columns commit: the version its rewrite read, and the intent it carries
 # out (when the change began, `model.intents`).
 READ_KEY = "rollups.read_version"
@@ -118,7 +118,7 @@ def rewrite_columns(
         schema_mode="overwrite",
         partition_by=[DAY_COLUMN],
         commit_properties=CommitProperties(
-            custom_metadata={"rollups.operation": COLUMNS_OPERATION, **change}
+            custom_metadata={OPERATION_KEY: Operation.COLUMNS, **change}
         ),
     )
     table.update_incremental()
@@ -128,7 +128,7 @@ def rewrite_columns(
 def columns_changed_between(uri: str, options: dict[str, str], after: int, upto: int) -> bool:
     """Did a commit after version `after`, up to `upto`, change the computed columns?"""
     return any(
-        _info(uri, options, v).get("rollups.operation") == COLUMNS_OPERATION
+        _info(uri, options, v).get(OPERATION_KEY) == Operation.COLUMNS
         for v in range(after + 1, upto + 1)
     )
 
@@ -138,7 +138,7 @@ def switch_commit(uri: str, options: dict[str, str], intent: str) -> tuple[int, 
     landed: (the version it read, its own version, the rows it wrote)."""
     table = DeltaTable(uri, storage_options=options or None)
     for info in table.history():
-        if info.get("rollups.operation") == COLUMNS_OPERATION and info.get(INTENT_KEY) == intent:
+        if info.get(OPERATION_KEY) == Operation.COLUMNS and info.get(INTENT_KEY) == intent:
             metrics = info.get("operationMetrics") or {}
             rows = int(metrics.get("num_added_rows", 0) or 0)
             return int(info[READ_KEY]), int(info["version"]), rows
@@ -147,7 +147,7 @@ def switch_commit(uri: str, options: dict[str, str], intent: str) -> tuple[int, 
 
 def formula_changed(info: dict) -> str | None:
     """The column whose formula a commit (its commit info) changed, if it is such a commit."""
-    if info.get("rollups.operation") != COLUMNS_OPERATION:
+    if info.get(OPERATION_KEY) != Operation.COLUMNS:
         return None
     if info.get("rollups.column_action") != ColumnAction.SET_FORMULA.value:
         return None
@@ -205,7 +205,7 @@ def refresh_inserted(
             target_alias="t",
             commit_properties=CommitProperties(
                 custom_metadata={
-                    "rollups.operation": "refresh-computed",
+                    OPERATION_KEY: Operation.REFRESH_COMPUTED,
                     "rollups.min_ts": lo.as_py().isoformat(),
                     "rollups.max_ts": hi.as_py().isoformat(),
                 }

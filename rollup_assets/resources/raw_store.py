@@ -38,6 +38,7 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import AsOfUnavailableError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import (
     DAY_COLUMN,
@@ -59,7 +60,6 @@ from rollup_assets.resources.delta_files import (
     targets_of,
 )
 from rollup_assets.resources.delta_tables import (
-    NO_DATA_OPERATIONS,
     TABLE_CONFIGURATION,
     commit_history,
     commit_info,
@@ -72,7 +72,6 @@ from rollup_assets.resources.delta_tables import (
     with_user_metadata,
 )
 from rollup_assets.resources.raw_columns import (
-    COLUMNS_OPERATION,
     S,
     applied_spec,
     columns_changed_between,
@@ -105,9 +104,6 @@ def _utc_midnight(day: dt.date) -> dt.datetime:
 # The change data feed's columns: what a row change was, and the commit that made it.
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
-# Commits whose deletes are retention (old rows dropped on purpose): the rollups keep what they
-# aggregated from those rows, so such deletes are nobody's change.
-RETENTION_OPERATION = "retention"
 # The app transaction whose version is the instant retention keeps rows from (microseconds).
 RETENTION_APP = "rollups.retained_from"
 # An ingest reaching days this close to a retention horizon (by the wall clock) commits under
@@ -185,12 +181,7 @@ class RawStore:
         if table is None or table.version() <= after:
             return False
         for commit in map(with_user_metadata, table.history(limit=table.version() - after)):
-            if (
-                commit.get("version", after + 1) <= after
-                or commit.get("operation") in NO_DATA_OPERATIONS
-            ):
-                continue
-            if commit.get("rollups.operation") == RETENTION_OPERATION:
+            if commit.get("version", after + 1) <= after or not is_data_change(commit):
                 continue
             lo, hi = commit.get("rollups.min_ts"), commit.get("rollups.max_ts")
             if lo is None or hi is None:
@@ -218,7 +209,7 @@ class RawStore:
                 span
                 for commit in sorted(commits, key=lambda c: c.get("version", 0))
                 if commit.get("version", 0) > known_version
-                and commit.get("rollups.operation") == RETENTION_OPERATION
+                and commit.get(OPERATION_KEY) == Operation.RETENTION
                 for span in [_recorded_span(commit)]
             ]
             self._retained[uri] = (version, known)
@@ -236,7 +227,9 @@ class RawStore:
             mode="ignore",
             partition_by=[DAY_COLUMN],
             configuration=RAW_CONFIGURATION,
-            commit_properties=CommitProperties(custom_metadata={"rollups.operation": "provision"}),
+            commit_properties=CommitProperties(
+                custom_metadata={OPERATION_KEY: Operation.PROVISION}
+            ),
             storage_options=self.options or None,
         )
         created = self.table(spec)
@@ -457,7 +450,7 @@ class RawStore:
             quoted = ", ".join("'" + e.replace("'", "''") + "'" for e in sorted(entities))
             parts.append(f"entity_id IN ({quoted})")
         metadata = {
-            "rollups.operation": RETENTION_OPERATION if retention else "delete",
+            OPERATION_KEY: Operation.RETENTION if retention else Operation.DELETE,
             "rollups.change_source": change_source.value,
             "rollups.min_ts": lo.isoformat(),
             "rollups.max_ts": (hi - dt.timedelta(microseconds=1)).isoformat(),
@@ -485,7 +478,7 @@ class RawStore:
             return DroppedDays(spec.name, (), 0, None)
         first = dt.datetime.combine(days[0], dt.time(0), tzinfo=dt.UTC)
         metadata = {
-            "rollups.operation": RETENTION_OPERATION,
+            OPERATION_KEY: Operation.RETENTION,
             "rollups.min_ts": first.isoformat(),
             "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
             "rollups.retained_from": cut.isoformat(),
@@ -517,7 +510,7 @@ class RawStore:
                 partition_by=[DAY_COLUMN],
                 commit_properties=CommitProperties(
                     custom_metadata={
-                        "rollups.operation": RETENTION_OPERATION,
+                        OPERATION_KEY: Operation.RETENTION,
                         "rollups.min_ts": BEGINNING_OF_TIME.isoformat(),
                         "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
                         "rollups.retained_from": cut.isoformat(),
@@ -635,7 +628,7 @@ class RawStore:
                     f"'{spec.name}': commit {version} is no longer in the table's log"
                 ) from None
             info = commit_info(actions)
-            if info.get("rollups.operation") == COLUMNS_OPERATION:
+            if info.get(OPERATION_KEY) == Operation.COLUMNS:
                 # The stored partials predate new formulas: changes cannot bring them up to date.
                 raise ChangeFeedGone(f"'{spec.name}': its computed columns changed at {version}")
             commits.append((version, actions, info))
@@ -647,10 +640,8 @@ class RawStore:
         parts: list[pa.Table] = []
         read = 0
         for version, actions, info in commits:
-            if info.get("rollups.operation") == RETENTION_OPERATION:
-                continue
             cdc = [a["cdc"] for a in actions if "cdc" in a]
-            if info.get("operation") in NO_DATA_OPERATIONS and not cdc:
+            if not is_data_change(info, writes_change_files=bool(cdc)):
                 continue
             lo, hi = info.get("rollups.min_ts"), info.get("rollups.max_ts")
             if lo is not None and hi is not None:

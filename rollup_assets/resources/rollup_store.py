@@ -36,6 +36,7 @@ from rollup_assets.compute.folding import CellKey, fold
 from rollup_assets.model.asof import version_at, version_if_existed
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import AsOfUnavailableError
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
 from rollup_assets.resources.delta_files import (
@@ -192,15 +193,15 @@ class RollupStore(RollupTable):
         pointers = read_pointers_at(self.genmap_uri(spec), gv, self.options)
         return Snapshot(open_table(self.uri(spec), self.options, version), pointers, gv)
 
-    def committed_by(self, spec: RollupSpec, job_id: str, operation: str) -> int | None:
+    def committed_by(self, spec: RollupSpec, job_id: str, operation: Operation) -> int | None:
         """The version of the commit of `job_id` with `operation` (a recompute's rows: the row
         table; a flip: the pointer table), if the table's log still holds it."""
-        uri = self.uri(spec) if operation == "recompute" else self.genmap_uri(spec)
+        uri = self.uri(spec) if operation == Operation.RECOMPUTE else self.genmap_uri(spec)
         table = open_table(uri, self.options)
         if table is None:
             return None
         for commit_, info in reversed(commit_history(table)):
-            if info.get("rollups.job_id") == job_id and info.get("rollups.operation") == operation:
+            if info.get("rollups.job_id") == job_id and info.get(OPERATION_KEY) == operation:
                 return commit_.version
         return None
 
@@ -227,7 +228,7 @@ class RollupStore(RollupTable):
             self.genmap_uri(spec),
             change,
             metadata={
-                "rollups.operation": "rollback",
+                OPERATION_KEY: Operation.ROLLBACK,
                 "rollups.job_id": job_id,
                 "rollups.undoes": undoes,
             },
@@ -248,7 +249,7 @@ class RollupStore(RollupTable):
             self.genmap_uri(spec),
             lambda current: current,
             metadata={
-                "rollups.operation": "fence",
+                OPERATION_KEY: Operation.FENCE,
                 "rollups.reason": why,
                 "rollups.job_id": job_id,
             },
@@ -576,7 +577,7 @@ class RollupStore(RollupTable):
             self.genmap_uri(spec),
             lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id, delta=delta),
             metadata={
-                "rollups.operation": "flip",
+                OPERATION_KEY: Operation.FLIP,
                 "rollups.generation": str(generation),
                 "rollups.job_id": job_id,
             },

@@ -27,6 +27,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.keeping import Keeping
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows, micros
 from rollup_assets.resources.delta_files import (
@@ -66,8 +67,6 @@ SWEEP_MIN_ROWS = 4_096
 # The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
 # [start, end] ISO pairs); a retention commit of the row table records the same.
 REPLACED_KEY = "rollups.replaced"
-# The `rollups.operation` of retention's commits (pointer table and row table).
-RETENTION_OPERATION = "retention"
 
 
 def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) -> pa.ChunkedArray:
@@ -258,7 +257,7 @@ class RollupTable:
                 )
             return _at_most(mask, rows, up_to)
 
-        return self._delete_rows(spec, select, drop, {"rollups.operation": "sweep"})
+        return self._delete_rows(spec, select, drop, {OPERATION_KEY: Operation.SWEEP})
 
     def reclaim(
         self, spec: RollupSpec, *, flipped: frozenset[int], up_to: int | None = None
@@ -287,7 +286,7 @@ class RollupTable:
             doomed = pa.array(sorted(g for g in present if g is not None and gone(g)), pa.int64())
             return pc.is_in(rows["generation"], value_set=doomed)
 
-        return self._delete_rows(spec, select, drop, {"rollups.operation": "reclaim"})
+        return self._delete_rows(spec, select, drop, {OPERATION_KEY: Operation.RECLAIM})
 
     def drop_pointers_from(
         self, spec: RollupSpec, boundary: datetime, *, job_id: str
@@ -301,7 +300,7 @@ class RollupTable:
         return write_pointer_table(
             self.genmap_uri(spec),
             lambda cur: cur.filter(pc.less(cur["bucket_start"], b)),
-            metadata={"rollups.operation": "rewind", "rollups.job_id": job_id},
+            metadata={OPERATION_KEY: Operation.REWIND, "rollups.job_id": job_id},
             storage_options=self.options,
             move=True,
         )
@@ -326,7 +325,7 @@ class RollupTable:
                 pc.greater_equal(rows["bucket_start"], b), pc.greater(rows["generation"], 0)
             )
 
-        return self._delete_rows(spec, select, drop, {"rollups.operation": "rewind"})
+        return self._delete_rows(spec, select, drop, {OPERATION_KEY: Operation.REWIND})
 
     # -- retention -----------------------------------------------------------------------------
 
@@ -349,7 +348,7 @@ class RollupTable:
             self.genmap_uri(spec),
             lambda cur: cur.filter(pc.greater_equal(cur["bucket_start"], b)),
             metadata={
-                "rollups.operation": RETENTION_OPERATION,
+                OPERATION_KEY: Operation.RETENTION,
                 "rollups.retained_from": iso_utc(cut),
             },
             storage_options=self.options,
@@ -380,7 +379,7 @@ class RollupTable:
             return pc.less(rows["bucket_start"], b)
 
         metadata = {
-            "rollups.operation": RETENTION_OPERATION,
+            OPERATION_KEY: Operation.RETENTION,
             "rollups.retained_from": iso_utc(cut),
             REPLACED_KEY: json.dumps([[iso_utc(first), iso_utc(cut)]]),
         }

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import DAY_COLUMN, RawArchiveSpec, TimeRangeArchiveSpec, key_columns
-
-INGEST_OPERATION = "ingest"
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def ingest_metadata(
     skips reading it for windows outside [min_ts, max_ts]; the file it read, and who wrote it
     (a run and asset), when known."""
     metadata = {
-        "rollups.operation": INGEST_OPERATION,
+        OPERATION_KEY: Operation.INGEST,
         "rollups.change_source": change_source.value,
         "rollups.rows": str(rows),
         "rollups.min_ts": min_ts.isoformat(),

@@ -19,6 +19,7 @@ import dagster as dg
 from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.jobs import JobState, Lane
+from rollup_assets.model.operations import Operation
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveStatus
@@ -144,7 +145,9 @@ def _flipped_jobs(engine: Engine) -> dict[str, int | None]:
         for job in swapping:
             if job.rollup == name and job.job_id in flipped:
                 out[job.job_id] = (
-                    engine.rollups.committed_by(spec, job.job_id, "flip") if job.corrects else None
+                    engine.rollups.committed_by(spec, job.job_id, Operation.FLIP)
+                    if job.corrects
+                    else None
                 )
     return out
 

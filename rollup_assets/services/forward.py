@@ -25,6 +25,7 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
 from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.operations import OPERATION_KEY
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import propagation_jobs
@@ -147,7 +148,7 @@ def run_forward(
             written,
             buckets,
             {
-                "rollups.operation": trigger.value,
+                OPERATION_KEY: trigger.value,
                 "rollups.job_id": job.job_id,
                 "dagster.run_id": run_id,
             },

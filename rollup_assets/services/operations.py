@@ -19,6 +19,7 @@ from rollup_assets.model.errors import (
 )
 from rollup_assets.model.forward import initial_watermark
 from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.operations import Operation
 from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.propagation import completed_after_flip
 from rollup_assets.model.specs import ArchiveSpec, RollupSpec, schema_fingerprint
@@ -196,7 +197,7 @@ class Operations:
             if not j.state.active:
                 continue
             flipped = (
-                self.engine.rollups.committed_by(spec, j.job_id, "flip")
+                self.engine.rollups.committed_by(spec, j.job_id, Operation.FLIP)
                 if isinstance(spec, RollupSpec) and j.state is JobState.SWAPPING
                 else None
             )

@@ -47,6 +47,7 @@ from rollup_assets.model.errors import (
     RollupsError,
 )
 from rollup_assets.model.jobs import Job, JobState, Trigger
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.placement import buckets_in, cells_of, place
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
@@ -258,7 +259,7 @@ def run_recompute(
             spec,
             written,
             {
-                "rollups.operation": "recompute",
+                OPERATION_KEY: Operation.RECOMPUTE,
                 "rollups.job_id": job.job_id,
                 "rollups.generation": str(generation),
                 "dagster.run_id": run_id,
@@ -504,7 +505,7 @@ def record_failure(
         return
     if current.state is JobState.SWAPPING and job_id in engine.rollups.flipped_jobs(spec):
         why = f"completed after its flip, though its run then failed: {reason}"
-        at = engine.rollups.committed_by(spec, job_id, "flip") if current.corrects else None
+        at = engine.rollups.committed_by(spec, job_id, Operation.FLIP) if current.corrects else None
         engine.ledger.record(
             completed_after_flip(
                 engine.catalog, spec, current, engine.states.all(), why, flipped_at=at

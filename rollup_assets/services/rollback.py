@@ -43,6 +43,7 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import FenceMovedError, RollbackRefusedError
 from rollup_assets.model.jobs import Job, JobState, Trigger, new_job_id
+from rollup_assets.model.operations import Operation
 from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
@@ -138,8 +139,8 @@ def rollback(
         )
 
     store = engine.rollups
-    flip_version = store.committed_by(spec, job_id, "flip")
-    rows_version = store.committed_by(spec, job_id, "recompute")
+    flip_version = store.committed_by(spec, job_id, Operation.FLIP)
+    rows_version = store.committed_by(spec, job_id, Operation.RECOMPUTE)
     if flip_version is None or rows_version is None:
         raise RollbackRefusedError(
             f"{what}: the pointer or row table's log no longer holds the job's commits"
@@ -284,7 +285,7 @@ def recover_rollback(
     (its outcome), or record it failed, having changed nothing (None)."""
     t0 = time.monotonic()
     engine.rollups.move_fence(spec, f"recover rollback {intent.job_id}", job_id=intent.job_id)
-    version = engine.rollups.committed_by(spec, intent.job_id, "rollback")
+    version = engine.rollups.committed_by(spec, intent.job_id, Operation.ROLLBACK)
     current = engine.ledger.job(intent.job_id)
     if current is None or current.state is not JobState.SWAPPING:
         return None  # finished meanwhile by whoever else found it

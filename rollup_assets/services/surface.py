@@ -67,11 +67,16 @@ from deltalake.exceptions import DeltaError
 from rollup_assets import metrics
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.faults import checkpoint
+from rollup_assets.model.operations import (
+    NO_DATA_OPERATIONS,
+    OPERATION_KEY,
+    Operation,
+    operation_of,
+)
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import (
-    NO_DATA_OPERATIONS,
     CommitPlan,
     commit,
     file_actions,
@@ -237,7 +242,7 @@ def _still_current(engine: Engine, spec: RollupSpec, done: Reflected, now: Refle
         except (OSError, ValueError):
             return False
         info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        if (info.get("rollups.operation") or info.get("operation")) not in neutral:
+        if operation_of(info) not in neutral:
             return False
     return True
 
@@ -287,7 +292,7 @@ def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Pub
     just flipped them)."""
     uri = engine.rollups.surface_uri(spec)
     schema = surface_schema(spec)
-    metadata: dict[str, str] = {"rollups.operation": "publish"}
+    metadata: dict[str, str] = {OPERATION_KEY: Operation.PUBLISH}
     outcome: list[Published] = []
 
     def plan(surface: DeltaTable | None) -> CommitPlan:

@@ -24,12 +24,17 @@ from deltalake.exceptions import DeltaError
 
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.operations import (
+    NO_DATA_OPERATIONS,
+    Operation,
+    operation_of,
+)
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.delta_tables import NO_DATA_OPERATIONS, open_table, read_commit
+from rollup_assets.resources.delta_tables import open_table, read_commit
 from rollup_assets.resources.genmap import GENMAP_SCHEMA, covered_mask
 from rollup_assets.resources.rollup_store import Reflected
-from rollup_assets.resources.rollup_table import REPLACED_KEY, RETENTION_OPERATION, in_windows
+from rollup_assets.resources.rollup_table import REPLACED_KEY, in_windows
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -38,11 +43,13 @@ log = logging.getLogger(__name__)
 # retention's deletes (generation-0 rows are active without a pointer). Each records the
 # buckets it replaced.
 FORWARD_OPERATIONS = frozenset(
-    {Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value, RETENTION_OPERATION}
+    {Trigger.FORWARD.value, Trigger.OPEN_BUCKET.value, Operation.RETENTION}
 )
 # Row-table commits that leave the active rows as they were (a rewind's pointer commit is what
 # changes them; its row commit deletes rows no pointer referenced any more).
-NEUTRAL_OPERATIONS = frozenset({"recompute", "sweep", "reclaim", "rewind", *NO_DATA_OPERATIONS})
+NEUTRAL_OPERATIONS = frozenset(
+    {Operation.RECOMPUTE, Operation.SWEEP, Operation.RECLAIM, Operation.REWIND, *NO_DATA_OPERATIONS}
+)
 POINTER_KEY = ("bucket_start", "bucket_end", "entity_id", "generation")
 _GLOBAL = "\x00every entity"  # a global pointer's entity in a join key (no entity id is this)
 
@@ -199,7 +206,7 @@ def _forward_buckets(engine: Engine, spec: RollupSpec, version: int) -> list[Win
         log.info("%s: row commit %d is not readable (%s); rebuilding", spec.name, version, exc)
         return None
     info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    operation = info.get("rollups.operation") or info.get("operation")
+    operation = operation_of(info)
     if operation in NEUTRAL_OPERATIONS:
         return []
     if operation not in FORWARD_OPERATIONS:

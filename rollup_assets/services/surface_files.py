@@ -19,6 +19,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import storage_partition
+from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import FAR_FUTURE, FAR_PAST, Window, as_utc, merge_windows
 from rollup_assets.resources.delta_files import (
@@ -273,7 +274,7 @@ def compact(engine: Engine, spec: RollupSpec) -> int:
         plan,
         schema=pa.schema(existing.schema().to_arrow()),
         partition_by=[PART_COLUMN],
-        metadata={"rollups.operation": "compact surface"},
+        metadata={OPERATION_KEY: Operation.COMPACT_SURFACE},
         storage_options=options,
     )
     return removed[0]

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from deltalake.exceptions import DeltaError
 from pyarrow.fs import FileType
 
+from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.resources.delta_tables import (
-    NO_DATA_OPERATIONS,
     LatestCache,
     commit_file,
     read_commit,
@@ -116,7 +116,7 @@ def _first_change(
             break
         read += 1
         info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        if (info.get("rollups.operation") or info.get("operation")) in neutral:
+        if operation_of(info) in neutral:
             continue
         millis = info.get("timestamp")
         if millis is None:
