@@ -27,7 +27,10 @@ from rollup_assets.resources.warehouse import filesystem_for
 
 log = logging.getLogger(__name__)
 
-TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+# Statistics of every column, not Delta's default first 32: the bookkeeping columns a rollup's
+# row table prunes its files by (`generation` above all) come after its companions.
+INDEXED_COLUMNS = "delta.dataSkippingNumIndexedCols"
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10", INDEXED_COLUMNS: "-1"}
 
 R = TypeVar("R")
 
@@ -252,7 +255,7 @@ def commit(
         table = open_table(uri, storage_options)
         created[0] = table is None
         if table is not None:
-            table = _with_columns_of(table, schema)
+            table = _with_columns_of(_with_every_column_indexed(table), schema)
         p = plan(table)
         actions: list[AddAction | RemoveAction] = [*p.removes, *p.adds]
         if table is not None and not actions and not p.app_transactions:
@@ -302,6 +305,17 @@ def _with_columns_of(table: DeltaTable, schema: pa.Schema) -> DeltaTable:
     if missing:
         log.info("%s: adding column(s) %s", table.table_uri, ", ".join(f.name for f in missing))
         table.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(missing)).fields))
+        table.update_incremental()
+    return table
+
+
+def _with_every_column_indexed(table: DeltaTable) -> DeltaTable:
+    """`table`, reading the statistics of every column (a table created before
+    `TABLE_CONFIGURATION` asked for them: its files' statistics of the columns after the 32nd
+    were written but not read, so nothing was pruned by them), in a commit of its own."""
+    if table.metadata().configuration.get(INDEXED_COLUMNS) != "-1":
+        log.info("%s: reading the statistics of every column", table.table_uri)
+        table.alter.set_table_properties({INDEXED_COLUMNS: "-1"})
         table.update_incremental()
     return table
 
