@@ -14,6 +14,7 @@ reported, for the caller to aggregate again from its source.
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -119,6 +120,7 @@ def _fold_cells(rows: pa.Table, spec: RollupSpec) -> tuple[list[dict], list[Cell
     by_cell: dict[CellKey, list[dict]] = {}
     for r in records:
         by_cell.setdefault((r[ENTITY_COLUMN], r["bucket_start"]), []).append(r)
+    plan = FoldPlan.of(spec)
     folded, exhausted = [], []
     for key, group in by_cell.items():
         group.sort(key=lambda r: r[GENERATION])
@@ -126,7 +128,7 @@ def _fold_cells(rows: pa.Table, spec: RollupSpec) -> tuple[list[dict], list[Cell
         base = bases[-1] if bases else None
         changes = [r for r in group if r.get(DELTA)]
         try:
-            row = fold_cell(base, changes, spec)
+            row = fold_cell(base, changes, spec, plan=plan)
         except Unknowable:
             exhausted.append(key)
             continue
@@ -144,27 +146,69 @@ class Unknowable(Exception):
     """A cell whose state its base and differences no longer tell exactly."""
 
 
+@dataclass(frozen=True)
+class ColumnFold:
+    """What folding one aggregated column touches: its companions by kind, and the outputs of
+    its aggregations by function."""
+
+    column: str
+    mine: dict[str, Companion]
+    outputs: dict[AggregateFunction, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """Per rollup spec, worked out once for all the cells one fold folds."""
+
+    lead: str
+    columns: tuple[ColumnFold, ...]
+
+    @classmethod
+    def of(cls, spec: RollupSpec) -> "FoldPlan":
+        companions = spec.companions
+        columns = []
+        for column in spec.aggregated_columns:
+            outputs: dict[AggregateFunction, list[str]] = {}
+            for agg in spec.aggregations:
+                if agg.column == column:
+                    outputs.setdefault(agg.function, []).append(agg.output_name)
+            columns.append(
+                ColumnFold(
+                    column,
+                    {c.kind: c for c in companions if c.column == column},
+                    {f: tuple(names) for f, names in outputs.items()},
+                )
+            )
+        return cls(spec.aggregated_columns[0], tuple(columns))
+
+
 def fold_cell(
-    base: dict | None, changes: Sequence[dict], spec: RollupSpec, *, unknown: bool = False
+    base: dict | None,
+    changes: Sequence[dict],
+    spec: RollupSpec,
+    *,
+    unknown: bool = False,
+    plan: FoldPlan | None = None,
 ) -> dict | None:
     """A cell's base row (None: the cell had no row) with its `changes` (difference rows, in
     generation order) applied: a base-shaped row, None when no source row is left in the cell.
     Raises Unknowable when the result cannot be known exactly (an extreme exhausted, a finite
     sum overflowed, a base row without companions); with `unknown`, an exhausted extreme is
-    null instead (a preview: the value is known once the cell is aggregated again)."""
+    null instead (a preview: the value is known once the cell is aggregated again). `plan`:
+    `FoldPlan.of(spec)`, when the caller folds many cells."""
+    plan = plan or FoldPlan.of(spec)
     first = base or changes[0]
     row = {k: v for k, v in first.items() if not _is_delta_column(k)}
     row[DELTA] = False
     if base is not None and base.get(RAW_ROWS) is None:
         raise Unknowable("a row written before companions were kept")
-    lead = spec.aggregated_columns[0]
+    lead = plan.lead
     moved = sum(len(d.get(f"{lead}__in") or []) - len(d.get(f"{lead}__out") or []) for d in changes)
     row[RAW_ROWS] = ((base or {}).get(RAW_ROWS) or 0) + moved
     if row[RAW_ROWS] <= 0:
         return None
-    companions = spec.companions
-    for column in spec.aggregated_columns:
-        mine = {c.kind: c for c in companions if c.column == column}
+    for fold in plan.columns:
+        column, mine, outputs = fold.column, fold.mine, fold.outputs
         n = (base or {}).get(mine["n"].name) or 0
         entering: list = []
         leaving: list = []
@@ -182,7 +226,11 @@ def fold_cell(
             for k in ("nan", "pinf", "ninf"):
                 if k in mine:
                     row[mine[k].name] = getattr(total, k)
-            _set_sums(row, spec, column, total)
+            for name in outputs.get(AggregateFunction.SUM, ()):
+                row[name] = total.value
+            for name in outputs.get(AggregateFunction.AVG, ()):
+                row[f"{name}__sum"] = total.value
+                row[f"{name}__count"] = total.n
         for kind, largest in (("lo", False), ("hi", True)):
             if kind not in mine:
                 continue
@@ -192,11 +240,12 @@ def fold_cell(
                 raise Unknowable(f"every kept extreme of {column} left the cell")
             row[mine[kind].name] = list(state.prefix)
             value = None if state.n == 0 or state.exhausted else state.value
-            _set_extreme(row, spec, column, largest, value)
-        _set_counts(row, spec, column, n + added)
-    for k in list(row):
-        if k.endswith("__in") or k.endswith("__out"):
-            row[k] = None
+            for name in outputs.get(
+                AggregateFunction.MAX if largest else AggregateFunction.MIN, ()
+            ):
+                row[name] = value
+        for name in outputs.get(AggregateFunction.COUNT, ()):
+            row[name] = n + added
     return row
 
 
@@ -213,27 +262,3 @@ def _sum_state(base: dict, mine: dict[str, Companion]) -> SumState:
         get(mine["pinf"].name) or 0 if "pinf" in mine else 0,
         get(mine["ninf"].name) or 0 if "ninf" in mine else 0,
     )
-
-
-def _set_sums(row: dict, spec: RollupSpec, column: str, state: SumState) -> None:
-    for agg in spec.aggregations:
-        if agg.column != column:
-            continue
-        if agg.function is AggregateFunction.SUM:
-            row[agg.output_name] = state.value
-        elif agg.function is AggregateFunction.AVG:
-            row[f"{agg.output_name}__sum"] = state.value
-            row[f"{agg.output_name}__count"] = state.n
-
-
-def _set_counts(row: dict, spec: RollupSpec, column: str, n: int) -> None:
-    for agg in spec.aggregations:
-        if agg.column == column and agg.function is AggregateFunction.COUNT:
-            row[agg.output_name] = n
-
-
-def _set_extreme(row: dict, spec: RollupSpec, column: str, largest: bool, value: Any) -> None:
-    wanted = AggregateFunction.MAX if largest else AggregateFunction.MIN
-    for agg in spec.aggregations:
-        if agg.column == column and agg.function is wanted:
-            row[agg.output_name] = value
