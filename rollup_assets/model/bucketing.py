@@ -9,7 +9,7 @@ partition per bucket, or a whole number of them: `model.grid`); tests check that
 across DST switches.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
@@ -75,6 +75,17 @@ class Bucketing:
     def window_of(self, t: datetime) -> Window:
         s = self.floor(t)
         return Window(s, self.next_start(s))
+
+    def windows_of(self, times: Sequence[datetime]) -> list[Window]:
+        """`window_of` each of `times` (many instants, few buckets: each bucket is worked out
+        once, walking the distinct instants in order)."""
+        known: dict[datetime, Window] = {}
+        current: Window | None = None
+        for t in sorted(set(times)):
+            if current is None or not current.start <= t < current.end:
+                current = self.window_of(t)
+            known[t] = current
+        return [known[t] for t in times]
 
     def ceil(self, t: datetime) -> datetime:
         """Smallest bucket boundary >= `t`."""

@@ -202,14 +202,18 @@ def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[
     return whole, named
 
 
+def _windows(times: pa.ChunkedArray, bucketing: Bucketing) -> list[Window]:
+    """The bucket of each of `times` (non-null instants): each distinct instant is made a
+    datetime once, each bucket worked out once."""
+    micros = times.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
+    distinct, index = np.unique(micros, return_inverse=True)
+    instants = pa.array(distinct, pa.int64()).cast(TS).to_pylist()
+    windows = bucketing.windows_of(instants)
+    return [windows[i] for i in index.tolist()]
+
+
 def _starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
-    cache: dict[datetime, datetime] = {}
-    out = []
-    for t in times.to_pylist():
-        if t not in cache:
-            cache[t] = bucketing.floor(t)
-        out.append(cache[t])
-    return out
+    return [w.start for w in _windows(times, bucketing)]
 
 
 def _born(engine: Engine, spec: RollupSpec) -> datetime | None:
@@ -304,13 +308,13 @@ def _parts_of(rows: pa.Table, root: RollupSpec, time_column: str) -> tuple[Chang
         return ()
     b = Bucketing.of(root)
     by_commit: dict[int, list[tuple[Window, frozenset[str]]]] = {}
-    for t, e, c in zip(
-        rows[time_column].to_pylist(),
+    for w, e, c in zip(
+        _windows(rows[time_column], b),
         rows[ENTITY_COLUMN].to_pylist(),
         rows[COMMIT_VERSION].to_pylist(),
         strict=True,
     ):
-        by_commit.setdefault(c, []).append((b.window_of(t), frozenset([e])))
+        by_commit.setdefault(c, []).append((w, frozenset([e])))
     return tuple(
         ChangePart((c,), Cells.collect(items, limit=None)) for c, items in sorted(by_commit.items())
     )
