@@ -4,8 +4,10 @@ every step against a plain pandas model of the raw data.
 Operations: ingest new, late, corrected and identical readings; delete readings (a correction);
 tick the sensors until quiet; materialize a range; a manual recompute with and without entity
 scope; freeze and unfreeze; rewind; rollback; disable and enable; delete everything and
-re-create it; maintenance (which folds buckets with two cell pointers or more here); raw
-retention; a new formula for the computed column. And the faults and races between them:
+re-create it; maintenance (which folds buckets with two cell pointers or more here); a week
+passing, after which maintenance folds every difference (the rollback window is over); more
+corrections of one meter's extremes than a cell keeps spares of; raw retention; a new formula
+for the computed column. And the faults and races between them:
 
   * an operator action (rewind, freeze, maintenance, retention, disable, a column change, an
     ingest) run *between* two steps of a running recompute, at one of its fault points;
@@ -67,6 +69,8 @@ from rollup_assets.model.column_rules import ColumnAction
 from rollup_assets.model.errors import IngestValidationError, RollbackRefusedError, RollupsError
 from rollup_assets.model.intents import STALE_AFTER
 from rollup_assets.model.jobs import ChangeSource, JobState, RetryPolicy, Trigger
+from rollup_assets.model.keeping import Keeping
+from rollup_assets.model.partials import SPARES
 from rollup_assets.model.placement import cells_of
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog
@@ -113,6 +117,9 @@ ACTION_KILLS = (
 D = timedelta(days=1)
 VALUES = st.floats(0.0, 50.0, allow_nan=False).map(lambda v: round(v, 3))
 FIGURES: Counter = Counter()
+# Flips at or before the last instant here are past the rollback window, as a week later: the
+# `week_passes` rule appends to it; every sequence starts with it empty.
+WINDOW_PASSED: list[datetime] = []
 
 
 def timed(fn):
@@ -211,6 +218,7 @@ class Rollups(RuleBasedStateMachine):
             shutil.copytree(Path(TEMPLATE) / part, root / part)
         self._world = opened(root)
         self.world = self._world.__enter__()
+        WINDOW_PASSED.clear()
         self.model = frame(base_rows())
         self.frozen: set[str] = set()
         self.disabled: set[str] = set()
@@ -492,6 +500,34 @@ class Rollups(RuleBasedStateMachine):
         assert report.failures == []
         FIGURES["maintain"] += 1
         FIGURES["buckets_queued_to_fold"] += report.buckets_to_fold
+
+    @rule()
+    @timed
+    def week_passes(self) -> None:
+        """Every flip so far leaves the rollback window: maintenance folds the differences of
+        every closed bucket into new bases, and rollbacks of those flips are refused."""
+        WINDOW_PASSED.append(datetime.now(UTC))
+        report = maintain(self.world.engine, now=NOW)
+        assert report.failures == []
+        FIGURES["week_passes"] += 1
+        FIGURES["buckets_queued_to_fold"] += report.buckets_to_fold
+        self.settled = False
+
+    @precondition(lambda self: len(self.model) > SPARES)
+    @rule(meter=st.sampled_from(METERS), largest=st.booleans())
+    @timed
+    def exhaust_spares(self, meter: str, largest: bool) -> None:
+        """Correct two more of one meter's largest (or smallest) readings than a cell keeps
+        spare extremes of, to its median: the spares of the cells holding them run out, and
+        those cells are aggregated again from their source."""
+        rows = self.model[self.model.entity_id == meter]
+        if len(rows) <= SPARES + 2:
+            return
+        pick = rows.nlargest if largest else rows.nsmallest
+        chosen = pick(SPARES + 2, "energy_kwh")
+        middle = round(float(rows.energy_kwh.median()), 3)
+        keys = zip(chosen.entity_id, chosen.ts, strict=True)
+        self.upsert([(e, t.to_pydatetime(), middle) for e, t in keys], "spares")
 
     @rule(days=st.integers(1, 3))
     @timed
@@ -822,8 +858,17 @@ def run_machine(tmp_path: Path, examples: int, steps: int, seed: int) -> None:
 
 def fold_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """With three meters a bucket holds three cell pointers at most: maintenance folds the
-    partitions whose buckets carry two, so random sequences fold too."""
+    partitions whose buckets carry two, so random sequences fold too; and once a week has
+    passed (`WINDOW_PASSED`), the flips before it may no longer be rolled back."""
     monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", 2)
+    real = Keeping.may_roll_back
+
+    def may_roll_back(self: Keeping, flipped_at: datetime, now: datetime) -> bool:
+        if WINDOW_PASSED and flipped_at <= WINDOW_PASSED[-1]:
+            return False
+        return real(self, flipped_at, now)
+
+    monkeypatch.setattr(Keeping, "may_roll_back", may_roll_back)
 
 
 @pytest.mark.timeout(1800)
