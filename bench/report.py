@@ -480,6 +480,22 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+GOALS_START = "<!-- goals: generated from bench/results.json by bench.report.goals_markdown -->"
+GOALS_END = "<!-- end of goals -->"
+
+
+def goals_markdown(results: dict) -> str:
+    """The goals of a run as the Markdown table docs/performance.md shows (between `GOALS_START`
+    and `GOALS_END`; a test keeps the two equal)."""
+    lines = ["| goal | target | figure | verdict | what was measured |", "|---|---|---|---|---|"]
+    for g in results["goals"]:
+        verdict = {True: "met", False: "missed", None: "not measured"}[g["met"]]
+        value = "-" if g["value"] is None else f"{_fmt(g['value'])} {g['unit']}"
+        note = str(g["note"]).replace("|", "/")
+        lines.append(f"| {g['goal']} | {g['target']} | {value} | {verdict} | {note} |")
+    return "\n".join([GOALS_START, *lines, GOALS_END])
+
+
 def _finite(value: object) -> object:
     """NaN and infinities (a ratio over a zero) become null: JSON has no spelling for them."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -29,6 +29,11 @@ REQUIRED_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
+    # Batches to Python workers are cut by rows only: with a byte limit Spark measures the batch
+    # after every row, and measuring list columns (a cell's spare extremes) walks them whole, so
+    # a batch costs the square of its rows (a fold of 100,000 cells ran for many minutes).
+    # Int.MaxValue is the value that turns the measuring off.
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647",
 }
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
