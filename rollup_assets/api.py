@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.metrics import configure as configure_metrics
 from rollup_assets.model.errors import (
+    ArchiveActivationFailedError,
     ArchiveNotActivatedError,
     ArchiveNotFoundError,
     ArchiveSchemaImmutableError,
@@ -25,6 +26,8 @@ from rollup_assets.model.errors import (
     BackupError,
     BackupInvalidError,
     BackupSpecMismatchError,
+    DeltaJarsMissingError,
+    DeltaSparkMissingError,
     FenceMovedError,
     IngestValidationError,
     InvalidAggregationError,
@@ -49,10 +52,8 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
-from rollup_assets.resources.delta_jars import DeltaJarsMissingError
 from rollup_assets.resources.raw_store import IngestResult
 from rollup_assets.resources.spark import build_session
-from rollup_assets.resources.spark_ingest import DeltaSparkMissingError
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.archive_io import export_archive, import_archive
 from rollup_assets.services.backup import backup, restore
@@ -62,7 +63,7 @@ from rollup_assets.services.held import held_writes
 from rollup_assets.services.ingest import delete_rows, ingest, ingest_file, ingest_with_spark
 from rollup_assets.services.lineage import lineage
 from rollup_assets.services.maintenance import maintain
-from rollup_assets.services.operations import ArchiveActivationFailedError, Operations
+from rollup_assets.services.operations import Operations
 from rollup_assets.services.preview import preview_ingest
 from rollup_assets.services.query import query_arrow, query_spark
 from rollup_assets.services.realtime import realtime_arrow

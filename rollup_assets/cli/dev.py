@@ -11,11 +11,7 @@ from types import ModuleType
 import click
 
 from rollup_assets.cli.app import FORMATS, catalog, echo_data, handle_errors, main, settings
-from rollup_assets.model.errors import RollupsError
-
-
-class WarmSparkError(RollupsError):
-    """The warm Spark server could not be managed (the reason names what and where)."""
+from rollup_assets.model.errors import WarmSparkError
 
 
 def _server() -> ModuleType:

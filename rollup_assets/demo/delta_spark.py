@@ -10,7 +10,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rollup_assets.demo.report import table
-from rollup_assets.demo.story import CORRECTED_METER, DemoError, Story
+from rollup_assets.demo.story import CORRECTED_METER, Story
+from rollup_assets.model.errors import DemoError
 from rollup_assets.resources.warehouse import spark_uri
 from rollup_assets.services.surface import publish
 

@@ -6,7 +6,8 @@ from datetime import date, datetime, timedelta
 import click
 import pyarrow as pa
 
-from rollup_assets.demo.story import CORRECTED_METER, LEVELS, DemoError, Story
+from rollup_assets.demo.story import CORRECTED_METER, LEVELS, Story
+from rollup_assets.model.errors import DemoError
 from rollup_assets.model.jobs import Job
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import RunReport

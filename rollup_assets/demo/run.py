@@ -25,8 +25,8 @@ from rollup_assets.demo.steps import (
     propagate,
     retention,
 )
-from rollup_assets.demo.story import MARKER, DemoError, Story
-from rollup_assets.model.errors import TenantError
+from rollup_assets.demo.story import MARKER, Story
+from rollup_assets.model.errors import DemoError, TenantError
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.settings import Settings

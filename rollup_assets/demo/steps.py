@@ -16,10 +16,10 @@ from rollup_assets.demo.story import (
     LEVELS,
     ONE_DAY,
     SEED,
-    DemoError,
     Story,
 )
 from rollup_assets.model.durations import format_duration
+from rollup_assets.model.errors import DemoError
 from rollup_assets.model.jobs import ChangeSource, Job, Lane
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.windows import Window

@@ -20,7 +20,6 @@ import click
 import dagster as dg
 import pyarrow as pa
 
-from rollup_assets.model.errors import RollupsError
 from rollup_assets.model.specs import Catalog
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
@@ -32,10 +31,6 @@ LATE_METERS = ("meter-0003", "meter-0012", "meter-0021")
 ONE_DAY = timedelta(days=1)
 LEVELS = ("energy_hourly", "energy_daily", "energy_weekly", "energy_monthly", "energy_yearly")
 CORRECTION_FACTOR = 1.35  # the meter under-reported that day; the re-read values are 35 % higher
-
-
-class DemoError(RollupsError):
-    """The demo cannot run as asked (e.g. its directories hold data it did not write)."""
 
 
 @dataclass

@@ -141,3 +141,27 @@ class AsOfUnavailableError(RollupsError):
 
 class RollbackRefusedError(RollupsError):
     """A rollback cannot restore exactly what the job replaced; nothing was changed."""
+
+
+class ArchiveActivationFailedError(RollupsError):
+    """Provisioning failed; the archive is now Failed and `activate` may be retried."""
+
+
+class ColumnChangeError(InvalidArchiveOperationError):
+    """A computed-column change that does not apply (nothing pending, or a column others read)."""
+
+
+class WarmSparkError(RollupsError):
+    """The warm Spark server could not be managed (the reason names what and where)."""
+
+
+class DeltaJarsMissingError(RollupsError):
+    """A Spark session should load Delta's jars, but one is missing from its directory."""
+
+
+class DeltaSparkMissingError(RollupsError):
+    """The session given to a Spark ingest does not load Delta."""
+
+
+class DemoError(RollupsError):
+    """The demo cannot run as asked (e.g. its directories hold data it did not write)."""

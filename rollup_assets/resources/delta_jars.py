@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollup_assets.model.errors import RollupsError
+from rollup_assets.model.errors import DeltaJarsMissingError
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -61,10 +61,6 @@ DELTA_JARS = (
         "c46735481fa8e326b0957be02b4420cbcab4b325bb08009b7f2045a95133f1cc",
     ),
 )
-
-
-class DeltaJarsMissingError(RollupsError):
-    """A Spark session should load Delta's jars, but one is missing from its directory."""
 
 
 def jar_paths(directory: Path) -> list[Path]:

@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from rollup_assets.model.column_rules import stored_operands
-from rollup_assets.model.errors import IngestValidationError, RollupsError
+from rollup_assets.model.errors import DeltaSparkMissingError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, SourceSpec, key_columns
 from rollup_assets.model.windows import EPOCH
@@ -65,10 +65,6 @@ CHECKED_DDL = (
 )
 # The commit metadata is a session setting: one MERGE of this process sets it at a time.
 _COMMITTING = threading.Lock()
-
-
-class DeltaSparkMissingError(RollupsError):
-    """The session given to a Spark ingest does not load Delta."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from deltalake.exceptions import CommitFailedError
 
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
-from rollup_assets.model.errors import InvalidArchiveOperationError, SpecError
+from rollup_assets.model.errors import ColumnChangeError, InvalidArchiveOperationError, SpecError
 from rollup_assets.model.intents import Intent, IntentKind, require_no_intent
 from rollup_assets.model.specs import RawArchiveSpec, SourceSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState
@@ -44,10 +44,6 @@ from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
 REWRITE_ATTEMPTS = 8
-
-
-class ColumnChangeError(InvalidArchiveOperationError):
-    """A computed-column change that does not apply (nothing pending, or a column others read)."""
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from rollup_assets.model.errors import (
+    ArchiveActivationFailedError,
     ArchiveNotActivatedError,
     InvalidArchiveStateTransitionError,
     InvalidTimeRangeError,
-    RollupsError,
     RollupSourceInUseError,
     RollupSourceMissingError,
 )
@@ -31,10 +31,6 @@ from rollup_assets.services.rewind import rewind
 from rollup_assets.services.rollback import RollbackOutcome, rollback
 
 log = logging.getLogger(__name__)
-
-
-class ArchiveActivationFailedError(RollupsError):
-    """Provisioning failed; the archive is now Failed and `activate` may be retried."""
 
 
 class Operations:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rollup_assets.resources.raw_columns as raw_columns
-from rollup_assets.model.errors import RollupSourceMissingError
+from rollup_assets.model.errors import ColumnChangeError, RollupSourceMissingError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
@@ -23,7 +23,6 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.sensors.detection import detect
 from rollup_assets.services.columns import (
     ColumnAction,
-    ColumnChangeError,
     change_column,
     column_states,
 )

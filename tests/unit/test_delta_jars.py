@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from rollup_assets.model.errors import DeltaJarsMissingError
 from rollup_assets.resources import delta_jars
 from rollup_assets.resources.delta_jars import (
     DELTA_CATALOG,
     DELTA_EXTENSION,
     DELTA_JARS,
-    DeltaJarsMissingError,
     Jar,
     delta_conf,
     fetch,

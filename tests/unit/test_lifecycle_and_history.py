@@ -14,7 +14,11 @@ from click.testing import CliRunner
 
 from rollup_assets.cli import app as cli
 from rollup_assets.cli import main
-from rollup_assets.model.errors import ArchiveNotActivatedError, RollupSourceMissingError
+from rollup_assets.model.errors import (
+    ArchiveActivationFailedError,
+    ArchiveNotActivatedError,
+    RollupSourceMissingError,
+)
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Lane, Trigger, fold
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -23,7 +27,7 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.ingest import ingest_file
-from rollup_assets.services.operations import ArchiveActivationFailedError, Operations
+from rollup_assets.services.operations import Operations
 
 NOW = datetime(2025, 6, 10, 12, tzinfo=UTC)
 H = timedelta(hours=1)
