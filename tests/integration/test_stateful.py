@@ -85,6 +85,7 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.columns import change_column
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.operations import Operations
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import apply_retention
 from rollup_assets.settings import DEFAULT_SPECS
@@ -472,8 +473,11 @@ class Rollups(RuleBasedStateMachine):
     @rule()
     @timed
     def enable(self) -> None:
+        # With the spec of the formula the raw table applies now (a column change may have
+        # switched it while the rollup was disabled: enabling checks it is applied).
+        ops = Operations(self.engine_for(self.factor), actor="test")
         for rollup in sorted(self.disabled):
-            self.world.ops.enable(rollup, now=NOW)
+            ops.enable(rollup, now=NOW)
         self.disabled.clear()
         self.settled = False
         FIGURES["enable"] += 1
