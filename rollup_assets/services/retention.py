@@ -75,18 +75,8 @@ def retain(engine: Engine, spec: SourceSpec, now: datetime) -> RetentionOutcome:
     if cut < horizon:
         held_by = next(why for t, why in sorted(holds) if t < horizon)
 
-    def advance(s: ArchiveState) -> ArchiveState | None:
-        if s.status is not ArchiveStatus.ACTIVATED:
-            return None  # disabled or deleted meanwhile: leave it alone
-        if s.retained_from is not None and s.retained_from >= cut:
-            return None  # monotonic: a shorter horizon (held back) never brings days back
-        return replace(s, retained_from=cut)
-
-    state = engine.states.update(
-        spec.name,
-        advance,
-        reason=f"retention {spec.retention}: raw kept from {iso_utc(cut)}",
-        actor="maintenance",
+    state = advance_retained_from(
+        engine, spec.name, cut, f"retention {spec.retention}: raw kept from {iso_utc(cut)}"
     )
     if state.status is not ArchiveStatus.ACTIVATED or state.retained_from is None:
         return RetentionOutcome(spec.name, state.retained_from, held_by=held_by)
@@ -101,6 +91,21 @@ def retain(engine: Engine, spec: SourceSpec, now: datetime) -> RetentionOutcome:
     return RetentionOutcome(
         spec.name, state.retained_from, dropped.days, dropped.rows, dropped.version, held_by
     )
+
+
+def advance_retained_from(engine: Engine, archive: str, cut: datetime, reason: str) -> ArchiveState:
+    """Record `cut` as `archive`'s `retained_from` (retention's intent, raw or rollup): only
+    while it is activated, and only forward (a shorter horizon never brings rows back). The
+    archive's state after, changed or not."""
+
+    def advance(s: ArchiveState) -> ArchiveState | None:
+        if s.status is not ArchiveStatus.ACTIVATED:
+            return None  # disabled or deleted meanwhile: leave it alone
+        if s.retained_from is not None and s.retained_from >= cut:
+            return None  # monotonic
+        return replace(s, retained_from=cut)
+
+    return engine.states.update(archive, advance, reason=reason, actor="maintenance")
 
 
 def apply_retention(engine: Engine, now: datetime) -> list[RetentionOutcome]:

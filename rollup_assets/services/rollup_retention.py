@@ -28,16 +28,17 @@ One rollup failing does not stop the others.
 """
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.retention import bucket_cut
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import as_utc, iso_utc
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.retention import advance_retained_from
 from rollup_assets.services.surface import publish
 
 log = logging.getLogger(__name__)
@@ -108,20 +109,8 @@ def retain_rollup(engine: Engine, spec: RollupSpec, now: datetime) -> RollupRete
         if cut < horizon:
             held_by = next(why for t, why in sorted(holds) if b.floor(t) < horizon)
         if cut > first_bucket_start(spec):
-
-            def advance(s: ArchiveState) -> ArchiveState | None:
-                if s.status is not ArchiveStatus.ACTIVATED:
-                    return None  # disabled or deleted meanwhile: leave it alone
-                if s.retained_from is not None and s.retained_from >= cut:
-                    return None  # monotonic: a shorter horizon never brings buckets back
-                return replace(s, retained_from=cut)
-
-            state = engine.states.update(
-                spec.name,
-                advance,
-                reason=f"retention {spec.retention}: buckets kept from {iso_utc(cut)}",
-                actor="maintenance",
-            )
+            reason = f"retention {spec.retention}: buckets kept from {iso_utc(cut)}"
+            state = advance_retained_from(engine, spec.name, cut, reason)
     if state.status is not ArchiveStatus.ACTIVATED or state.retained_from is None:
         return RollupRetentionOutcome(spec.name, state.retained_from, held_by=held_by)
     kept_from = state.retained_from
