@@ -175,6 +175,16 @@ class Job:
         """Does this job apply changes as differences (rather than aggregate again)?"""
         return self.parts is not None
 
+    @property
+    def run_order(self) -> int:
+        """Which work a run takes first (a run takes one kind, never two): 0 aggregates its
+        cells again from their source, 1 applies changes as differences (which a run of the
+        first kind may hold already), 2 folds what is visible (and only where it may: merged
+        into a fold, other work would be dropped)."""
+        if self.trigger is Trigger.MAINTENANCE:
+            return 2
+        return 1 if self.corrects else 0
+
     def next(self, **changes: object) -> "Job":
         """This job after a state change (the next event of it)."""
         return dataclasses.replace(self, seq=self.seq + 1, **changes)  # type: ignore[arg-type]

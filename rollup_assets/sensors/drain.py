@@ -230,10 +230,10 @@ def _merge(
     contributors = [j for j in pending if ready_by_job[j.job_id]]
     if not contributors:
         return
-    # Jobs that aggregate from their source run before corrections (whose changes they may
-    # hold already, `services.correction`); a run takes one kind.
-    bases = [j for j in contributors if not j.corrects]
-    contributors = bases or contributors
+    # A run takes one kind of work, in `Job.run_order`: aggregations from the source before
+    # corrections (whose changes they may hold already, `services.correction`), folds last.
+    first_kind = min(j.run_order for j in contributors)
+    contributors = [j for j in contributors if j.run_order == first_kind]
     if len(contributors) == 1 and not waiting_by_job[contributors[0].job_id]:
         job = contributors[0]
         plan.launches.append(

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import pandas as pd
@@ -252,6 +253,8 @@ class Rollups(RuleBasedStateMachine):
         """Ingest `rows`; the model takes them, or nothing when the ingest refuses them (readings
         before what retention keeps)."""
         kept = self.retained_from
+        # One row per key, the last drawn winning (a batch with a key twice is refused).
+        rows = list({(e, t): (e, t, v) for e, t, v in rows}.values())
         try:
             self.world.ingest(readings(rows), source="Manual")
         except IngestValidationError:
@@ -355,7 +358,10 @@ class Rollups(RuleBasedStateMachine):
     def materialize(self, day: int) -> None:
         start = START + timedelta(days=day)
         run = self.world.materialize(HOURLY, f"{start:%Y-%m-%d}-00:00", f"{start:%Y-%m-%d}-05:00")
-        gone = self.retained_from is not None and start < self.retained_from
+        # Partition keys are local times of the rollup's zone: the range starts at local midnight.
+        zone = ZoneInfo(self.world.catalog.rollup(HOURLY).reference_time_zone)
+        local = datetime.combine(start.date(), datetime.min.time(), zone).astimezone(UTC)
+        gone = self.retained_from is not None and local < self.retained_from
         assert run.success != gone, run.error  # only work over removed raw rows is refused
         self.settled = False
         FIGURES["materialize"] += 1

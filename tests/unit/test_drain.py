@@ -105,6 +105,21 @@ def test_overlapping_jobs_coalesce_into_one_run(drain: DrainState) -> None:
         assert recorded.coalesced_into == merged.job_id
 
 
+def test_a_fold_is_never_merged_with_work_that_aggregates_or_corrects(drain: DrainState) -> None:
+    """A fold rewrites what is visible and only in the buckets it may fold: merged into it, a
+    recompute (a new formula's, say) or a correction would be dropped. A run takes one kind:
+    source aggregation first, then corrections, folds last."""
+    fold = Job("energy_hourly", Trigger.MAINTENANCE, hours(1, 2))
+    formula = Job("energy_hourly", Trigger.PERIODIC, hours(0, 1, 2, 3, 4))
+    drain.ledger.record([fold, formula])
+    p = plan(drain)
+    assert [lch.job_id for lch in p.launches] == [formula.job_id]
+    waiting = drain.ledger.job(fold.job_id)
+    assert waiting is not None and waiting.state is JobState.PENDING
+    drain.ledger.record([formula.next(state=JobState.COMPLETED)])
+    assert [lch.job_id for lch in plan(drain).launches] == [fold.job_id]
+
+
 def test_one_scope_for_all_entities_wins(drain: DrainState) -> None:
     drain.ledger.record(
         [
