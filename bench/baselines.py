@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import bucket_start
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.model.specs import AggregateFunction, Alignment, ArchiveSpec, Catalog, RollupSpec
+from rollup_assets.model.aggregates import AggregateFunction
+from rollup_assets.model.specs import Alignment, ArchiveSpec, Catalog, RollupSpec
 from rollup_assets.model.windows import EPOCH
 
 _MERGE = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}

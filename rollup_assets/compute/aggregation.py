@@ -7,7 +7,7 @@ a bucket whose inputs are all null gets null (count 0), and an entity without ro
 gets no row.
 
 Next to the partials each row keeps the *companions* of its aggregated columns
-(`model.specs.Companion`, `model.partials`): the values that are not null, the sum of the
+(`model.aggregates.Companion`, `model.partials`): the values that are not null, the sum of the
 finite ones and the NaN and infinite ones, and the `SPARES` smallest and largest values. Over a
 rollup source they merge as `model.partials` says: counts and sums add up, and the smallest
 values kept are those known up to the first end of an incomplete list below.
@@ -19,17 +19,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from rollup_assets.model.aggregates import BASE_KINDS, Companion, StoredColumn
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.partials import SPARES
-from rollup_assets.model.specs import (
-    BASE_KINDS,
-    ENTITY_COLUMN,
-    Alignment,
-    ArchiveSpec,
-    ColumnType,
-    Companion,
-    RollupSpec,
-    StoredColumn,
-)
+from rollup_assets.model.specs import ENTITY_COLUMN, Alignment, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import EPOCH
 
 SPARK_TYPES: dict[ColumnType, T.DataType] = {

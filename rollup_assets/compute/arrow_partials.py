@@ -23,16 +23,10 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS
 from rollup_assets.compute.arrow_types import TS
+from rollup_assets.model.aggregates import BASE_KINDS, AggregateFunction, Companion
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.partials import SPARES
-from rollup_assets.model.specs import (
-    BASE_KINDS,
-    ENTITY_COLUMN,
-    AggregateFunction,
-    ArchiveSpec,
-    ColumnType,
-    Companion,
-    RollupSpec,
-)
+from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import Window, micros
 
 ARROW_TYPES = {

@@ -3,7 +3,7 @@ small job's rows on the driver).
 
 The asset check compares with a tolerance for float sums (`diff_partials`); a recompute decides
 what it writes by `cell_changes`: a cell is unchanged when its fresh partials and their
-companions (`model.specs.Companion`: what a later correction applies its differences to) equal
+companions (`model.aggregates.Companion`: what a later correction applies its differences to) equal
 the stored ones exactly (NaN equal to NaN), except that floating-point values may differ by
 rounding (`ROUNDING`, relative): the same values summed in another order (Spark's, Arrow's, a
 difference applied to a stored sum) are not a change to write and carry up the chain.
@@ -19,8 +19,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from rollup_assets.compute.arrow_types import TS
+from rollup_assets.model.aggregates import BASE_KINDS
 from rollup_assets.model.cells import ROUNDING
-from rollup_assets.model.specs import BASE_KINDS, ColumnType, RollupSpec
+from rollup_assets.model.column_types import ColumnType
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc
 
 # Sums of floats are compared with a relative tolerance; everything else exactly.

@@ -23,13 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.arrow_types import TS
+from rollup_assets.model.aggregates import AggregateFunction, Companion
 from rollup_assets.model.partials import ExtremeState, SumState
-from rollup_assets.model.specs import (
-    ENTITY_COLUMN,
-    AggregateFunction,
-    Companion,
-    RollupSpec,
-)
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window
 
 DELTA = "delta"

@@ -15,8 +15,8 @@ from typing import TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.formulas import Binary, Call, ColumnRef, Formula, Node, Number, Unary
-from rollup_assets.model.specs import ColumnType
 
 Values: TypeAlias = pa.ChunkedArray | pa.Array | pa.Scalar
 

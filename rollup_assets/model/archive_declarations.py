@@ -9,15 +9,15 @@ from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from rollup_assets.model.aggregates import AggregateFunction
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.durations import parse_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.formulas import Formula, FormulaSyntaxError, parse_formula
 from rollup_assets.model.specs import (
-    AggregateFunction,
     AggregationSpec,
     Alignment,
     ColumnSpec,
-    ColumnType,
     RawArchiveSpec,
     RollupSpec,
     TimeRangeArchiveSpec,

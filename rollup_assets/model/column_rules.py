@@ -9,10 +9,9 @@ import dataclasses
 from enum import StrEnum
 from typing import TypeVar
 
+from rollup_assets.model.column_types import FORMULA_OPERAND_TYPES, FORMULA_RESULT_TYPES
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.specs import (
-    FORMULA_OPERAND_TYPES,
-    FORMULA_RESULT_TYPES,
     ColumnSpec,
     RawArchiveSpec,
     SourceSpec,

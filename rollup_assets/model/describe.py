@@ -1,14 +1,14 @@
 """Human descriptions of archives, generated from their specs (asset descriptions, the CLI)."""
 
+from rollup_assets.model.aggregates import AggregateFunction
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.durations import format_duration
 from rollup_assets.model.grid import partition_grid
 from rollup_assets.model.specs import (
-    AggregateFunction,
     AggregationSpec,
     Alignment,
     ArchiveSpec,
     Catalog,
-    ColumnType,
     RollupSpec,
     TimeRangeArchiveSpec,
 )

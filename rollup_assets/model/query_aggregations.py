@@ -15,9 +15,9 @@ default); a rollup's steps follow its reference zone, the only zone its buckets 
 from collections.abc import Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.errors import InvalidAggregationError, InvalidTimeZoneError
 from rollup_assets.model.specs import (
-    AggregateFunction,
     AggregationSpec,
     RawArchiveSpec,
     RollupSpec,

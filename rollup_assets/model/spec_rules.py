@@ -7,23 +7,21 @@ import dataclasses
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from rollup_assets.model.aggregates import PARTIALS, AggregateFunction
 from rollup_assets.model.bucket_rules import check_fixed_size, check_nesting, longest_bucket
 from rollup_assets.model.column_rules import check_computed_columns
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import SpecError
+from rollup_assets.model.names import column_name_problem, name_problem
 from rollup_assets.model.specs import (
-    PARTIALS,
-    AggregateFunction,
     Alignment,
     ArchiveSpec,
     Catalog,
-    ColumnType,
     RawArchiveSpec,
     RollupSpec,
     Tenant,
     TimeRangeArchiveSpec,
-    column_name_problem,
-    name_problem,
 )
 from rollup_assets.model.windows import EPOCH
 

@@ -1,82 +1,37 @@
 """Declarative archive specs: frozen, typed models of raw, time-range and rollup archives.
 
-Pure Python. `spec_loader` reads them from YAML and `spec_rules` validates them.
+Pure Python. `spec_loader` reads them and `spec_rules` validates them. A column's value type is
+`column_types`'; what a rollup stores for its aggregations (partial columns, companions) is
+`aggregates`'; what may name an archive, a tenant or a column is `names`'.
 """
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from rollup_assets.model.aggregates import (
+    AggregateFunction,
+    Companion,
+    StoredColumn,
+    companions_of,
+    stored_columns_of,
+)
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.errors import (
     ArchiveNotFoundError,
     InvalidArchiveOperationError,
     TenantError,
 )
-from rollup_assets.model.formulas import FUNCTIONS, KEYWORDS, Formula
+from rollup_assets.model.formulas import Formula
 from rollup_assets.model.windows import EPOCH
 
+# Columns the storage layer writes beside the declared value columns.
 ENTITY_COLUMN = "entity_id"
 TIME_COLUMN = "ts"
 RANGE_START_COLUMN = "range_start"
 RANGE_END_COLUMN = "range_end"
 DAY_COLUMN = "day"
-
-# Columns the storage layer owns; a declared value column must not shadow them.
-RESERVED_COLUMNS = frozenset(
-    {
-        ENTITY_COLUMN,
-        TIME_COLUMN,
-        RANGE_START_COLUMN,
-        RANGE_END_COLUMN,
-        DAY_COLUMN,
-        "bucket_start",
-        "bucket_end",
-        "bucket_part",
-        "generation",
-        "run_id",
-        "job_id",
-        "source_versions",
-        "delta",
-        "raw_rows",
-    }
-)
-# Words a column must not be named: a formula would read them as its literals (`true`,
-# `false`), operators or functions, and SQL (the query engine's filters and casts) reads `null`
-# as its literal, so a column of that name fails every ingest without naming itself.
-RESERVED_WORDS = frozenset({"null"}) | KEYWORDS | FUNCTIONS
-# The name rule (`name_problem`), matched whole: `re.match` with `$` would accept a trailing
-# newline ("meter\n"), which then fails deep inside the query engine instead of at load.
-_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
-# C0 and C1 control characters (NUL, tab, newline, DEL, ...): part of no name and no entity id.
-# Python `re` and RE2 (Arrow's `match_substring_regex`) read this pattern alike.
-CONTROL_CHARACTERS = r"[\x00-\x1f\x7f-\x9f]"
-
-
-class ColumnType(StrEnum):
-    DOUBLE = "double"
-    LONG = "long"  # 64-bit
-    INT = "int"  # 32-bit
-    BOOLEAN = "boolean"
-    STRING = "string"
-    TIMESTAMP = "timestamp"  # an instant, microseconds, UTC
-
-    @property
-    def is_numeric(self) -> bool:
-        return self in (ColumnType.DOUBLE, ColumnType.LONG, ColumnType.INT)
-
-    @property
-    def sum_type(self) -> "ColumnType":
-        """The type a sum of this column is stored as (an int sum would overflow 32 bits)."""
-        return ColumnType.LONG if self is ColumnType.INT else self
-
-
-# The result types a computed column may have, and the column types a formula may read.
-FORMULA_RESULT_TYPES = frozenset(
-    {ColumnType.BOOLEAN, ColumnType.INT, ColumnType.LONG, ColumnType.DOUBLE, ColumnType.TIMESTAMP}
-)
-FORMULA_OPERAND_TYPES = FORMULA_RESULT_TYPES
 
 
 class Alignment(StrEnum):
@@ -87,29 +42,10 @@ class Alignment(StrEnum):
     CALENDAR_YEAR = "CalendarYear"
 
 
-class AggregateFunction(StrEnum):
-    SUM = "Sum"
-    MIN = "Min"
-    MAX = "Max"
-    COUNT = "Count"
-    AVG = "Avg"
-
-
 class ArchiveKind(StrEnum):
     RAW = "raw"
     TIME_RANGE = "time_range"
     ROLLUP = "rollup"
-
-
-# The partial states an aggregation needs from its input, and the ones it stores.
-# Avg is stored as sum + count so that chained rollups stay exact.
-PARTIALS: dict[AggregateFunction, tuple[str, ...]] = {
-    AggregateFunction.SUM: ("sum",),
-    AggregateFunction.COUNT: ("count",),
-    AggregateFunction.MIN: ("min",),
-    AggregateFunction.MAX: ("max",),
-    AggregateFunction.AVG: ("sum", "count"),
-}
 
 
 @dataclass(frozen=True)
@@ -127,65 +63,6 @@ class ColumnSpec:
 
 
 @dataclass(frozen=True)
-class StoredColumn:
-    """A physical partial column of a rollup table: `name` holds `partial` of source `column`."""
-
-    name: str
-    column: str
-    partial: str
-    type: ColumnType
-
-
-# What a rollup keeps of each source column next to its partials, so that a change of source
-# values can be applied as a difference (`model.partials`): the values that are not null; the
-# sum of the finite ones and the NaN and infinite ones (a sum or average); the smallest and
-# largest values (a minimum, a maximum). A difference row holds the values entering and leaving
-# its cell instead.
-COMPANION_KINDS = ("n", "total", "nan", "pinf", "ninf", "lo", "hi", "in", "out")
-# The companions of a base row (a cell's state) and of a difference row (a change of it).
-BASE_KINDS = frozenset({"n", "total", "nan", "pinf", "ninf", "lo", "hi"})
-DELTA_KINDS = frozenset({"in", "out"})
-
-
-@dataclass(frozen=True)
-class Companion:
-    """A hidden column of a rollup table: `kind` (one of `COMPANION_KINDS`) of source `column`;
-    `listed`: a list of `type` values."""
-
-    name: str
-    column: str
-    kind: str
-    type: ColumnType
-    listed: bool = False
-
-
-def companions_of(
-    aggregations: "tuple[AggregationSpec, ...]", column_types: Mapping[str, ColumnType]
-) -> tuple[Companion, ...]:
-    """The companion columns a rollup with `aggregations` keeps, per aggregated column."""
-    functions: dict[str, set[AggregateFunction]] = {}
-    for agg in aggregations:
-        functions.setdefault(agg.column, set()).add(agg.function)
-    out: list[Companion] = []
-    for column, fns in functions.items():
-        t = column_types.get(column, ColumnType.DOUBLE)
-        out.append(Companion(f"{column}__n", column, "n", ColumnType.LONG))
-        if fns & {AggregateFunction.SUM, AggregateFunction.AVG}:
-            out.append(Companion(f"{column}__total", column, "total", t.sum_type))
-            if t is ColumnType.DOUBLE:
-                out += [
-                    Companion(f"{column}__{k}", column, k, ColumnType.LONG)
-                    for k in ("nan", "pinf", "ninf")
-                ]
-        if AggregateFunction.MIN in fns:
-            out.append(Companion(f"{column}__lo", column, "lo", t, listed=True))
-        if AggregateFunction.MAX in fns:
-            out.append(Companion(f"{column}__hi", column, "hi", t, listed=True))
-        out += [Companion(f"{column}__{k}", column, k, t, listed=True) for k in ("in", "out")]
-    return tuple(out)
-
-
-@dataclass(frozen=True)
 class AggregationSpec:
     column: str
     function: AggregateFunction
@@ -196,17 +73,8 @@ class AggregationSpec:
         return self.target or f"{self.column}_{self.function.value}".lower()
 
     def stored_columns(self, column_type: ColumnType) -> tuple[StoredColumn, ...]:
-        out = self.output_name
-        if self.function is AggregateFunction.AVG:
-            return (
-                StoredColumn(f"{out}__sum", self.column, "sum", ColumnType.DOUBLE),
-                StoredColumn(f"{out}__count", self.column, "count", ColumnType.LONG),
-            )
-        if self.function is AggregateFunction.COUNT:
-            return (StoredColumn(out, self.column, "count", ColumnType.LONG),)
-        if self.function is AggregateFunction.SUM:
-            return (StoredColumn(out, self.column, "sum", column_type.sum_type),)
-        return (StoredColumn(out, self.column, PARTIALS[self.function][0], column_type),)
+        """Its partial columns, for a source column of `column_type` (`stored_columns_of`)."""
+        return stored_columns_of(self.column, self.function, self.output_name, column_type)
 
 
 @dataclass(frozen=True)
@@ -307,7 +175,7 @@ class RollupSpec:
     @property
     def companions(self) -> tuple[Companion, ...]:
         """The hidden columns kept next to the partials (`companions_of`)."""
-        return companions_of(self.aggregations, self.column_types)
+        return companions_of(((a.column, a.function) for a in self.aggregations), self.column_types)
 
     @property
     def aggregated_columns(self) -> tuple[str, ...]:
@@ -436,36 +304,6 @@ class Catalog:
 
     def first_levels(self, base: str) -> list[RollupSpec]:
         return [r for r in self.rollups.values() if r.source == base]
-
-
-def name_problem(name: object) -> str | None:
-    """Why `name` cannot name an archive, a tenant or a column (None when it can): a name is a
-    lower-case identifier (a-z, 0-9, _; no '__') of at most 63 characters. The name is shown
-    with `repr`, so a control character in it is visible in a one-line message."""
-    if not isinstance(name, str):
-        return f"{name!r} is not text"
-    if re.search(CONTROL_CHARACTERS, name):
-        return f"{name!r} holds a control character"
-    if _NAME.fullmatch(name) is None or "__" in name:
-        return (
-            f"{name!r} is not a lower-case identifier (a-z, 0-9, _; no '__') of at most 63 "
-            "characters"
-        )
-    return None
-
-
-def column_name_problem(name: object) -> str | None:
-    """Why `name` cannot name a value column or an aggregation's target (None when it can): the
-    name rule, not a column the storage layer owns, and not a reserved word."""
-    problem = name_problem(name)
-    if problem is None and name in RESERVED_COLUMNS:
-        problem = f"{name!r} is reserved by the storage layer"
-    if problem is None and name in RESERVED_WORDS:
-        problem = (
-            f"{name!r} is a reserved word (a literal, operator or function of formulas and "
-            "SQL); choose another name"
-        )
-    return problem
 
 
 def key_columns(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> list[str]:

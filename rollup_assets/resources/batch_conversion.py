@@ -12,16 +12,16 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.formulas import computed_values
 from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.durations import format_duration
 from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.names import CONTROL_CHARACTERS
 from rollup_assets.model.specs import (
-    CONTROL_CHARACTERS,
     DAY_COLUMN,
     ENTITY_COLUMN,
     RANGE_END_COLUMN,
     RANGE_START_COLUMN,
     ColumnSpec,
-    ColumnType,
     RawArchiveSpec,
     RollupSpec,
     TimeRangeArchiveSpec,

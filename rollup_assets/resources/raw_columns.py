@@ -33,12 +33,12 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from rollup_assets.model.column_rules import ColumnAction, check_computed_columns
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.formulas import parse_formula
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ColumnSpec,
-    ColumnType,
     RawArchiveSpec,
     SourceSpec,
     TimeRangeArchiveSpec,

@@ -12,12 +12,12 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from rollup_assets.compute.arrow_types import TS
+from rollup_assets.model.aggregates import Companion
 from rollup_assets.model.bucketing import StorageUnit, storage_unit
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
-    ColumnType,
-    Companion,
     RawArchiveSpec,
     RollupSpec,
     TimeRangeArchiveSpec,
@@ -78,7 +78,7 @@ def archive_data_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schem
 
 
 def table_schema(spec: RollupSpec) -> pa.Schema:
-    """A rollup table: the cell, its partials, their companions (`model.specs.Companion`),
+    """A rollup table: the cell, its partials, their companions (`model.aggregates.Companion`),
     bookkeeping, and the storage partition."""
     fields = [(ENTITY_COLUMN, pa.string()), ("bucket_start", TS), ("bucket_end", TS)]
     fields += [(sc.name, ARROW_TYPES[sc.type]) for sc in spec.stored_columns]

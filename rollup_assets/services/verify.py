@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from rollup_assets.model.aggregates import AggregateFunction
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.formulas import Binary, Call, ColumnRef, Node, Number, Unary
 from rollup_assets.model.specs import (
-    AggregateFunction,
     Alignment,
     Catalog,
-    ColumnType,
     RawArchiveSpec,
     RollupSpec,
     TimeRangeArchiveSpec,

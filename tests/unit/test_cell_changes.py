@@ -12,8 +12,8 @@ from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
+from rollup_assets.model.aggregates import BASE_KINDS
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
 from rollup_assets.resources.rollup_store import _cells_only

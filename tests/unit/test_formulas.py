@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.formulas import computed_values, evaluate
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.errors import IngestValidationError, SpecError
 from rollup_assets.model.formulas import (
     MAX_DEPTH,
@@ -25,7 +26,7 @@ from rollup_assets.model.formulas import (
 )
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
-from rollup_assets.model.specs import ColumnType, RawArchiveSpec
+from rollup_assets.model.specs import RawArchiveSpec
 from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.verify import raw_frame

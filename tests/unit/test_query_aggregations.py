@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 
+from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.errors import (
     InvalidAggregationError,
     InvalidStepError,
@@ -18,7 +19,7 @@ from rollup_assets.model.query_aggregations import (
     source_aggregations,
 )
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
-from rollup_assets.model.specs import AggregateFunction, AggregationSpec, Alignment
+from rollup_assets.model.specs import AggregationSpec, Alignment
 from rollup_assets.model.steps import source_step_spec
 
 CATALOG = load_catalog()

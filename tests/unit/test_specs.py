@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
+from rollup_assets.model.aggregates import AggregateFunction
+from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.describe import describe
 from rollup_assets.model.durations import format_duration, parse_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.grid import partition_grid
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
-from rollup_assets.model.specs import AggregateFunction, Alignment, Catalog, ColumnType
+from rollup_assets.model.specs import Alignment, Catalog
 from rollup_assets.model.windows import EPOCH
 from rollup_assets.settings import DEFAULT_SPECS
 

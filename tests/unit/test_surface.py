@@ -13,9 +13,10 @@ from deltalake import DeltaTable
 
 import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
+from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.model.specs import AggregateFunction, RollupSpec
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.rollup_table import Written
