@@ -1,11 +1,13 @@
 """The public Python API: everything a script, a notebook or another project needs, in one place.
 
-    from rollup_assets.api import Engine, Warehouse, load_catalog, query_arrow
+    from rollup_assets.api import Engine, Settings, Warehouse, load_catalog, query_arrow
 
-    engine = Engine(load_catalog(), Warehouse.from_env())
+    settings = Settings.from_env()  # a script is an edge: it reads the environment, once
+    engine = Engine(load_catalog(settings.specs), Warehouse(settings.warehouse))
     daily = query_arrow(engine, "energy_daily", entities=["meter-0007"])
 
-It holds what the guides in `docs/` use: the engine over one warehouse and its specs; ingest;
+It holds what the guides in `docs/` use: the engine over one warehouse and its specs; the
+configuration (`Settings`, which a script reads from the environment as the CLI does); ingest;
 reads; operations; export, import, backup and restore; Spark; metrics; sample readings to try
 it on (`day_batch`, the demo's generator); the Dagster face for another project or a
 definitions module of one's own; errors. Importing this module reads no environment and starts
@@ -70,7 +72,7 @@ from rollup_assets.services.realtime import realtime_arrow
 from rollup_assets.services.rewind import rewind
 from rollup_assets.services.rollback import rollback
 from rollup_assets.services.surface import publish, publish_all
-from rollup_assets.settings import MetricsConfig
+from rollup_assets.settings import MetricsConfig, Settings
 
 if TYPE_CHECKING:
     from rollup_assets.assembly import build_definitions
@@ -132,6 +134,7 @@ __all__ = [
     "RollupSpec",
     "RollupsError",
     "RowNotFoundError",
+    "Settings",
     "SpecError",
     "TargetNotEmptyError",
     "TenantError",

@@ -19,17 +19,13 @@ from rollup_assets.model.errors import SpecError
 from rollup_assets.model.spec_rules import validate_catalog
 from rollup_assets.model.spec_yaml import KEYS_ARE_TEXT, key_subject, read_spec_document
 from rollup_assets.model.specs import Catalog, Tenant
-from rollup_assets.settings import Settings
+from rollup_assets.settings import DEFAULT_SPECS
 
 
-def specs_path() -> Path:
-    """The spec file: $ROLLUPS_SPECS, else the bundled energy example (`DEFAULT_SPECS`)."""
-    return Settings.from_env().specs
-
-
-def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
-    """Load and validate the spec file at `path` (default: `specs_path()`)."""
-    p = Path(path) if path is not None else specs_path()
+def load_catalog(path: str | os.PathLike[str] = DEFAULT_SPECS) -> Catalog:
+    """Load and validate the spec file at `path`: the edges pass the configured one
+    (`Settings.specs`, $ROLLUPS_SPECS); the default is the bundled energy example."""
+    p = Path(path)
     doc = read_spec_document(p)
     if isinstance(doc, Mapping) and str(doc.get("type", "")).endswith(COMPONENT_TYPE):
         # A Dagster project's `defs.yaml` declaring the rollups as a component: its attributes

@@ -22,7 +22,6 @@ import pyarrow.fs as pafs
 
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.specs import Catalog
-from rollup_assets.settings import Settings
 
 TENANTS_DIR = "tenants"
 # The folders of a root that hold tables (`raw_path`, `rollup_path`, `control_path`).
@@ -83,11 +82,6 @@ class Warehouse:
         else:
             root = str(Path(root).expanduser().resolve())
         object.__setattr__(self, "root", root.rstrip("/") or "/")
-
-    @classmethod
-    def from_env(cls) -> "Warehouse":
-        """The warehouse at $ROLLUPS_WAREHOUSE (default ./warehouse)."""
-        return cls(Settings.from_env().warehouse)
 
     @property
     def is_local(self) -> bool:

@@ -19,6 +19,7 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
+from rollup_assets.settings import Settings
 
 
 def ingest_wave(engine: Engine, files: list[str]) -> dict:
@@ -45,7 +46,8 @@ def ingest_wave(engine: Engine, files: list[str]) -> dict:
 
 def main(directory: str) -> None:
     d = Path(directory)
-    engine = Engine(load_catalog(), Warehouse.from_env())
+    settings = Settings.from_env()  # this process's edge
+    engine = Engine(load_catalog(settings.specs), Warehouse(settings.warehouse))
     (d / "ready").touch()
     wave = 0
     while not (d / "stop").exists():

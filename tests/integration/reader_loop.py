@@ -26,6 +26,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
+from rollup_assets.settings import Settings
 
 Rows = dict[str, list]  # entity -> logical values
 PAUSE_S = 0.01
@@ -98,7 +99,8 @@ def write_atomic(path: Path, text: str) -> None:
 def main(directory: str) -> None:
     d = Path(directory)
     expect = json.loads((d / "expect.json").read_text())
-    engine = Engine(load_catalog(), Warehouse.from_env())
+    settings = Settings.from_env()  # this process's edge
+    engine = Engine(load_catalog(settings.specs), Warehouse(settings.warehouse))
     iterations = queries = 0
     violations: list[dict] = []
     violating_reads = 0

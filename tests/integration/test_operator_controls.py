@@ -34,7 +34,7 @@ from rollup_assets.model.errors import (
 )
 from rollup_assets.model.jobs import Job, JobState, Lane, Trigger
 from rollup_assets.model.placement import buckets_in
-from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -46,6 +46,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
+from rollup_assets.settings import DEFAULT_SPECS
 from tests.conftest import World
 from tests.oracle import compare, compare_all, oracle
 from tests.unit.test_progress import Terminal
@@ -430,7 +431,7 @@ def test_cli_materialize_leaves_the_levels_above_to_the_sensors_unless_downstrea
 
 
 def changed_catalog(edit: Callable[[dict], object]) -> Catalog:
-    doc = yaml.safe_load(specs_path().read_text(encoding="utf-8"))
+    doc = yaml.safe_load(DEFAULT_SPECS.read_text(encoding="utf-8"))
     edit(doc)
     return parse_catalog(doc, origin="edited")
 

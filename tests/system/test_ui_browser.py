@@ -37,7 +37,7 @@ from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.describe import group_name
 from rollup_assets.model.jobs import Job, JobState, Trigger
-from rollup_assets.model.spec_loader import load_catalog, specs_path
+from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog, RawArchiveSpec
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE, dagster_yaml, ensure_pools
@@ -46,6 +46,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
+from rollup_assets.settings import DEFAULT_SPECS
 from tests.conftest import World, days
 from tests.oracle import compare, oracle, raw_frame
 from tests.system.daemon import wait_for as poll
@@ -144,7 +145,7 @@ class Undeclared:
 def without_yearly(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Undeclared]:
     """`dagster dev` on an empty home whose spec file lacks energy_yearly (the negative case)."""
     root = tmp_path_factory.mktemp("ui-without-yearly")
-    doc = yaml.safe_load(specs_path().read_text())
+    doc = yaml.safe_load(DEFAULT_SPECS.read_text())
     del doc["rollups"]["energy_yearly"]
     specs = root / "rollups.yaml"
     specs.write_text(yaml.safe_dump(doc, sort_keys=False))

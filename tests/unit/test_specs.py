@@ -17,10 +17,10 @@ from rollup_assets.model.describe import describe
 from rollup_assets.model.durations import format_duration, parse_duration
 from rollup_assets.model.errors import SpecError
 from rollup_assets.model.grid import partition_grid
-from rollup_assets.model.spec_loader import load_catalog, parse_catalog, specs_path
+from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Alignment, Catalog
 from rollup_assets.model.windows import EPOCH
-from rollup_assets.settings import DEFAULT_SPECS
+from rollup_assets.settings import DEFAULT_SPECS, Settings
 
 OUTPUTS = (
     "energy_kwh_sum",
@@ -171,21 +171,23 @@ def test_rollups_specs_env_var_points_to_another_file(
 ) -> None:
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(catalog(hourly=rollup(zone="UTC"))))
-    monkeypatch.setenv("ROLLUPS_SPECS", str(other))
-    assert specs_path() == other
-    cat = load_catalog()
+    settings = Settings.from_env({"ROLLUPS_SPECS": str(other)})
+    assert settings.specs == other
+    cat = load_catalog(settings.specs)
     assert cat.origin == str(other)
     assert list(cat.rollups) == ["hourly"] and list(cat.raw) == ["meter"]
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(catalog(hourly=rollup(source="nowhere"))))
-    monkeypatch.setenv("ROLLUPS_SPECS", str(broken))
     with pytest.raises(SpecError) as info:
-        load_catalog()
+        load_catalog(Settings.from_env({"ROLLUPS_SPECS": str(broken)}).specs)
     assert (info.value.archive, info.value.rule) == ("hourly", "known source")
 
-    monkeypatch.delenv("ROLLUPS_SPECS")
-    assert specs_path() == DEFAULT_SPECS
+    assert Settings.from_env({}).specs == DEFAULT_SPECS
+    # Below the edges nothing reads the environment: without a path, the bundled spec loads
+    # whatever $ROLLUPS_SPECS says.
+    monkeypatch.setenv("ROLLUPS_SPECS", str(broken))
+    assert load_catalog().origin == str(DEFAULT_SPECS)
     assert "energy_hourly" in load_catalog().rollups
 
 
