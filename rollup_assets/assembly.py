@@ -78,10 +78,11 @@ def build_definitions(
     settings: Settings | None = None,
 ) -> dg.Definitions:
     """Every asset, check, job, sensor and schedule of `catalog`, with resources from `settings`
-    (default: the environment); `warehouse` overrides the warehouse resource. With tenants
+    (default: the documented defaults; the edges pass what they read with
+    `Settings.from_env()`); `warehouse` overrides the warehouse resource. With tenants
     declared, each tenant gets its own copy of everything, prefixed by its name and bound to
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
-    settings = settings or Settings.from_env()
+    settings = settings or Settings()
     base = warehouse or WarehouseResource.from_settings(settings)
     return dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],

@@ -31,6 +31,7 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
+from rollup_assets.settings import Settings
 from tests.oracle import raw_frame
 
 TESTS = Path(__file__).parent
@@ -156,7 +157,7 @@ def world_of(
     resource = WarehouseResource(
         root=str(wh), generation_retention_hours=retention_hours, retry_backoff_seconds=0
     )
-    defs = build_definitions(catalog, resource)
+    defs = build_definitions(catalog, resource, settings=Settings.from_env())
     retention = timedelta(hours=retention_hours)
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, catalog)

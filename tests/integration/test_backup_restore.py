@@ -20,6 +20,7 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
+from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.oracle import compare_all
 
@@ -57,7 +58,9 @@ def test_a_restored_warehouse_reads_the_same_and_follows_a_later_correction(
     root = tmp_path / "restored"
     home = tmp_path / "restored_home"
     home.mkdir()
-    defs = build_definitions(world.catalog, WarehouseResource(root=str(root)))
+    defs = build_definitions(
+        world.catalog, WarehouseResource(root=str(root)), settings=Settings.from_env()
+    )
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, world.catalog)
         engine = Engine(world.catalog, Warehouse(str(root)))

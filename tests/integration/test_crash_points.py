@@ -46,6 +46,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
+from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.exactly_once import (
     changed_windows,
@@ -115,7 +116,7 @@ def open_world(root: Path) -> World:
     resource = WarehouseResource(
         root=str(wh), generation_retention_hours=0, retry_backoff_seconds=0
     )
-    defs = build_definitions(catalog, resource)
+    defs = build_definitions(catalog, resource, settings=Settings.from_env())
     engine = Engine(
         catalog,
         Warehouse(str(wh)),

@@ -46,7 +46,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.health import health
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
-from rollup_assets.settings import DEFAULT_SPECS
+from rollup_assets.settings import DEFAULT_SPECS, Settings
 from tests.conftest import World
 from tests.oracle import compare, compare_all, oracle
 from tests.unit.test_progress import Terminal
@@ -545,7 +545,9 @@ def _module_world(root: Path) -> Iterator[World]:
         mp.setenv("ROLLUPS_WAREHOUSE", str(wh))
         mp.setenv("DAGSTER_HOME", str(home))
         catalog = load_catalog()
-        defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+        defs = build_definitions(
+            catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env()
+        )
         with dg.instance_for_test(temp_dir=str(home)) as instance:
             ensure_pools(instance, catalog)
             yield World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)

@@ -37,6 +37,7 @@ from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
+from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.oracle import compare_all, oracle
 
@@ -137,7 +138,9 @@ def fresh_world(root: Path) -> Iterator[World]:
     os.environ.update(ROLLUPS_WAREHOUSE=str(wh), DAGSTER_HOME=str(home))
     try:
         catalog = load_catalog()
-        defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+        defs = build_definitions(
+            catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env()
+        )
         with dg.instance_for_test(temp_dir=str(home)) as instance:
             ensure_pools(instance, catalog)
             yield World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)

@@ -89,7 +89,7 @@ from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import apply_retention
-from rollup_assets.settings import DEFAULT_SPECS
+from rollup_assets.settings import DEFAULT_SPECS, Settings
 from tests.conftest import REPO_ARTIFACTS, World
 from tests.exactly_once import dangling_pointers
 from tests.oracle import compare_all
@@ -188,7 +188,7 @@ def opened(root: Path) -> Iterator[World]:
     try:
         catalog = load_catalog()
         resource = WarehouseResource(root=str(wh), retry_backoff_seconds=0)
-        defs = build_definitions(catalog, resource)
+        defs = build_definitions(catalog, resource, settings=Settings.from_env())
         engine = Engine(catalog, Warehouse(str(wh)), retry=RetryPolicy(backoff=timedelta(0)))
         with dg.instance_for_test(temp_dir=str(home)) as instance:
             ensure_pools(instance, catalog)

@@ -25,6 +25,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
+from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.oracle import compare_all
 
@@ -65,7 +66,7 @@ def root_world(
     monkeypatch.setenv("ROLLUPS_WAREHOUSE", root)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     catalog = load_catalog()
-    defs = build_definitions(catalog, WarehouseResource(root=root))
+    defs = build_definitions(catalog, WarehouseResource(root=root), settings=Settings.from_env())
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         ensure_pools(instance, catalog)
         yield World(tmp_path, catalog, Engine(catalog, Warehouse(root)), defs, instance)

@@ -68,7 +68,9 @@ def run(spark_url: str, root: Path, warehouse_root: str, conf: dict[str, str]) -
     spark = session_for(spark_url, conf)
     result: dict = {"session": describe(spark), "error": None, "problems": None}
     catalog = load_catalog()
-    defs = build_definitions(catalog, WarehouseResource(root=warehouse_root))
+    defs = build_definitions(
+        catalog, WarehouseResource(root=warehouse_root), settings=Settings.from_env()
+    )
     try:
         with dg.instance_for_test(temp_dir=str(home)) as instance:
             ensure_pools(instance, catalog)

@@ -23,6 +23,7 @@ from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
+from rollup_assets.settings import Settings
 from tests.conftest import REPO_ARTIFACTS, World, days
 from tests.oracle import compare_all
 from tests.system.daemon import (
@@ -46,7 +47,7 @@ def make_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage_yaml: st
     catalog = load_catalog()
     instance = dg.DagsterInstance.from_config(str(home))
     ensure_pools(instance, catalog)
-    defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+    defs = build_definitions(catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env())
     return World(tmp_path, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
 
 

@@ -46,7 +46,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
-from rollup_assets.settings import DEFAULT_SPECS
+from rollup_assets.settings import DEFAULT_SPECS, Settings
 from tests.conftest import World, days
 from tests.oracle import compare, oracle, raw_frame
 from tests.system.daemon import wait_for as poll
@@ -171,7 +171,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory, spark, without_yearly: Undecl
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(home))
         mp.setenv("ROLLUPS_WAREHOUSE", str(wh))
-        defs = build_definitions(catalog, WarehouseResource(root=str(wh)))
+        defs = build_definitions(
+            catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env()
+        )
         with dg.DagsterInstance.from_config(str(home)) as instance:
             ensure_pools(instance, catalog)
             world = World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)

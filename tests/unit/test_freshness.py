@@ -9,6 +9,7 @@ from rollup_assets.assembly import build_definitions
 from rollup_assets.model.bucket_rules import freshness_windows
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.settings import Settings
 
 CATALOG = load_catalog()
 LAG = timedelta(minutes=5)  # the shipped chain's watermark lag
@@ -34,7 +35,9 @@ def test_freshness_windows_cover_the_longest_bucket_and_the_lag(
 
 
 def test_every_rollup_asset_carries_its_freshness_policy(tmp_path) -> None:
-    defs = build_definitions(CATALOG, WarehouseResource(root=str(tmp_path)))
+    defs = build_definitions(
+        CATALOG, WarehouseResource(root=str(tmp_path)), settings=Settings.from_env()
+    )
     for spec in CATALOG.rollups.values():
         key = dg.AssetKey(spec.name)
         policy = defs.resolve_assets_def(key).specs_by_key[key].freshness_policy
