@@ -7,10 +7,11 @@ transaction in the run's database and another in the index database. This storag
 batch in one transaction in each, which is what Dagster's PostgreSQL storage does too.
 
 A correction run rewrites scattered partitions, so its step yields one materialization per
-partition rather than one result for a range, and Dagster stores those one by one. With
-`DAGSTER_EVENT_BATCH_SIZE` set, this storage holds a run's consecutive materializations of one
-asset and stores them as one batch as soon as the run's next event of another kind or asset
-arrives (every step ends with its success or failure event) or the batch is full.
+partition rather than one result for a range, and Dagster stores those one by one. With a batch
+size configured (`batch_size` in dagster.yaml; `rollups setup` writes `EVENT_BATCH_SIZE`), this
+storage holds a run's consecutive materializations of one asset and stores them as one batch as
+soon as the run's next event of another kind or asset arrives (every step ends with its success
+or failure event) or the batch is full.
 
 Durability is unchanged in kind: a batch is handed over when the step has finished its work and
 yields the events, and a process that dies while writing it (or while holding it) loses the
@@ -18,40 +19,21 @@ batch's events, as it would have lost the events not yet written one by one. The
 and their ledger, not the event log, are the record of what was written.
 """
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster._check as check
-from dagster import DagsterEventType, Field, StringSource
+from dagster import DagsterEventType, Field, IntSource, StringSource
 from dagster._config import UserConfigSchema
 from dagster._core.event_api import EventLogEntry
 from dagster._core.storage.event_log import SqliteEventLogStorage
 from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
 from dagster._serdes import ConfigurableClassData
 
-
-def default_base_dir() -> str:
-    """Dagster's own default for a home's SQLite event logs."""
-    home = os.environ.get("DAGSTER_HOME")
-    if not home:
-        raise RuntimeError(
-            "BatchedSqliteEventLogStorage needs DAGSTER_HOME (or config: base_dir) to find the "
-            "event logs"
-        )
-    return os.path.join(home, "history", "runs")
-
+from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE
 
 BATCHED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_OBSERVATION}
-
-
-def batch_size() -> int:
-    """Dagster's event batch size (`DAGSTER_EVENT_BATCH_SIZE`; 0: no batching)."""
-    try:
-        return max(0, int(os.environ.get("DAGSTER_EVENT_BATCH_SIZE", "0")))
-    except ValueError:
-        return 0
 
 
 def batchable(events: Sequence[EventLogEntry]) -> bool:
@@ -74,35 +56,46 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         event_log_storage:
           module: rollup_assets.orchestration.event_log
           class: BatchedSqliteEventLogStorage
+          config:
+            base_dir: /abs/path/of/the/home/history/runs
+            batch_size: 1000
 
-    `config: {base_dir: ...}` is optional; the default is where Dagster's default SQLite storage
-    keeps event logs, `$DAGSTER_HOME/history/runs`, so a home keeps its runs' history.
+    `base_dir` is required, as for Dagster's own SQLite storage (where that keeps a home's event
+    logs, `<home>/history/runs`, keeps the home's runs' history); `batch_size` is how many held
+    events are stored as one batch (default `EVENT_BATCH_SIZE`; 0: every event at once).
     """
 
     @classmethod
     def config_type(cls) -> UserConfigSchema:
-        return {"base_dir": Field(StringSource, is_required=False)}
+        return {
+            "base_dir": Field(StringSource),
+            "batch_size": Field(IntSource, is_required=False, default_value=EVENT_BATCH_SIZE),
+        }
 
     @classmethod
     def from_config_value(
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
     ) -> "BatchedSqliteEventLogStorage":
-        base_dir = config_value.get("base_dir") or default_base_dir()
-        return cls(base_dir=base_dir, inst_data=inst_data)
+        return cls(
+            base_dir=config_value["base_dir"],
+            inst_data=inst_data,
+            batch_size=config_value.get("batch_size", EVENT_BATCH_SIZE),
+        )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, batch_size: int = EVENT_BATCH_SIZE, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._batch_size = max(0, batch_size)
         self._pending: dict[str, list[EventLogEntry]] = {}  # per run: asset events not yet stored
         self._pending_lock = threading.RLock()
 
     def store_event(self, event: EventLogEntry) -> None:
-        """With `DAGSTER_EVENT_BATCH_SIZE` set, a run's consecutive materializations (or
-        observations) of one asset that a step yields one by one (a correction rewriting
-        scattered partitions) are held and stored as one batch: when the run's next event of
-        another kind or asset arrives (every step ends with its success or failure), or the
-        batch is full. Events outside a step (a sensor's observations, reported without a run)
-        are stored at once, as is every event without a batch size."""
-        size = batch_size()
+        """With a batch size, a run's consecutive materializations (or observations) of one
+        asset that a step yields one by one (a correction rewriting scattered partitions) are
+        held and stored as one batch: when the run's next event of another kind or asset
+        arrives (every step ends with its success or failure), or the batch is full. Events
+        outside a step (a sensor's observations, reported without a run) are stored at once, as
+        is every event with a batch size of 0."""
+        size = self._batch_size
         run_id = event.run_id
         holdable = size > 0 and bool(run_id) and event.step_key is not None
         with self._pending_lock:

@@ -53,26 +53,31 @@ nux:
 )
 
 
-def sqlite_event_log_yaml(home: Path) -> str:
+# Events a step hands to the event log at once (a range run's per-partition materializations):
+# the storage writes each batch in one transaction (PostgreSQL's natively, SQLite's with
+# BatchedSqliteEventLogStorage). Dagster reads it from the environment of the process running
+# the step (DAGSTER_EVENT_BATCH_SIZE); BatchedSqliteEventLogStorage from its dagster.yaml config.
+EVENT_BATCH_SIZE = 1000
+
+
+def sqlite_event_log_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str:
     """The `event_log_storage:` block of a SQLite home: Dagster's SQLite event log in its usual
-    place, writing the asset events of a range run (one per partition) in one transaction."""
+    place, writing the asset events of a range run (one per partition) in one transaction, and
+    a step's scattered ones in batches of up to `batch_size`."""
     block = {
         "event_log_storage": {
             "module": "rollup_assets.orchestration.event_log",
             "class": "BatchedSqliteEventLogStorage",
-            "config": {"base_dir": str(home.resolve() / "history" / "runs")},
+            "config": {
+                "base_dir": str(home.resolve() / "history" / "runs"),
+                "batch_size": batch_size,
+            },
         }
     }
     return "# Asset events of a range run stored in one transaction per batch.\n" + (
         yaml.safe_dump(block, sort_keys=False)
     )
 
-
-# Events a step hands to the event log at once (a range run's per-partition materializations):
-# the storage writes each batch in one transaction (PostgreSQL's natively, SQLite's with
-# BatchedSqliteEventLogStorage). Dagster reads it from the environment of the process running
-# the step.
-EVENT_BATCH_SIZE = 1000
 
 PG_HOST_ENV = "DAGSTER_PG_HOST"
 PG_PASSWORD_ENV = "DAGSTER_PG_PASSWORD"

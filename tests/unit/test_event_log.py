@@ -10,7 +10,7 @@ from dagster._core.events import StepMaterializationData
 from dagster._core.storage.event_log import SqliteEventLogStorage
 
 from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
-from rollup_assets.orchestration.instance import dagster_yaml
+from rollup_assets.orchestration.instance import DAGSTER_YAML, sqlite_event_log_yaml
 
 PARTITIONS = dg.HourlyPartitionsDefinition(start_date="2026-10-24-00:00", timezone="Europe/Vienna")
 KEYS = PARTITIONS.get_partition_keys()[:50]  # across the fall-back hour of 2026-10-25
@@ -42,10 +42,23 @@ def corrected(context: dg.AssetExecutionContext) -> Iterator[dg.AssetMaterializa
 
 
 @pytest.fixture
-def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
-    (tmp_path / "dagster.yaml").write_text(dagster_yaml({}, tmp_path))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+def batch_size() -> str:
+    """The batch size of the home's event log, and of Dagster (DAGSTER_EVENT_BATCH_SIZE)."""
+    return "1000"
+
+
+@pytest.fixture
+def instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: str
+) -> Iterator[dg.DagsterInstance]:
+    (tmp_path / "dagster.yaml").write_text(
+        DAGSTER_YAML + sqlite_event_log_yaml(tmp_path, int(batch_size))
+    )
     monkeypatch.setenv("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
+    if int(batch_size):
+        monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", batch_size)
+    else:
+        monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     assert isinstance(instance.event_log_storage, BatchedSqliteEventLogStorage)
     yield instance
@@ -83,9 +96,8 @@ def stored_one_by_one(
 
 @pytest.mark.parametrize("batch_size", ["20", "1000"])
 def test_range_materializations_are_stored_in_batches(
-    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, batch_size: str
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", batch_size)
     single = stored_one_by_one(instance, monkeypatch)
     result = materialize_range(instance)
     assert result.success
@@ -112,7 +124,6 @@ def test_range_materializations_are_stored_in_batches(
 def test_scattered_materializations_yielded_one_by_one_are_stored_in_batches(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, batch_size: str
 ) -> None:
-    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", batch_size)
     single = stored_one_by_one(instance, monkeypatch)
     batches: list[int] = []
     original = BatchedSqliteEventLogStorage._store_batch
@@ -153,10 +164,10 @@ def test_scattered_materializations_yielded_one_by_one_are_stored_in_batches(
     assert any(k == "log" and "corrected" in str(m) for k, m in kinds[last + 1 :])
 
 
+@pytest.mark.parametrize("batch_size", ["0"])
 def test_without_a_batch_size_events_are_stored_one_by_one(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
     single = stored_one_by_one(instance, monkeypatch)
     assert materialize_range(instance).success
     assert single.count(dg.DagsterEventType.ASSET_MATERIALIZATION) == len(KEYS)
@@ -194,7 +205,6 @@ def test_events_outside_a_step_are_stored_at_once(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sensor's observations are reported without a run or a step: nothing would flush them."""
-    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
     key = dg.AssetKey("meters")
     instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, metadata={"n": 1}))
     records = instance.fetch_observations(key, limit=10).records
@@ -204,7 +214,6 @@ def test_events_outside_a_step_are_stored_at_once(
 def test_held_events_survive_a_failed_write(
     instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")
     storage = instance.event_log_storage
     assert isinstance(storage, BatchedSqliteEventLogStorage)
     original = BatchedSqliteEventLogStorage._store_batch
@@ -223,3 +232,27 @@ def test_held_events_survive_a_failed_write(
     assert not failures
     key = dg.AssetKey("corrected")
     assert instance.get_materialized_partitions(key) == set(SCATTERED)
+
+
+@pytest.mark.parametrize("batch_size", ["4"])
+def test_the_batch_size_comes_from_the_homes_config_not_the_environment(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Dagster batches nothing here (no DAGSTER_EVENT_BATCH_SIZE), and DAGSTER_HOME names
+    another home: the storage still holds a step's scattered materializations in batches of the
+    size its dagster.yaml gives, in the directory that names."""
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))
+    batches: list[int] = []
+    original = BatchedSqliteEventLogStorage._store_batch
+
+    def store_batch(storage, events):  # type: ignore[no-untyped-def]
+        batches.append(len(events))
+        original(storage, events)
+
+    monkeypatch.setattr(BatchedSqliteEventLogStorage, "_store_batch", store_batch)
+    assert materialize_range(instance, corrected).success
+    assert batches == [4, 4, len(SCATTERED) - 8]
+    assert instance.get_materialized_partitions(dg.AssetKey("corrected")) == set(SCATTERED)
+    assert (tmp_path / "history" / "runs" / "index.db").exists()
+    assert not (tmp_path / "elsewhere").exists()
