@@ -23,7 +23,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.instance import ensure_pools, use_range_event_settings
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import TickReport, execute, tick_until_quiet
@@ -88,6 +88,7 @@ class BenchWorld:
         write_home(home)
         saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "ROLLUPS_WAREHOUSE")}
         os.environ["DAGSTER_HOME"], os.environ["ROLLUPS_WAREHOUSE"] = str(home), str(wh)
+        use_range_event_settings(os.environ)  # as the CLI sets them before its runs
         catalog = load_catalog()
         instance = dg.DagsterInstance.from_config(str(home))
         try:

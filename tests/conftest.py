@@ -22,7 +22,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
+from rollup_assets.orchestration.instance import ensure_pools, use_range_event_settings
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import execute, tick_until_quiet
@@ -40,6 +40,9 @@ os.environ.setdefault("ROLLUPS_SENSOR_INTERVAL_SECONDS", "30")
 # Surfaces are published at every tick that finds them lagging (the spacing between publishes
 # has tests of its own), so a test reads them current once its ticks are quiet.
 os.environ.setdefault("ROLLUPS_SURFACE_MAX_LAG_SECONDS", "0")
+# Dagster's settings for range runs, as the CLI, the demo and the benchmark set them before the
+# runs they execute in their own process.
+use_range_event_settings(os.environ)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,6 +5,7 @@ Every command exits non-zero with a one-line reason on bad input; commands that 
 accept `--format json` (and `csv`/`table` where rows are tabular).
 """
 
+import os
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -208,8 +209,13 @@ def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:
     """The code location and the Dagster instance, for commands that execute runs in this
     process; starts the one Spark session every run of the command shares."""
     from rollup_assets.definitions import defs
-    from rollup_assets.orchestration.instance import ensure_pools, get_instance
+    from rollup_assets.orchestration.instance import (
+        ensure_pools,
+        get_instance,
+        use_range_event_settings,
+    )
 
+    use_range_event_settings(os.environ)  # Dagster reads them when this process creates a run
     instance = get_instance(settings())
     ensure_pools(instance, catalog())
     spark_session()  # one session for every run of this command

@@ -99,7 +99,11 @@ def server_status(fmt: str) -> None:
 def dev(no_warm_spark: bool, dagster_args: tuple[str, ...]) -> None:
     """The Dagster UI and daemon (`dagster dev`, extra arguments passed on) with a warm Spark
     server beside them, restarted so it runs the code on disk; Ctrl-C stops both."""
-    from rollup_assets.orchestration.instance import ensure_pools, get_instance
+    from rollup_assets.orchestration.instance import (
+        ensure_pools,
+        get_instance,
+        use_range_event_settings,
+    )
 
     s = settings()
     instance = get_instance(s)
@@ -116,11 +120,13 @@ def dev(no_warm_spark: bool, dagster_args: tuple[str, ...]) -> None:
         args = ["-w", str(workspace)] if workspace.exists() else ["-m", "rollup_assets.definitions"]
         args += list(dagster_args)
     dagster = Path(sys.executable).with_name("dagster")
+    # `dagster dev` finds its home in its environment, and its daemon and webserver create the
+    # runs the sensors and the UI request.
+    env = {**os.environ, "DAGSTER_HOME": str(s.dagster_home)}
+    use_range_event_settings(env)
     # Its own session: a Ctrl-C reaches this process only, which passes it on exactly once
     # (two interrupts would make `dagster dev` skip its orderly shutdown).
-    child = subprocess.Popen(
-        [str(dagster), "dev", *args], env=dict(os.environ), start_new_session=True
-    )
+    child = subprocess.Popen([str(dagster), "dev", *args], env=env, start_new_session=True)
 
     def forward(signum: int, frame: object) -> None:
         child.send_signal(signum)

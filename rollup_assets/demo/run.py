@@ -1,11 +1,11 @@
 """`rollups demo`: the whole product in one run, on the embedded defaults (see `story`)."""
 
+import os
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
-import dagster as dg
 
 from rollup_assets.demo.report import (
     Reader,
@@ -66,7 +66,12 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     from rollup_assets.assembly import build_definitions
     from rollup_assets.demo.delta_spark import read_with_delta_spark
     from rollup_assets.model.spec_loader import load_catalog
-    from rollup_assets.orchestration.instance import ensure_home, ensure_pools
+    from rollup_assets.orchestration.instance import (
+        ensure_home,
+        ensure_pools,
+        get_instance,
+        use_range_event_settings,
+    )
     from rollup_assets.orchestration.resources import WarehouseResource
     from rollup_assets.resources.spark import build_session
 
@@ -85,11 +90,11 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
     # A local root (a path or a file: URI) is cleaned; an object store is used as it is.
     note = prepare_dirs(Path(warehouse.filesystem()[1]), home) if warehouse.is_local else "as is"
     click.echo(f"  ({note})")
-    ensure_home(settings)
     out.mkdir(parents=True, exist_ok=True)
     resource = WarehouseResource.from_settings(settings, warehouse.root)
     defs = build_definitions(catalog, resource, settings=settings)
-    instance = dg.DagsterInstance.get()
+    use_range_event_settings(os.environ)  # Dagster reads them when the demo creates a run
+    instance = get_instance(settings)  # the home again, after `prepare_dirs` emptied it
     ensure_pools(instance, catalog)
     # The story, not every event of every run (unless ROLLUPS_RUN_LOG_LEVEL says otherwise).
     log_level = settings.run_log_level or "WARNING"

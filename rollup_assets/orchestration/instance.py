@@ -10,8 +10,7 @@ the file) when that variable is set. An existing dagster.yaml is never rewritten
 """
 
 import logging
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import dagster as dg
@@ -115,8 +114,7 @@ def dagster_yaml(env: Mapping[str, str], home: Path) -> str:
 
 
 def ensure_home(settings: Settings) -> Path:
-    """Make sure the Dagster home (DAGSTER_HOME, default ./.dagster_home) exists and has a
-    dagster.yaml, and make it this process's Dagster home."""
+    """Make sure the Dagster home (`settings.dagster_home`) exists and has a dagster.yaml."""
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
@@ -138,7 +136,6 @@ def ensure_home(settings: Settings) -> Path:
             cfg,
             sqlite_event_log_yaml(home),
         )
-    os.environ["DAGSTER_HOME"] = str(home)
     return home
 
 
@@ -163,15 +160,25 @@ def ensure_pools(
 
 
 def get_instance(settings: Settings) -> dg.DagsterInstance:
-    ensure_home(settings)
-    return dg.DagsterInstance.get()
+    """The Dagster instance of `settings.dagster_home` (made ready by `ensure_home`). A process
+    it starts that opens the instance itself (`dagster dev`) is given the home as DAGSTER_HOME
+    by the edge that starts it."""
+    return dg.DagsterInstance.from_config(str(ensure_home(settings)))
 
 
-def use_range_event_settings() -> None:
-    """A range run (a backfill of N partitions) then records one "planned" event per asset
-    instead of N, and hands its N materializations to the event log in batches of
-    EVENT_BATCH_SIZE. Set by the in-process runner before it creates a run (CLI, demo,
-    benchmark, tests); the Makefile sets both for the daemon and the webserver, which create and
-    launch the runs the sensors and the UI request."""
-    os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
-    os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))
+# Dagster's settings for a range run (a backfill of N partitions), read by Dagster from the
+# environment of the process that creates and executes the run: one "planned" event per asset
+# instead of N, and the N materializations handed to the event log in batches of
+# EVENT_BATCH_SIZE. The Makefile exports both for the daemon and the webserver, which create and
+# launch the runs the sensors and the UI request.
+RANGE_EVENT_SETTINGS = {
+    "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1",
+    "DAGSTER_EVENT_BATCH_SIZE": str(EVENT_BATCH_SIZE),
+}
+
+
+def use_range_event_settings(environ: MutableMapping[str, str]) -> None:
+    """Put `RANGE_EVENT_SETTINGS` into `environ`, keeping a value already there: the edges that
+    execute runs in their own process (the CLI, the demo, the benchmark) pass `os.environ`."""
+    for name, value in RANGE_EVENT_SETTINGS.items():
+        environ.setdefault(name, value)

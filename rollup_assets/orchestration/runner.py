@@ -16,7 +16,6 @@ import dagster as dg
 
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.windows import iso_utc
-from rollup_assets.orchestration.instance import use_range_event_settings
 from rollup_assets.orchestration.progress import listening
 from rollup_assets.orchestration.resources import ClockResource
 from rollup_assets.orchestration.tags import RUN_KEY, TAG_HOST, TAG_PID
@@ -61,7 +60,6 @@ def execute(
     hears of each level the run writes (partitions done of the level's total)."""
     if run_key and _run_key_taken(instance, run_key):
         return None
-    use_range_event_settings()
     job = defs.resolve_job_def(job_name)
     tags = {**tags, TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
     if log_level:
