@@ -43,9 +43,12 @@ def bench_session(event_dir: Path, master: str = "local[2]") -> SparkSession:
     """The one Spark session of the benchmark: the project's local defaults (what a run gets)
     plus an event log, whose task metrics are the rows-read figures."""
     event_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings.from_env()
     return build_session(
         master=master,
         app_name="rollups-bench",
+        python=settings.pyspark_python,
+        java_home=settings.java_home,
         conf={
             **LOCAL_DEFAULTS,
             "spark.eventLog.enabled": "true",

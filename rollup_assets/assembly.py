@@ -92,6 +92,8 @@ def build_definitions(
                     master=settings.spark_master,
                     remote=settings.spark_remote,
                     delta_jars=str(settings.delta_jars),
+                    python=settings.pyspark_python,
+                    java_home=str(settings.java_home) if settings.java_home else None,
                     warm_server_dir=str(settings.warm_spark_dir)
                     if settings.uses_warm_spark
                     else None,

@@ -1,7 +1,12 @@
 """Configuration: the one place the environment is read.
 
-`Settings.from_env()` is called at the edges (the code location's `definitions`, the CLI, the
-demo, the benchmark) and the values are passed down; nothing below reads the environment.
+`Settings.from_env()` is called at the edges (the code location's `definitions.py`,
+`component.py`, the CLI, the demo, the benchmark, and a script using `rollup_assets.api`) and the
+values are passed down; nothing below reads the environment. Where a library reads a variable
+from the process environment itself, the value it needs is passed down and written there, never
+read back: `resources/spark.py` exports PYSPARK_PYTHON for PySpark when it starts a session, and
+the edges give Dagster its DAGSTER_HOME and event settings. `tests/unit/test_settings.py` keeps
+this true.
 """
 
 import os
@@ -91,6 +96,11 @@ class Settings:
     # Seconds a surface may lag behind its rollup's last flip: the surface publish sensor
     # publishes a lagging rollup at most every half of it (0: at every tick).
     surface_max_lag_seconds: int = 60
+    # The Java runtime local Spark is checked for before it starts (None: `java` on PATH).
+    java_home: Path | None = None
+    # The interpreter Spark's Python workers run (None: this process's), for local and cluster
+    # sessions and the warm Spark server.
+    pyspark_python: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -131,6 +141,8 @@ class Settings:
             if env.get("ROLLUPS_DELTA_JARS")
             else DEFAULT_DELTA_JARS,
             surface_max_lag_seconds=_int(env, "ROLLUPS_SURFACE_MAX_LAG_SECONDS", 60),
+            java_home=Path(env["JAVA_HOME"]) if env.get("JAVA_HOME") else None,
+            pyspark_python=env.get("PYSPARK_PYTHON") or None,
         )
 
     @property

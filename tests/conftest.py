@@ -64,6 +64,7 @@ def spark():
     from rollup_assets.resources.spark import build_session
     from rollup_assets.settings import Settings
 
+    settings = Settings.from_env()
     session = build_session(
         master="local[2]",
         conf={
@@ -71,7 +72,9 @@ def spark():
             "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
         },
-        delta_jars=Settings.from_env().delta_jars,
+        delta_jars=settings.delta_jars,
+        python=settings.pyspark_python,
+        java_home=settings.java_home,
     )
     yield session
     session.stop()

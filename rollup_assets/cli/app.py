@@ -230,4 +230,10 @@ def spark_session() -> "SparkSession":
 
     s = settings()
     remote = s.spark_remote or (usable_url(s.warm_spark_dir) if s.uses_warm_spark else None)
-    return build_session(master=s.spark_master, remote=remote, delta_jars=s.delta_jars)
+    return build_session(
+        master=s.spark_master,
+        remote=remote,
+        delta_jars=s.delta_jars,
+        python=s.pyspark_python,
+        java_home=s.java_home,
+    )

@@ -37,7 +37,13 @@ def _start(restart: bool) -> dict:
     try:
         if restart:
             server.stop(s.warm_spark_dir)
-        state = server.start(s.warm_spark_dir, port=s.spark_server_port, delta_jars=s.delta_jars)
+        state = server.start(
+            s.warm_spark_dir,
+            environ=os.environ,
+            port=s.spark_server_port,
+            delta_jars=s.delta_jars,
+            python=s.pyspark_python,
+        )
     except server.SparkServerError as exc:
         raise WarmSparkError(str(exc)) from None
     return {"url": state.url, "pid": state.pid, "state": str(s.warm_spark_dir)}

@@ -106,6 +106,8 @@ def run_demo(settings: Settings, meters: int, days: int, out: Path) -> None:
         remote=settings.spark_remote,
         conf={"spark.ui.showConsoleProgress": "false"},
         delta_jars=settings.delta_jars,
+        python=settings.pyspark_python,
+        java_home=settings.java_home,
     )
 
     today = datetime.now(UTC).date()

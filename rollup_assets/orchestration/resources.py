@@ -79,6 +79,16 @@ class SparkResource(dg.ConfigurableResource):
         default_factory=dict,
         description="Extra Spark confs, flat (`spark.executor.memory`) or nested dicts.",
     )
+    python: str | None = Field(
+        default=None,
+        description="The interpreter Spark's Python workers run (default: the run's own; the "
+        "code location sets $PYSPARK_PYTHON); a `spark.pyspark.python` in `spark_config` wins.",
+    )
+    java_home: str | None = Field(
+        default=None,
+        description="The Java runtime checked for before local Spark starts (default: `java` on "
+        "PATH; the code location sets $JAVA_HOME).",
+    )
 
     _lazy: LazySession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
@@ -108,6 +118,8 @@ class SparkResource(dg.ConfigurableResource):
             app_name=self.app_name,
             conf=flatten_conf(self.spark_config),
             delta_jars=Path(self.delta_jars),
+            python=self.python,
+            java_home=Path(self.java_home) if self.java_home else None,
         )
 
     def _warm_url(self) -> str | None:

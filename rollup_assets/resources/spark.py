@@ -54,10 +54,10 @@ class JavaMissingError(RuntimeError):
     pass
 
 
-def require_java() -> None:
-    """Fail early, in one line, when no Java runtime is reachable for local Spark."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and os.path.exists(os.path.join(java_home, "bin", "java")):
+def require_java(java_home: Path | None = None) -> None:
+    """Fail early, in one line, when no Java runtime is reachable for local Spark: the one in
+    `java_home` (the settings' JAVA_HOME), else `java` on PATH."""
+    if java_home is not None and (java_home / "bin" / "java").exists():
         return
     if shutil.which("java") is None:
         raise JavaMissingError(
@@ -73,10 +73,14 @@ def build_session(
     app_name: str = "rollups",
     conf: dict[str, str] | None = None,
     delta_jars: Path = DEFAULT_DELTA_JARS,
+    python: str | None = None,
+    java_home: Path | None = None,
 ) -> SparkSession:
     """Create (or get) a session: Spark Connect when `remote` (sc://host:port) is given, else
     Spark on `master` (default local[2]) with Delta's jars from `delta_jars`
-    (DeltaJarsMissingError when one is missing). `conf` holds flat Spark settings."""
+    (DeltaJarsMissingError when one is missing), its Python workers running `python` (a
+    `spark.pyspark.python` in `conf` comes first; default: this interpreter), after checking
+    for Java (`require_java(java_home)`). `conf` holds flat Spark settings."""
     settings = dict(conf or {})
     if remote:
         builder = SparkSession.builder.remote(remote).appName(app_name)
@@ -88,19 +92,19 @@ def build_session(
             if k.startswith("spark.sql."):
                 builder = builder.config(k, v)
         return builder.getOrCreate()
-    require_java()
+    require_java(java_home)
     master = master or "local[2]"
     # Python workers run our mapInArrow writers: they need an interpreter with pyarrow and this
-    # package. Executors start the driver's $PYSPARK_PYTHON (a `spark.pyspark.python` conf only
-    # reaches spark-submit, not a session built in-process), so a configured one is exported.
-    python = settings.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = python or sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # package. Executors start the one PySpark reads from $PYSPARK_PYTHON when the session's
+    # context starts (a `spark.pyspark.python` conf only reaches spark-submit, not a session
+    # built in-process), so the chosen one is written there; it is never read back.
+    python = settings.get("spark.pyspark.python") or python or sys.executable
+    os.environ["PYSPARK_PYTHON"] = python
     builder = SparkSession.builder.master(master).appName(app_name)
     defaults = {
         **LOCAL_DEFAULTS,
-        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
-        "spark.pyspark.driver.python": os.environ["PYSPARK_DRIVER_PYTHON"],
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": sys.executable,
     }
     delta = delta_conf(delta_jars, settings)
     for k, v in {**defaults, **settings, **delta, **REQUIRED_CONF}.items():

@@ -148,32 +148,43 @@ def usable_url(state_dir: Path) -> str | None:
     return None
 
 
-def launch_env(directory: Path) -> dict[str, str]:
-    """The environment a Spark process is launched with from the installed pyspark: this
-    interpreter for Python workers, logs under `directory`, and an empty conf dir there, so no
-    machine-wide spark-defaults.conf leaks in."""
+def launch_env(
+    directory: Path, *, environ: Mapping[str, str], python: str | None = None
+) -> dict[str, str]:
+    """The environment a Spark process is launched with from the installed pyspark: `environ`
+    (the launching process's, passed down from its edge: its PATH and JAVA_HOME find Java) with
+    `python` (default: this interpreter) for Python workers, logs under `directory`, and an
+    empty conf dir there, so no machine-wide spark-defaults.conf leaks in."""
     conf_dir = directory / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **environ,
         "SPARK_HOME": str(SPARK_HOME),
         "SPARK_CONF_DIR": str(conf_dir),
         "SPARK_LOG_DIR": str(directory / "logs"),
         "SPARK_LOCAL_IP": HOST,
-        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+        "PYSPARK_PYTHON": python or sys.executable,
     }
     for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
         env.pop(var, None)
     return env
 
 
-def spawn(args: list[str], directory: Path, log: Path) -> subprocess.Popen:
+def spawn(
+    args: list[str],
+    directory: Path,
+    log: Path,
+    *,
+    environ: Mapping[str, str],
+    python: str | None = None,
+) -> subprocess.Popen:
     """Start a Spark process (`args`) in `directory`, output to `log`, in its own process
-    group so that it is stopped as a whole (a JVM and the workers it starts)."""
+    group so that it is stopped as a whole (a JVM and the workers it starts); its environment
+    is `launch_env`'s."""
     with log.open("wb") as out:
         return subprocess.Popen(
             args,
-            env=launch_env(directory),
+            env=launch_env(directory, environ=environ, python=python),
             cwd=directory,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -185,15 +196,17 @@ def spawn(args: list[str], directory: Path, log: Path) -> subprocess.Popen:
 def start(
     state_dir: Path,
     *,
+    environ: Mapping[str, str],
     port: int = DEFAULT_PORT,
     master: str = "local[2]",
     conf: Mapping[str, str] | None = None,
     timeout_s: float = START_TIMEOUT_S,
     delta_jars: Path = DEFAULT_DELTA_JARS,
+    python: str | None = None,
 ) -> ServerState:
-    """Start the server, with Delta's jars from `delta_jars` (its sessions read and write Delta
-    tables through delta-spark), and wait until it accepts connections; its state is then
-    recorded."""
+    """Start the server in `environ` with `python` for its Python workers (`launch_env`), with
+    Delta's jars from `delta_jars` (its sessions read and write Delta tables through
+    delta-spark), and wait until it accepts connections; its state is then recorded."""
     current = status(state_dir)
     if current.running and current.state is not None:
         raise SparkServerError(
@@ -224,7 +237,7 @@ def start(
     args.append(str(connect_jar()))
     code = code_fingerprint()
     log = state_dir / LOG_FILE
-    process = spawn(args, state_dir, log)
+    process = spawn(args, state_dir, log, environ=environ, python=python)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

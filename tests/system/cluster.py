@@ -70,7 +70,7 @@ class SparkProcess:
 
 def launch(name: str, args: list[str], scratch: Path) -> SparkProcess:
     log = scratch / f"{name}.log"
-    return SparkProcess(name, spawn(args, scratch, log), log)
+    return SparkProcess(name, spawn(args, scratch, log, environ=os.environ), log)
 
 
 def wait_until(what: str, ready: Callable[[], bool], procs: list[SparkProcess]) -> None:

@@ -22,6 +22,7 @@ def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.Monkey
     assert s.generation_retention_hours == 168
     # Delta's jars: where `make install` puts them, in the environment this process runs in.
     assert s.delta_jars == Path(sys.prefix) / "delta-jars"
+    assert (s.java_home, s.pyspark_python) == (None, None)
 
 
 def test_every_variable_is_read(tmp_path: Path) -> None:
@@ -42,6 +43,8 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
         "DAGSTER_PG_HOST": "db",
         "ROLLUPS_DELTA_JARS": str(tmp_path / "jars"),
+        "JAVA_HOME": str(tmp_path / "jdk"),
+        "PYSPARK_PYTHON": "/opt/rollups/venv/bin/python",
         "UNRELATED": "x",
     }
     s = Settings.from_env(env)
@@ -56,6 +59,8 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.generation_retention_hours == 0
     assert s.postgres == {"DAGSTER_PG_HOST": "db"}
     assert s.delta_jars == (tmp_path / "jars").resolve()
+    assert s.java_home == tmp_path / "jdk"
+    assert s.pyspark_python == "/opt/rollups/venv/bin/python"
 
 
 @pytest.mark.parametrize(

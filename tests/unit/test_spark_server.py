@@ -98,7 +98,7 @@ def test_a_recorded_pid_that_is_not_a_server_is_not_used(tmp_path: Path, stand_i
 def test_start_refuses_a_port_in_use(tmp_path: Path, stand_in) -> None:
     _, port = stand_in
     with pytest.raises(spark_server.SparkServerError, match=f"port {port} is already in use"):
-        spark_server.start(tmp_path / "state", port=port)
+        spark_server.start(tmp_path / "state", environ=os.environ, port=port)
 
 
 def test_a_broken_state_file_is_a_clear_error(tmp_path: Path) -> None:
