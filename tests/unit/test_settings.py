@@ -1,11 +1,14 @@
-"""Settings are read from the environment once, with the documented defaults and clear errors."""
+"""Settings are read from the environment once, with the documented defaults and clear errors,
+and only at the edges: no other module of the package reads the environment."""
 
+import ast
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+import rollup_assets
 from rollup_assets.settings import DEFAULT_SPECS, DEFAULT_WAREHOUSE, Settings, SettingsError
 
 
@@ -80,3 +83,92 @@ def test_a_bad_value_names_the_variable(name: str, value: str, needle: str) -> N
     with pytest.raises(SettingsError, match=needle) as info:
         Settings.from_env({name: value})
     assert name in str(info.value)
+
+
+# -- the environment is read at the edges only --------------------------------------------------
+
+PACKAGE = Path(rollup_assets.__file__).parent
+# Where a process reads its configuration and hands it down (the settings module's docstring).
+EDGES = ("settings.py", "definitions.py", "component.py", "cli/", "demo/")
+# Variables a library reads from the process environment itself: written from a passed-down
+# value where that library is started, never read.
+LIBRARY_VARIABLES = {"resources/spark.py": {"PYSPARK_PYTHON"}}
+ENVIRONMENT = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(source: str, writable: frozenset[str] = frozenset()) -> list[int]:
+    """The lines of `source` that reach the process environment (`os.environ`, `os.getenv`,
+    `from os import environ`, any `.from_env`), but for a plain write `os.environ[NAME] = ...`
+    of a name in `writable`."""
+    tree = ast.parse(source)
+    written: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if (
+                isinstance(target, ast.Subscript)
+                and isinstance(target.slice, ast.Constant)
+                and target.slice.value in writable
+            ):
+                written.add(id(target.value))
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in written:
+            continue
+        if isinstance(node, ast.Attribute) and (
+            node.attr == "from_env"
+            or (
+                isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr in ENVIRONMENT
+            )
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            if any(alias.name in ENVIRONMENT for alias in node.names):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.FunctionDef) and node.name == "from_env":
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_only_the_edges_read_the_environment() -> None:
+    for edge in EDGES:
+        assert (PACKAGE / edge).exists(), f"{edge} is no longer there: update EDGES"
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.startswith(EDGES):
+            continue
+        writable = frozenset(LIBRARY_VARIABLES.get(module, ()))
+        source = path.read_text(encoding="utf-8")
+        lines = environment_uses(source, writable)
+        if lines:
+            text = source.splitlines()
+            found[module] = [f"{n}: {text[n - 1].strip()}" for n in lines]
+    # Read the setting in `Settings.from_env()` and pass the value down from the edge.
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nhome = os.environ.get('DAGSTER_HOME')\n",
+        "import os\nhome = os.environ['DAGSTER_HOME']\n",
+        "import os\nsize = os.getenv('DAGSTER_EVENT_BATCH_SIZE')\n",
+        "import os\nenv = {**os.environ}\n",
+        "import os\nos.environ.setdefault('PYSPARK_PYTHON', 'python3')\n",
+        "import os\nos.environ['PYSPARK_DRIVER_PYTHON'] = 'python3'\n",
+        "from os import environ\n",
+        "from rollup_assets.settings import Settings\nspecs = Settings.from_env().specs\n",
+        "class Warehouse:\n    def from_env(cls):\n        pass\n",
+    ],
+)
+def test_every_way_of_reading_the_environment_is_found(source: str) -> None:
+    assert environment_uses(source, frozenset({"PYSPARK_PYTHON"})) != []
+
+
+def test_a_library_variable_may_be_written_where_it_is_listed() -> None:
+    source = "import os\nos.environ['PYSPARK_PYTHON'] = python\n"
+    assert environment_uses(source, frozenset({"PYSPARK_PYTHON"})) == []
+    assert environment_uses(source) == [2]
