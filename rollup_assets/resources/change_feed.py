@@ -19,6 +19,7 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
 from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.commit_changes import change_file_rows
 from rollup_assets.resources.delta_tables import (
     commit_info,
     open_table,
@@ -128,7 +129,7 @@ def read_changes(
     # removed (every row of which is an insert or a delete).
     try:
         estimate = (
-            raw.change_file_rows(spec, cdc)
+            change_file_rows(raw, spec, cdc)
             if cdc
             else sum(_num_records(next(iter(a.values()))) for a in data)
         )

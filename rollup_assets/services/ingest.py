@@ -41,7 +41,7 @@ from rollup_assets.resources.batch_sources import (
     TableSource,
     table_from_pandas,
 )
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.services.engine import Engine
 
 
