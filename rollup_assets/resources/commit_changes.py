@@ -1,5 +1,6 @@
 """What the commits of a raw or time-range archive changed, read from its Delta log and its change
-data feed: the row changes corrections, held writes and lineage read (`row_changes`).
+data feed: the one reader behind change detection (`change_feed.read_changes`) and behind the
+row changes corrections, held writes and lineage read (`row_changes`).
 
 A commit's row changes are its change files' rows where it has them (a MERGE that rewrote whole
 files changed only those), otherwise the rows of the files it added (inserts) and removed
@@ -7,7 +8,8 @@ files changed only those), otherwise the rows of the files it added (inserts) an
 has neither, and delta-rs derives its changes. Commits that change no row (compaction, vacuum,
 checkpoints) and retention commits (old rows dropped on purpose, which the rollups keep) have
 none. A columns commit (the switch to new formulas) rewrites every row but changes no reading:
-row changes cannot be read across it.
+detection queues a recompute of a re-formulated column instead, and row changes cannot be read
+across it.
 """
 
 import datetime as dt
@@ -20,10 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.exceptions import DeltaError
 
+from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
 from rollup_assets.model.specs import DAY_COLUMN, SourceSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import commit_info, read_commit
+from rollup_assets.resources.raw_columns import formula_changed
 from rollup_assets.resources.raw_tables import RawTables
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import archive_data_schema
@@ -62,6 +66,25 @@ class SourceCommit:
         return self.info.get(OPERATION_KEY) == Operation.COLUMNS
 
     @property
+    def formula_of(self) -> str | None:
+        """The column whose formula it changed, if it is such a commit."""
+        return formula_changed(self.info)
+
+    @property
+    def committed_at(self) -> dt.datetime | None:
+        """When it was made (its commit info's timestamp; None when the log does not say)."""
+        at = self.info.get("timestamp")
+        return None if at is None else dt.datetime.fromtimestamp(int(at) / 1000, tz=dt.UTC)
+
+    @property
+    def change_source(self) -> ChangeSource | None:
+        """The change source its writer recorded (None: none, or one this project lacks)."""
+        source = self.info.get("rollups.change_source")
+        if isinstance(source, str) and source in ChangeSource._value2member_map_:
+            return ChangeSource(source)
+        return None
+
+    @property
     def time_range(self) -> tuple[dt.datetime, dt.datetime] | None:
         """The first and last time of the rows it changed, as this project's commits record
         them (None for a commit that records none)."""
@@ -69,6 +92,17 @@ class SourceCommit:
         if lo is None or hi is None:
             return None
         return dt.datetime.fromisoformat(lo), dt.datetime.fromisoformat(hi)
+
+    @property
+    def data_files(self) -> list[dict]:
+        """The bodies of its actions that change data: the files it added and removed, and its
+        change files."""
+        return [
+            body
+            for action in self.actions
+            for kind, body in action.items()
+            if kind == "cdc" or (kind in ("add", "remove") and body.get("dataChange", True))
+        ]
 
     @property
     def changed_files(self) -> list[tuple[dict, str | None]]:
