@@ -47,7 +47,7 @@ SPARK_PHASES = (
     ("fill.py", "spark_fill_aggregate_and_write"),
     ("rollup_store.py", "spark_write_files"),
     ("engine.py", "spark_aggregate_and_compare"),
-    ("raw_store.py", "spark_read_raw"),
+    ("raw_reads.py", "spark_read_raw"),
 )
 
 

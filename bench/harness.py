@@ -28,7 +28,7 @@ from rollup_assets.orchestration.partitions import key_range_for, partitions_def
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import TickReport, execute, tick_until_quiet
 from rollup_assets.orchestration.tags import partition_range_tags
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.spark import LOCAL_DEFAULTS, build_session
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine

@@ -24,12 +24,14 @@ from types import FrameType
 import psutil
 import pyarrow as pa
 
+import rollup_assets.resources.raw_reads as raw_reads_module
 import rollup_assets.services.engine as engine_module
 import rollup_assets.services.surface as surface_module
 import rollup_assets.services.surface_files as surface_files_module
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.raw_tables import RawTables
 from rollup_assets.resources.rollup_store import RollupStore
 
 MB = 1024 * 1024
@@ -234,8 +236,9 @@ class SparkEventLog:
 
 class DriverReads:
     """Counts the rows read outside Spark's scans (installed once): every rollup-table,
-    raw-table and surface-table file the driver reads (row groups read, before filtering), every
-    change file a correction reads from the change feed, and the source rows the tasks of a
+    raw-table and surface-table file the driver reads (row groups read, before filtering), the
+    change rows a correction reads from the change feed (`RawStore.changes`; change detection
+    reads only its own commits' keys, uncounted), and the source rows the tasks of a
     first fill or of a job's named cells decode (`rollup_assets.resources.fill`, reported back by
     its tasks)."""
 
@@ -254,8 +257,8 @@ class DriverReads:
         if self._originals:
             return
         rollup_file = RollupStore._read_file
-        raw_file = RawStore._read_file
-        change_file = RawStore._read_change_file
+        raw_file = raw_reads_module._read_file
+        changes = RawStore.changes
 
         def counted_rollup_file(
             store: RollupStore,
@@ -268,17 +271,17 @@ class DriverReads:
             self._record(spec.name, table.num_rows)
             return table
 
-        def counted_raw_file(store: RawStore, spec: RawArchiveSpec, f: dict, *args: object):
-            table = raw_file(store, spec, f, *args)  # type: ignore[arg-type]
+        def counted_raw_file(tables: RawTables, spec: RawArchiveSpec, f: dict, *args: object):
+            table = raw_file(tables, spec, f, *args)  # type: ignore[arg-type]
             self._record("raw", table.num_rows)
             return table
 
-        def counted_change_file(
-            store: RawStore, spec: RawArchiveSpec, path: str, change_type: str | None
-        ) -> pa.Table:
-            table = change_file(store, spec, path, change_type)
-            self._record("change feed", table.num_rows)
-            return table
+        def counted_changes(
+            store: RawStore, *args: object, **kwargs: object
+        ) -> tuple[pa.Table, int]:
+            rows, read = changes(store, *args, **kwargs)  # type: ignore[arg-type]
+            self._record("change feed", read)
+            return rows, read
 
         write_fill = RollupStore.write_fill
 
@@ -310,7 +313,7 @@ class DriverReads:
         self._originals = {
             "rollup": rollup_file,
             "raw": raw_file,
-            "change": change_file,
+            "changes": changes,
             "read_arrow": read_arrow,
             "surface": surface_file,
             "write_fill": write_fill,
@@ -322,14 +325,14 @@ class DriverReads:
         surface_files_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
         RollupStore.read_arrow = asked_read_arrow  # type: ignore[method-assign]
         RollupStore._read_file = counted_rollup_file  # type: ignore[method-assign]
-        RawStore._read_file = counted_raw_file  # type: ignore[method-assign]
-        RawStore._read_change_file = counted_change_file  # type: ignore[method-assign,assignment]
+        raw_reads_module._read_file = counted_raw_file
+        RawStore.changes = counted_changes  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         if self._originals:
             RollupStore._read_file = self._originals["rollup"]  # type: ignore[method-assign]
-            RawStore._read_file = self._originals["raw"]  # type: ignore[method-assign]
-            RawStore._read_change_file = self._originals["change"]  # type: ignore[method-assign]
+            raw_reads_module._read_file = self._originals["raw"]
+            RawStore.changes = self._originals["changes"]  # type: ignore[method-assign]
             RollupStore.read_arrow = self._originals["read_arrow"]  # type: ignore[method-assign]
             surface_module.read_row_groups = self._originals["surface"]
             surface_files_module.read_row_groups = self._originals["surface"]

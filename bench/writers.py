@@ -32,8 +32,10 @@ from bench.metrics import measure, say
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import RawArchiveSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.raw_store import IngestResult, RawStore
-from rollup_assets.resources.spark_ingest import ingest_frame, read_file
+from rollup_assets.resources.raw_ingest import IngestResult
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.spark_batches import read_file
+from rollup_assets.resources.spark_ingest import ingest_frame
 from rollup_assets.resources.warehouse import Warehouse, spark_uri
 
 WRITERS = ("delta-rs", "delta-spark", "delta-spark, deletion vectors")

@@ -54,7 +54,7 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.spark import build_session
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.archive_io import export_archive, import_archive

@@ -172,7 +172,7 @@ def enabled() -> bool:
 
 
 class Ingested(Protocol):
-    """An ingest's result (`rollup_assets.resources.raw_store.IngestResult`)."""
+    """An ingest's result (`rollup_assets.resources.raw_ingest.IngestResult`)."""
 
     @property
     def archive(self) -> str: ...

@@ -29,7 +29,7 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.tenancy import Scope
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import Readings, ingest
 

@@ -1,10 +1,12 @@
-"""What each commit of a source table changed, from the best evidence the table has.
+"""What each commit of a source table changed, as change detection reads it, from the best
+evidence the table has.
 
-The changed rows come from the change data feed (inserts, deletes, and both images of an
-update); for a table without CDF, or a commit too large to read row by row, from the per-file
-time statistics of the files it added and removed (an over-approximation). Commits that change no
-row (compaction, vacuum, checkpoints) are skipped, and so are retention deletes (old rows dropped
-on purpose, which the rollups keep).
+The changed rows come from the change data feed, read as every reader of it reads it
+(`commit_changes`: inserts, deletes, and both images of an update), here only their keys; for
+a table without CDF, or a commit too large to read row by row, from the per-file time
+statistics of the files it added and removed (an over-approximation). Commits that change no
+row (compaction, vacuum, checkpoints) are skipped, and so are retention deletes (old rows
+dropped on purpose, which the rollups keep).
 """
 
 import json
@@ -16,17 +18,18 @@ import pyarrow as pa
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.jobs import ChangeSource
-from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
-from rollup_assets.model.specs import RollupSpec, SourceSpec
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec, SourceSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.delta_tables import (
-    commit_info,
-    open_table,
-    read_commit,
+from rollup_assets.resources.commit_changes import (
+    change_file_rows,
+    read_source_commit,
+    rows_changed_by,
 )
-from rollup_assets.resources.raw_columns import formula_changed
+from rollup_assets.resources.delta_tables import open_table
 from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.raw_tables import RawTables
 from rollup_assets.resources.rollup_store import RollupStore
+from rollup_assets.resources.schemas import archive_data_schema
 
 
 @dataclass
@@ -93,45 +96,33 @@ class ChangeFeed:
 
 
 def read_changes(
-    raw: RawStore, spec: SourceSpec, version: int, max_cdf_rows: int
+    raw: RawTables, spec: SourceSpec, version: int, max_cdf_rows: int
 ) -> Changes | None:
     """What commit `version` of a source table changed, or None for a commit without data change."""
-    actions = read_commit(raw.uri(spec), version, raw.options)
-    info = commit_info(actions)
-    at = info.get("timestamp")
-    committed_at = None if at is None else datetime.fromtimestamp(int(at) / 1000, tz=UTC)
-    if not is_data_change(info, writes_change_files=any("cdc" in a for a in actions)):
+    commit = read_source_commit(raw, spec, version)
+    if not commit.changes_rows:
         return None
-    if info.get(OPERATION_KEY) == Operation.COLUMNS:
+    committed_at = commit.committed_at
+    if commit.switches_columns:
         # The table switched to new formulas: no row is an insert or a delete, but every value
         # of a re-formulated column changed (an added or removed column changes no rollup).
-        column = formula_changed(info)
+        column = commit.formula_of
         return (
             None
             if column is None
             else Changes(version, None, formula_of=column, committed_at=committed_at)
         )
-    data = [a for a in actions if any(k in a for k in ("add", "remove", "cdc"))]
-    data = [a for a in data if next(iter(a.values())).get("dataChange", True) or "cdc" in a]
+    data = commit.data_files
     if not data:
         return None
-    source = info.get("rollups.change_source")
-    change_source = (
-        ChangeSource(source)
-        if isinstance(source, str) and source in ChangeSource._value2member_map_
-        else None
-    )
+    change_source = commit.change_source
     time_col = spec.time_column
-    cdc = [a["cdc"] for a in data if "cdc" in a]
+    cdc = commit.change_files
     # The rows the change feed holds for this commit: its change files' rows when it has them
     # (a MERGE that rewrote whole files changed only those), otherwise the files it added and
     # removed (every row of which is an insert or a delete).
     try:
-        estimate = (
-            raw.change_file_rows(spec, cdc)
-            if cdc
-            else sum(_num_records(next(iter(a.values()))) for a in data)
-        )
+        estimate = change_file_rows(raw, spec, cdc) if cdc else sum(map(_num_records, data))
     except FileNotFoundError:  # change files vacuumed: the file statistics still tell
         estimate = max_cdf_rows + 1
     table = raw.table(spec)
@@ -139,19 +130,20 @@ def read_changes(
         table is not None
         and table.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
     )
-    if cdf and table is not None and estimate <= max_cdf_rows:
-        reader = table.load_cdf(
-            starting_version=version, ending_version=version, columns=["entity_id", time_col]
-        )
-        rows = pa.table(reader).select(["entity_id", time_col]).rename_columns(["entity_id", "ts"])
-        rows = rows.cast(pa.schema([("entity_id", pa.string()), ("ts", TS)]))
+    if cdf and estimate <= max_cdf_rows:
+        stored = archive_data_schema(spec)
+        keys = pa.schema([stored.field(ENTITY_COLUMN), stored.field(time_col)])
+        changed = [t.select(keys.names) for t in rows_changed_by(raw, spec, commit, keys)]
+        rows = pa.concat_tables(changed or [keys.empty_table()])
+        rows = rows.rename_columns([ENTITY_COLUMN, "ts"])
+        rows = rows.cast(pa.schema([(ENTITY_COLUMN, pa.string()), ("ts", TS)]))
         return Changes(version, change_source, rows=rows, committed_at=committed_at)
-    ranges = [_file_range(raw, spec, version, next(iter(a.values())), time_col) for a in data]
+    ranges = [_file_range(raw, spec, version, body, time_col) for body in data]
     return Changes(version, change_source, ranges=ranges, committed_at=committed_at)
 
 
 def _file_range(
-    raw: RawStore,
+    raw: RawTables,
     spec: SourceSpec,
     version: int,
     body: dict,
@@ -182,7 +174,7 @@ def _file_range(
     )
 
 
-def _stats_before(raw: RawStore, spec: SourceSpec, version: int, path: str) -> dict:
+def _stats_before(raw: RawTables, spec: SourceSpec, version: int, path: str) -> dict:
     table = raw.table(spec, version=version - 1)
     if table is None:
         return {}

@@ -36,7 +36,7 @@ from rollup_assets.resources.checksums import (
     parquet_placeholder,
     seal_parquet,
 )
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import ingest_file

@@ -24,7 +24,7 @@ from rollup_assets.model.jobs import Job, LedgerSnapshot
 from rollup_assets.model.placement import buckets_in, held_cells
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState
-from rollup_assets.resources.raw_store import CHANGE_TYPE, ChangeFeedGone
+from rollup_assets.resources.commit_changes import CHANGE_TYPE, ChangeFeedGone
 from rollup_assets.services.engine import Engine
 
 

@@ -33,7 +33,7 @@ from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec, SourceSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
-from rollup_assets.resources import spark_ingest
+from rollup_assets.resources import spark_batches, spark_ingest
 from rollup_assets.resources.batch_sources import (
     BatchSource,
     FileSource,
@@ -41,7 +41,7 @@ from rollup_assets.resources.batch_sources import (
     TableSource,
     table_from_pandas,
 )
-from rollup_assets.resources.raw_store import IngestResult
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.services.engine import Engine
 
 
@@ -161,7 +161,7 @@ def ingest_with_spark(
     file = None
     if not isinstance(source, DataFrame):
         file = str(source).rstrip("/").rsplit("/", 1)[-1]
-        source = spark_ingest.read_file(spark, spec, source)
+        source = spark_batches.read_file(spark, spec, source)
     return spark_ingest.ingest_frame(
         engine.raw,
         spark,

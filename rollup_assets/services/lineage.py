@@ -22,8 +22,8 @@ from rollup_assets.model.errors import InvalidTimeRangeError, RowNotFoundError
 from rollup_assets.model.jobs import Job, LedgerSnapshot
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window, as_utc
+from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
 from rollup_assets.resources.delta_tables import commit_info, read_commit
-from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
 from rollup_assets.resources.rollup_store import Snapshot
 from rollup_assets.services.engine import Engine
 

@@ -31,7 +31,8 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec, SourceSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.raw_store import CHANGE_TYPE, UpsertPreview
+from rollup_assets.resources.commit_changes import CHANGE_TYPE
+from rollup_assets.resources.upsert_preview import UpsertPreview
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import writable_archive
 

@@ -54,9 +54,9 @@ from rollup_assets.model.propagation import completed_after_flip, propagation_jo
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.commit_changes import ChangeFeedGone
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.genmap import read_pointers
-from rollup_assets.resources.raw_store import ChangeFeedGone
 from rollup_assets.resources.rollup_table import Written
 from rollup_assets.services.correction import (
     DIFFERENCE,

@@ -83,7 +83,7 @@ def retain(engine: Engine, spec: SourceSpec, now: datetime) -> RetentionOutcome:
     checkpoint("retention_state", spec.name)
     # The state is the intent: a pass that dies here leaves `retained_from` ahead of the table,
     # and the next pass drops up to it. The drop records the instant in the table, so an ingest
-    # racing it conflicts and sees it (`rollup_assets.resources.raw_store`); with no day left to
+    # racing it conflicts and sees it (`rollup_assets.resources.raw_tables`); with no day left to
     # drop, a commit of its own records it.
     dropped = engine.raw.drop_days_before(spec, state.retained_from)
     if dropped.version is None:

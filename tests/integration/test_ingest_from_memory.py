@@ -23,7 +23,8 @@ from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION, IngestResult
+from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION
+from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import Readings, ingest

@@ -20,8 +20,10 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.resources.change_feed import read_changes
 from rollup_assets.resources.delta_tables import with_user_metadata
-from rollup_assets.resources.raw_store import IngestResult, RawStore
-from rollup_assets.resources.spark_ingest import ingest_frame, read_file
+from rollup_assets.resources.raw_ingest import IngestResult
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.spark_batches import read_file
+from rollup_assets.resources.spark_ingest import ingest_frame
 from rollup_assets.resources.warehouse import Warehouse
 
 ENERGY = load_catalog().raw["energy_raw"]

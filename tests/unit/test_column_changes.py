@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 import rollup_assets.resources.raw_columns as raw_columns
+import rollup_assets.resources.raw_ingest as raw_ingest
 from rollup_assets.model.errors import ColumnChangeError, RollupSourceMissingError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.change_feed import ChangeFeed, read_changes
-from rollup_assets.resources.raw_store import ChangeFeedGone
+from rollup_assets.resources.commit_changes import ChangeFeedGone
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.sensors.detection import detect
 from rollup_assets.services.columns import (
@@ -198,17 +199,16 @@ def test_an_ingest_that_missed_a_switch_upserts_again(
     started: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = engine_for(tmp_path, catalog({"x": "p * s"}))
-    store = started.raw
-    real = type(store)._ingest
+    real = raw_ingest._upsert
     calls = []
 
-    def switch_first(self, spec, path, source, **kw):
+    def switch_first(tables, spec, path, source, **kw):
         calls.append(spec.column("x").formula.text)
         if len(calls) == 1:  # the formulas change after this ingest read them
             change_column(engine, "meters", "x", ColumnAction.SET_FORMULA)
-        return real(self, spec, path, source, **kw)
+        return real(tables, spec, path, source, **kw)
 
-    monkeypatch.setattr(type(store), "_ingest", switch_first)
+    monkeypatch.setattr(raw_ingest, "_upsert", switch_first)
     late = T0 + timedelta(days=6)
     ingest(started, tmp_path, [("f", late, 3.0, 2.0)])
     assert calls == ["p / s", "p * s"]

@@ -19,7 +19,9 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import RawArchiveSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.raw_store import IngestResult, RawStore
+from rollup_assets.resources import raw_reads
+from rollup_assets.resources.raw_ingest import IngestResult
+from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.settings import DEFAULT_SPECS
 
@@ -823,15 +825,15 @@ def test_stored_operands_of_scattered_rows_read_only_their_row_groups(
     store: RawStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 40 days x 200 meters: each UTC day's file has several row groups (sorted by meter).
-    monkeypatch.setattr("rollup_assets.resources.raw_store.ROW_GROUP_ROWS", 64)
+    monkeypatch.setattr("rollup_assets.resources.raw_ingest.ROW_GROUP_ROWS", 64)
     days = [T0 + timedelta(days=d) for d in range(40)]
     rows = [energy_row(f"m{m:03d}", day, 1.0, 2.0, 230.0) for day in days for m in range(200)]
     ingest(store, write_parquet(tmp_path / "base.parquet", as_arrow(rows)))
     read: list[int] = []
-    original = RawStore._read_file
+    original = raw_reads._read_file
 
-    def counted(self: RawStore, spec, f, *args):  # type: ignore[no-untyped-def]
-        table = original(self, spec, f, *args)
+    def counted(tables, spec, f, *args):  # type: ignore[no-untyped-def]
+        table = original(tables, spec, f, *args)
         read.append(table.num_rows)
         return table
 
@@ -842,7 +844,7 @@ def test_stored_operands_of_scattered_rows_read_only_their_row_groups(
         read.append(table.num_rows)
         return table
 
-    monkeypatch.setattr(RawStore, "_read_file", counted)
+    monkeypatch.setattr(raw_reads, "_read_file", counted)
     monkeypatch.setattr(RawStore, "read_arrow", counted_whole)
     # Two late corrections on the first and last day leave voltage_v out: the computed column
     # must use the stored voltage, found by reading those two meters' row groups only.

@@ -75,7 +75,7 @@ def test_importing_changes_nothing_and_off_records_nothing() -> None:
     code = (
         "import opentelemetry.metrics as api\n"
         "from opentelemetry.sdk.metrics import MeterProvider\n"
-        "import rollup_assets.resources.ledger, rollup_assets.resources.raw_store\n"
+        "import rollup_assets.resources.ledger, rollup_assets.resources.raw_ingest\n"
         "import rollup_assets.sensors.definitions\n"
         "import rollup_assets.services.surface, rollup_assets.definitions\n"
         "from rollup_assets import metrics\n"
