@@ -58,6 +58,7 @@ from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.genmap import read_pointers
 from rollup_assets.resources.raw_store import ChangeFeedGone
 from rollup_assets.resources.rollup_table import Written
+from rollup_assets.services.comparison import CellOutcome, Recomputed, filled, recompute_cells
 from rollup_assets.services.correction import (
     DIFFERENCE,
     Correction,
@@ -66,7 +67,8 @@ from rollup_assets.services.correction import (
     shown_again,
     undone_below,
 )
-from rollup_assets.services.engine import CellOutcome, Engine, Recomputed, RunOutcome, filled
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
 # How a job computed its rows (recorded as its technique).
@@ -416,7 +418,7 @@ def _work(
             return _Work(
                 DIFFERENCE,
                 fix.reason,
-                engine.source_versions(spec),
+                engine.partials.source_versions(spec),
                 correction=fix,
                 change_rows=fix.change_rows,
                 cells_applied=fix.rows.num_rows,
@@ -435,7 +437,7 @@ def _work(
             recomputed=Recomputed(frame, None, {}),
             nothing="nothing to fold",
         )
-    result = engine.recompute(spark, spec, cells)
+    result = recompute_cells(engine, spark, spec, cells)
     reason = result.reason or "aggregated again from the source"
     if gone is not None:
         reason = f"job {gone} below was rolled back since; {reason}"
@@ -444,7 +446,7 @@ def _work(
         reason,
         result.versions,
         recomputed=result,
-        read_version=engine.read_version(spec, result.versions),
+        read_version=engine.partials.read_version(spec, result.versions),
         nothing=(
             "nothing to fill: the source holds no row in these buckets"
             if isinstance(result.rows, Fill)
