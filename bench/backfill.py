@@ -46,7 +46,7 @@ def ingest_and_backfill(bench: Bench, world: BenchWorld, dataset: Dataset) -> di
 SPARK_PHASES = (
     ("fill.py", "spark_fill_aggregate_and_write"),
     ("rollup_store.py", "spark_write_files"),
-    ("engine.py", "spark_aggregate_and_compare"),
+    ("comparison.py", "spark_aggregate_and_compare"),
     ("raw_reads.py", "spark_read_raw"),
 )
 

@@ -25,7 +25,7 @@ import psutil
 import pyarrow as pa
 
 import rollup_assets.resources.raw_reads as raw_reads_module
-import rollup_assets.services.engine as engine_module
+import rollup_assets.services.partials as partials_module
 import rollup_assets.services.surface as surface_module
 import rollup_assets.services.surface_files as surface_files_module
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
@@ -290,7 +290,7 @@ class DriverReads:
             self._record(f"{fill.source.name} (first fill tasks)", written.rows_read)
             return written
 
-        run_partials = engine_module.run_partials
+        run_partials = partials_module.run_partials
 
         def counted_run_partials(spark: object, fill: Fill, cells: pa.Table):
             rows, read = run_partials(spark, fill, cells)  # type: ignore[arg-type]
@@ -319,7 +319,7 @@ class DriverReads:
             "write_fill": write_fill,
             "run_partials": run_partials,
         }
-        engine_module.run_partials = counted_run_partials  # type: ignore[assignment]
+        partials_module.run_partials = counted_run_partials  # type: ignore[assignment]
         RollupStore.write_fill = counted_write_fill  # type: ignore[method-assign]
         surface_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
         surface_files_module.read_row_groups = counted_surface_file  # type: ignore[assignment]
@@ -337,7 +337,7 @@ class DriverReads:
             surface_module.read_row_groups = self._originals["surface"]
             surface_files_module.read_row_groups = self._originals["surface"]
             RollupStore.write_fill = self._originals["write_fill"]  # type: ignore[method-assign]
-            engine_module.run_partials = self._originals["run_partials"]
+            partials_module.run_partials = self._originals["run_partials"]
             self._originals = {}
 
     def rows_between(self, start: float, end: float) -> int:

@@ -28,9 +28,9 @@ from rollup_assets.orchestration.runs import DagsterRunGate
 from rollup_assets.orchestration.tags import RunIntent
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.services.chain import Chain
-from rollup_assets.services.engine import RunOutcome
 from rollup_assets.services.forward import run_forward
 from rollup_assets.services.recompute import run_recompute, start_job
+from rollup_assets.services.run_outcome import RunOutcome
 
 
 class RollupRunConfig(dg.Config):

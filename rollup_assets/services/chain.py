@@ -35,9 +35,10 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.services.correction import SourceChange
-from rollup_assets.services.engine import Engine, RunOutcome
+from rollup_assets.services.engine import Engine
 from rollup_assets.services.forward import run_forward
 from rollup_assets.services.recompute import run_recompute
+from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
 

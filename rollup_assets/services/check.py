@@ -47,7 +47,7 @@ def compare_with_source(
     buckets = kept
     if not buckets:
         return CheckDiff(0, 0, 0, retained=retained)
-    fresh, _ = engine.partials(spark, spec, Cells.of(buckets))
+    fresh, _ = engine.partials.on_spark(spark, spec, Cells.of(buckets))
     stored = engine.rollups.read_spark(spark, spec, buckets)
     diff = diff_partials(fresh, stored, spec)
     return CheckDiff(len(buckets), diff.rows, diff.differing, diff.examples, retained)

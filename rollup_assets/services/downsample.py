@@ -51,7 +51,7 @@ from rollup_assets.model.query_aggregations import (
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.steps import check_step_range, step_spec
 from rollup_assets.model.windows import EPOCH, Window, as_utc, span
-from rollup_assets.services.engine import QUERY_DRIVER_ROWS, Engine
+from rollup_assets.services.engine import Engine
 from rollup_assets.services.realtime import partial_schema, realtime_partials, stored_partials
 from rollup_assets.services.source_query import (
     SourceQuery,
@@ -62,6 +62,11 @@ from rollup_assets.services.source_query import (
 )
 
 GROUP_BY = ("entity", "all")
+# A downsampling query over a raw or time-range archive aggregates its rows on the driver with
+# Arrow when the files its range may read hold at most this many rows (by their statistics), and
+# on Spark above: the same trade as the forward lane's (`services.forward.DRIVER_SOURCE_ROWS`),
+# for a read that writes nothing.
+QUERY_DRIVER_ROWS = 2_000_000
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,15 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.services.engine import DRIVER_SOURCE_ROWS, Engine, RunOutcome
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
+# The forward lane aggregates its buckets (every entity) on the driver when the source files they
+# may draw from hold at most this many rows (by the files' statistics): the open buckets and the
+# few that just closed, where a Spark job would cost more than its data. A lane that closes a
+# long stretch at once (after a pause) runs on Spark.
+DRIVER_SOURCE_ROWS = 2_000_000
 
 
 def run_forward(
@@ -125,7 +131,7 @@ def run_forward(
         if progress is not None:
             progress(spec.name, 0, len(buckets))
         cells = Cells.of(buckets)
-        bound = engine.source_rows_at_most(spec, cells)
+        bound = engine.partials.source_rows_at_most(spec, cells)
         on_driver = bound is not None and bound <= DRIVER_SOURCE_ROWS
         plan = (
             f"aggregated on the driver: its source files hold {bound:,} rows"
@@ -136,9 +142,9 @@ def run_forward(
         )
         say(f"{spec.name}: forward {plan}")
         frame, versions = (
-            engine.driver_partials(spec, cells)
+            engine.partials.on_driver(spec, cells)
             if on_driver
-            else engine.partials(spark, spec, cells)
+            else engine.partials.on_spark(spark, spec, cells)
         )
         written = engine.rollups.write_rows(
             frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
@@ -180,7 +186,7 @@ def run_forward(
         plan=plan,
         source_archive=src[0],
         source_version=src[1],
-        read_version=engine.read_version(spec, versions),
+        read_version=engine.partials.read_version(spec, versions),
     )
     propagated = propagation_jobs(engine.catalog, spec, Cells.of(buckets), version, states)
     engine.ledger.record([done, *propagated])

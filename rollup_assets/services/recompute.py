@@ -1,12 +1,12 @@
 """The recompute lane: the optimistic atomic swap.
 
-1. Running:  claim a new generation N and compute the job's rows: a correction's difference
-             rows, made from its source changes without reading the cells it corrects
-             (`services.correction`); a fold's (maintenance) rewrite of its buckets from their
-             visible rows; otherwise its cells aggregated again from their source and compared
-             with the stored ones: unchanged cells are left as they are (not written, not
-             flipped, not propagated; a job where nothing changed completes here). The rows are
-             written and committed (still invisible).
+1. Running:  claim a new generation N and compute the job's rows (`services.recompute_work`):
+             a correction's difference rows, made from its source changes without reading the
+             cells it corrects (`services.correction`); a fold's (maintenance) rewrite of its
+             buckets from their visible rows; otherwise its cells aggregated again from their
+             source and compared with the stored ones: unchanged cells are left as they are (not
+             written, not flipped, not propagated; a job where nothing changed completes here).
+             The rows are written and committed (still invisible).
 2. Swapping: re-check that the rollup is still activated and the job still ours, then flip the
              pointers to N in one commit - the moment readers switch (a difference flip for a
              correction's cells, a base flip otherwise). The flip is fenced: it commits only if
@@ -24,15 +24,16 @@ A recompute never touches buckets at or past the watermark (the forward lane own
 open bucket included), and buckets whose end lies in the frozen range stay pending.
 
 A job that fails (any exception, or Dagster stopping the run) is recorded Failed and its work is
-queued again as its next attempt, after a backoff (`Engine.retry`); after the last attempt it
-ends Failed for good, which health and `rollups status` show. A job a rewind stopped is queued
-again for its part before the rewind point (the forward lane aggregates the rest again).
+queued again as its next attempt, after a backoff (`Engine.retry`; `services.job_failure`); after
+the last attempt it ends Failed for good, which health and `rollups status` show. A job a rewind
+stopped is queued again for its part before the rewind point (the forward lane aggregates the
+rest again).
 """
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
@@ -42,7 +43,6 @@ from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import (
     ArchiveNotActivatedError,
-    FenceMovedError,
     RecomputeAbortedError,
     RollupsError,
 )
@@ -50,28 +50,18 @@ from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.placement import buckets_in, cells_of, place
 from rollup_assets.model.progress import Progress
-from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
+from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
-from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.commit_changes import ChangeFeedGone
-from rollup_assets.resources.fill import Fill
+from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import read_pointers
-from rollup_assets.resources.rollup_table import Written
-from rollup_assets.services.correction import (
-    DIFFERENCE,
-    Correction,
-    SourceChange,
-    correct,
-    shown_again,
-    undone_below,
-)
-from rollup_assets.services.engine import CellOutcome, Engine, Recomputed, RunOutcome, filled
+from rollup_assets.services.correction import SourceChange, shown_again
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.job_failure import failure_reason, permanent_failure, record_failure
+from rollup_assets.services.recompute_work import compute_work, write_work
+from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
-# How a job computed its rows (recorded as its technique).
-RECOMPUTE = "recompute"
-FOLD = "fold"
 
 
 def describe_cells(cells: Cells) -> str:
@@ -215,10 +205,12 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
-        work = _work(engine, spark, spec, running, cells, below, say)
+        work = compute_work(engine, spark, spec, running, cells, below, say)
         say(f"{spec.name}: {work.technique}: {work.reason}")
         try:
-            written, found = _write(engine, spark, spec, work, generation, running, run_id, cells)
+            written, found = write_work(
+                engine, spark, spec, work, generation, running, run_id, cells
+            )
         finally:
             work.release()
         changed = found.cells
@@ -341,7 +333,9 @@ def run_recompute(
     except BaseException as exc:
         metrics.failed("recompute", exc)
         # Dagster stops a run with a BaseException: the job must not stay Running behind it.
-        record_failure(engine, spec, job.job_id, _reason(exc), permanent=_permanent(exc))
+        record_failure(
+            engine, spec, job.job_id, failure_reason(exc), permanent=permanent_failure(exc)
+        )
         raise
 
 
@@ -372,163 +366,6 @@ def _carry_up(engine: Engine, spec: RollupSpec, job: Job, dropped: list[Window])
     )
 
 
-@dataclass
-class _Work:
-    """What a job computes: difference rows (a correction), or partials aggregated from the
-    source (a table on the driver, a Spark frame, or a first fill written as it aggregates)."""
-
-    technique: str
-    reason: str
-    versions: dict[str, int]
-    correction: Correction | None = None
-    recomputed: Recomputed | None = None
-    change_rows: int = 0
-    cells_applied: int = 0
-    read_version: int | None = None
-    nothing: str = "nothing changed: every recomputed cell equals the stored one"
-
-    def release(self) -> None:
-        if self.recomputed is not None:
-            self.recomputed.release()
-
-
-def _work(
-    engine: Engine,
-    spark: SparkSession,
-    spec: RollupSpec,
-    job: Job,
-    cells: Cells,
-    below: SourceChange | None,
-    say: Callable[[str], None],
-) -> _Work:
-    """The job's rows: a correction's differences when it is one and the change feed still
-    holds its changes; a fold's rows (maintenance: the cells' visible state, rewritten whole);
-    otherwise the cells aggregated again from their source."""
-    gone = undone_below(engine, spec, job) if job.corrects else None
-    if gone is not None:
-        say(
-            f"{spec.name}: job {gone} below, whose change this correction carries, was rolled "
-            "back since: its cells are aggregated again from the level below"
-        )
-    if job.corrects and gone is None:
-        try:
-            fix = correct(engine, spec, job, cells, below)
-            return _Work(
-                DIFFERENCE,
-                fix.reason,
-                engine.source_versions(spec),
-                correction=fix,
-                change_rows=fix.change_rows,
-                cells_applied=fix.rows.num_rows,
-                nothing="nothing changed: every change was held already or changed no value",
-            )
-        except ChangeFeedGone as gone:
-            say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
-    if job.trigger is Trigger.MAINTENANCE:
-        spans = merge_windows(list(cells.windows))
-        frame = engine.rollups.read_spark(spark, spec, spans, cells.entities)
-        return _Work(
-            FOLD,
-            f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
-            "differences and cell pointers folded)",
-            {},
-            recomputed=Recomputed(frame, None, {}),
-            nothing="nothing to fold",
-        )
-    result = engine.recompute(spark, spec, cells)
-    reason = result.reason or "aggregated again from the source"
-    if gone is not None:
-        reason = f"job {gone} below was rolled back since; {reason}"
-    return _Work(
-        RECOMPUTE,
-        reason,
-        result.versions,
-        recomputed=result,
-        read_version=engine.read_version(spec, result.versions),
-        nothing=(
-            "nothing to fill: the source holds no row in these buckets"
-            if isinstance(result.rows, Fill)
-            else "nothing changed: every recomputed cell equals the stored one"
-        ),
-    )
-
-
-def _write(
-    engine: Engine,
-    spark: SparkSession,
-    spec: RollupSpec,
-    work: _Work,
-    generation: int,
-    job: Job,
-    run_id: str,
-    cells: Cells,
-) -> tuple[Written, CellOutcome]:
-    """Write the job's rows (nothing committed yet): what was written and which cells change."""
-    stamp = {
-        "generation": generation,
-        "job_id": job.job_id,
-        "run_id": run_id,
-        "source_versions": work.versions,
-    }
-    if work.correction is not None:
-        fix = work.correction
-        found = CellOutcome(fix.changed, fix.rows.num_rows, 0, 0)  # a difference row per cell
-        if not fix.changed:
-            return Written([], 0), found
-        return engine.rollups.write_rows(fix.rows, spec, **stamp), found  # type: ignore[arg-type]
-    result = work.recomputed
-    assert result is not None
-    if isinstance(result.rows, Fill):
-        # A first fill is aggregated as it is written; what it wrote is what changed.
-        written = engine.rollups.write_fill(spark, result.rows, **stamp)  # type: ignore[arg-type]
-        return written, filled(cells, written.counts)
-    if result.found is None:  # a fold: every cell of its buckets is rewritten whole
-        written = engine.rollups.write_rows(result.rows, spec, **stamp)  # type: ignore[arg-type]
-        return written, CellOutcome(Cells.of(cells.windows), written.rows, 0, 0)
-    found = result.found
-    if not found.cells:
-        return Written([], 0), found
-    return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
-
-
-def record_failure(
-    engine: Engine, spec: RollupSpec, job_id: str, reason: str, *, permanent: bool = False
-) -> None:
-    """End job `job_id` Failed with `reason` and queue its work again as its next attempt
-    (`Job.fail`; not for a `permanent` failure): only its buckets that still end by the
-    watermark (a rewind gave the rest to the forward lane). A job whose flip landed before the
-    failure is completed instead, queuing the levels above as its completion would have. A
-    job someone else ended already (a disable queued its work again, a delete dropped it) is
-    left as it is."""
-    current = engine.ledger.job(job_id)
-    if current is None or current.state.terminal:
-        return
-    if current.state is JobState.SWAPPING and job_id in engine.rollups.flipped_jobs(spec):
-        why = f"completed after its flip, though its run then failed: {reason}"
-        at = engine.rollups.committed_by(spec, job_id, Operation.FLIP) if current.corrects else None
-        engine.ledger.record(
-            completed_after_flip(
-                engine.catalog, spec, current, engine.states.all(), why, flipped_at=at
-            )
-        )
-        return
-    mark = engine.states.get(spec.name).watermark
-    kept = tuple(w for w in current.windows if mark is not None and w.end <= mark)
-    again = None if kept == current.windows else kept
-    engine.ledger.record(
-        current.fail(reason, policy=engine.retry, windows=again, permanent=permanent)
-    )
-
-
-def _permanent(exc: BaseException) -> bool:
-    """Can no retry mend this failure? The project's own refusals (work over raw rows retention
-    removed, a changed spec, a rollup not activated) cannot, except a lost race (the fence moved,
-    the job was stopped before its flip), which the next attempt wins."""
-    return isinstance(exc, RollupsError) and not isinstance(
-        exc, FenceMovedError | RecomputeAbortedError
-    )
-
-
 def _check_still_ours(engine: Engine, spec: RollupSpec, job: Job) -> None:
     """Before the flip: a disable/delete may have failed this job meanwhile; then stop."""
     state = engine.states.get(spec.name)
@@ -547,8 +384,3 @@ def _check_still_ours(engine: Engine, spec: RollupSpec, job: Job) -> None:
             f"job {job.job_id} was ended ({current.state.value}: {current.error}); "
             "nothing was flipped"
         )
-
-
-def _reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 500 else text[:497] + "..."

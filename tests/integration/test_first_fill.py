@@ -60,14 +60,14 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
     # The same cells aggregated by Spark (the general path), value for value, NaN included.
     spec = world.catalog.rollup(HOURLY)
     buckets = buckets_in(spec, day_spans(SPANS))
-    fresh, _ = world.engine.partials(spark, spec, Cells.of(buckets))
+    fresh, _ = world.engine.partials.on_spark(spark, spec, Cells.of(buckets))
     want = sorted_like(got, pa.Table.from_pandas(fresh.toPandas(), preserve_index=False))
     assert_same_partials(got, want)
 
     # On the driver, for every entity of some buckets and one entity of the others, alike.
     entity = got["entity_id"][0].as_py()
     mixed = Cells(tuple((w, None if i % 2 else frozenset({entity})) for i, w in enumerate(buckets)))
-    here, _ = world.engine.driver_partials(spec, mixed)
+    here, _ = world.engine.partials.on_driver(spec, mixed)
     every = {w.start for w, scope in mixed if scope is None}
     keep = pc.or_(
         pc.is_in(want["bucket_start"], pa.array(sorted(every), want["bucket_start"].type)),
@@ -80,7 +80,7 @@ def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) 
     other = got["entity_id"][got.num_rows - 1].as_py()
     pairs = [(w, entity) for w in buckets[::2]] + [(w, other) for w in buckets[::3]]
     named = Cells.from_pairs(pairs)
-    tasks, versions = world.engine._partials_in_tasks(spark, spec, named, None, None)
+    tasks, versions = world.engine.partials.in_tasks(spark, spec, named, None, None)
     assert versions == {
         "energy_raw": world.engine.raw.table(world.catalog.archive("energy_raw")).version()
     }

@@ -643,6 +643,8 @@ class Rollups(RuleBasedStateMachine):
                 raise Killed(point)
 
         # The process dies at the point: no handler of its runs, none of the drain's, runs.
+        # (`run_recompute` calls `services.job_failure.record_failure` by the name its module
+        # imported, so that name is the one replaced.)
         original = recompute.record_failure
         recompute.record_failure = lambda *a, **k: None  # type: ignore[assignment]
         try:

@@ -1,0 +1,153 @@
+"""What a recompute job computes and writes (`services.recompute` runs it).
+
+A correction's difference rows, made from its source changes without reading the cells it
+corrects (`services.correction`), while the change feed still holds them; a fold's (maintenance)
+rewrite of its buckets whole from their visible rows; otherwise its cells aggregated again from
+their source and compared with the stored ones (`services.comparison`). The rows are written
+and not committed: the lane commits and flips them.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.jobs import Job, Trigger
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import merge_windows
+from rollup_assets.resources.commit_changes import ChangeFeedGone
+from rollup_assets.resources.fill import Fill
+from rollup_assets.resources.rollup_table import Written
+from rollup_assets.services.comparison import CellOutcome, Recomputed, filled, recompute_cells
+from rollup_assets.services.correction import (
+    DIFFERENCE,
+    Correction,
+    SourceChange,
+    correct,
+    undone_below,
+)
+from rollup_assets.services.engine import Engine
+
+# How a job computed its rows (recorded as its technique).
+RECOMPUTE = "recompute"
+FOLD = "fold"
+
+
+@dataclass
+class Work:
+    """What a job computes: difference rows (a correction), or partials aggregated from the
+    source (a table on the driver, a Spark frame, or a first fill written as it aggregates)."""
+
+    technique: str
+    reason: str
+    versions: dict[str, int]
+    correction: Correction | None = None
+    recomputed: Recomputed | None = None
+    change_rows: int = 0
+    cells_applied: int = 0
+    read_version: int | None = None
+    nothing: str = "nothing changed: every recomputed cell equals the stored one"
+
+    def release(self) -> None:
+        if self.recomputed is not None:
+            self.recomputed.release()
+
+
+def compute_work(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    job: Job,
+    cells: Cells,
+    below: SourceChange | None,
+    say: Callable[[str], None],
+) -> Work:
+    """The job's rows: a correction's differences when it is one and the change feed still
+    holds its changes; a fold's rows (maintenance: the cells' visible state, rewritten whole);
+    otherwise the cells aggregated again from their source."""
+    gone = undone_below(engine, spec, job) if job.corrects else None
+    if gone is not None:
+        say(
+            f"{spec.name}: job {gone} below, whose change this correction carries, was rolled "
+            "back since: its cells are aggregated again from the level below"
+        )
+    if job.corrects and gone is None:
+        try:
+            fix = correct(engine, spec, job, cells, below)
+            return Work(
+                DIFFERENCE,
+                fix.reason,
+                engine.partials.source_versions(spec),
+                correction=fix,
+                change_rows=fix.change_rows,
+                cells_applied=fix.rows.num_rows,
+                nothing="nothing changed: every change was held already or changed no value",
+            )
+        except ChangeFeedGone as gone:
+            say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
+    if job.trigger is Trigger.MAINTENANCE:
+        spans = merge_windows(list(cells.windows))
+        frame = engine.rollups.read_spark(spark, spec, spans, cells.entities)
+        return Work(
+            FOLD,
+            f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
+            "differences and cell pointers folded)",
+            {},
+            recomputed=Recomputed(frame, None, {}),
+            nothing="nothing to fold",
+        )
+    result = recompute_cells(engine, spark, spec, cells)
+    reason = result.reason or "aggregated again from the source"
+    if gone is not None:
+        reason = f"job {gone} below was rolled back since; {reason}"
+    return Work(
+        RECOMPUTE,
+        reason,
+        result.versions,
+        recomputed=result,
+        read_version=engine.partials.read_version(spec, result.versions),
+        nothing=(
+            "nothing to fill: the source holds no row in these buckets"
+            if isinstance(result.rows, Fill)
+            else "nothing changed: every recomputed cell equals the stored one"
+        ),
+    )
+
+
+def write_work(
+    engine: Engine,
+    spark: SparkSession,
+    spec: RollupSpec,
+    work: Work,
+    generation: int,
+    job: Job,
+    run_id: str,
+    cells: Cells,
+) -> tuple[Written, CellOutcome]:
+    """Write the job's rows (nothing committed yet): what was written and which cells change."""
+    stamp = {
+        "generation": generation,
+        "job_id": job.job_id,
+        "run_id": run_id,
+        "source_versions": work.versions,
+    }
+    if work.correction is not None:
+        fix = work.correction
+        found = CellOutcome(fix.changed, fix.rows.num_rows, 0, 0)  # a difference row per cell
+        if not fix.changed:
+            return Written([], 0), found
+        return engine.rollups.write_rows(fix.rows, spec, **stamp), found  # type: ignore[arg-type]
+    result = work.recomputed
+    assert result is not None
+    if isinstance(result.rows, Fill):
+        # A first fill is aggregated as it is written; what it wrote is what changed.
+        written = engine.rollups.write_fill(spark, result.rows, **stamp)  # type: ignore[arg-type]
+        return written, filled(cells, written.counts)
+    if result.found is None:  # a fold: every cell of its buckets is rewritten whole
+        written = engine.rollups.write_rows(result.rows, spec, **stamp)  # type: ignore[arg-type]
+        return written, CellOutcome(Cells.of(cells.windows), written.rows, 0, 0)
+    found = result.found
+    if not found.cells:
+        return Written([], 0), found
+    return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
