@@ -18,10 +18,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from rollup_assets.compute.arrow_partials import logical_arrow
-from rollup_assets.compute.folding import DELTA, ENTERING, Unknowable, difference_rows, fold_cell
+from rollup_assets.compute.folding import ENTERING, Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.dirty import dirty_before, dirty_cells, lifted_cells
+from rollup_assets.model.partials import CELL_COLUMNS, DELTA_COLUMN
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec, SourceSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
@@ -165,7 +166,7 @@ def _level(
         key = (d[ENTITY_COLUMN], d["bucket_start"])
         w = Window(d["bucket_start"], d["bucket_end"])
         old = by_cell.get(key)
-        diff = [{**d, DELTA: True}]
+        diff = [{**d, DELTA_COLUMN: True}]
         refill = False
         try:
             new = fold_cell(old, diff, spec)
@@ -206,6 +207,4 @@ def _values(row: dict | None, spec: RollupSpec) -> dict[str, object] | None:
     if row is None:
         return None
     logical = logical_arrow(pa.Table.from_pylist([row]), spec).to_pylist()[0]
-    return {
-        k: v for k, v in logical.items() if k not in ("entity_id", "bucket_start", "bucket_end")
-    }
+    return {k: v for k, v in logical.items() if k not in CELL_COLUMNS}
