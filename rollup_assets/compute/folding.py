@@ -177,14 +177,15 @@ class ColumnFold:
 @dataclass(frozen=True)
 class FoldPlan:
     """Per rollup spec, worked out once for all the cells one fold folds: per aggregated
-    column what folding it touches (the first one's counts the cell's source rows too), and
-    the columns only difference rows hold."""
+    column what folding it touches, and the columns only difference rows hold."""
 
     columns: tuple[ColumnFold, ...]
     differences: frozenset[str]
 
     @property
     def lead(self) -> ColumnFold:
+        """The first aggregated column: its values entering and leaving a cell (nulls
+        included) count the cell's source rows."""
         return self.columns[0]
 
     @classmethod

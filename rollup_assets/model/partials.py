@@ -55,8 +55,8 @@ WRITTEN_BY = ("run_id", "job_id", "source_versions")
 DELTA_COLUMN = "delta"
 
 # How each kind of base companion merges (cells below into the bucket above, a difference into
-# its cell): a minimum's (`lo`) and a maximum's (`hi`) spare extremes as an `ExtremeState`
-# (the value: is it the largest kept), the others (`SumState`'s) add up.
+# its cell): the spare extremes of a minimum (`lo`) and of a maximum (`hi`: the largest values,
+# True here) as an `ExtremeState`; every other kind (`SumState`'s) adds up.
 EXTREMES: dict[str, bool] = {"lo": False, "hi": True}
 ADDED_KINDS = BASE_KINDS - EXTREMES.keys()
 # The special values a sum counts apart from its finite total (`SumState`'s fields).
