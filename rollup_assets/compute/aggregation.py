@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from rollup_assets.model.aggregates import BASE_KINDS, Companion, StoredColumn
 from rollup_assets.model.column_types import ColumnType
-from rollup_assets.model.partials import SPARES
+from rollup_assets.model.partials import ADDED_KINDS, EXTREMES, RAW_ROWS, SPARES, SPECIAL_KINDS
 from rollup_assets.model.specs import ENTITY_COLUMN, Alignment, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import EPOCH
 
@@ -35,8 +35,6 @@ SPARK_TYPES: dict[ColumnType, T.DataType] = {
 }
 # The count of source rows behind each partial row (dropped before rows are written).
 SOURCE_ROWS = "__source_rows"
-# The count of raw rows behind a cell (stored: a cell whose rows all left has no row).
-RAW_ROWS = "raw_rows"
 _TRUNC_UNIT = {
     Alignment.CALENDAR_DAY: "DAY",
     Alignment.ISO8601_WEEK: "WEEK",  # Spark's WEEK truncates to Monday, as ISO 8601 does
@@ -168,11 +166,13 @@ def _companion_expr(c: Companion, source: ArchiveSpec) -> tuple[Column, list[Col
     name = c.name
     if isinstance(source, RollupSpec):
         below = F.col(name)
-        if c.kind in ("n", "total", "nan", "pinf", "ninf"):
+        if c.kind in ADDED_KINDS:
             zero = F.lit(0.0) if c.type is ColumnType.DOUBLE else F.lit(0)
             agg = F.coalesce(F.sum(below), zero).cast(SPARK_TYPES[c.type]).alias(name)
             return agg, [], F.col(name)
-        return _merged_extreme(c)
+        count = source.companion(c.column, "n")
+        assert count is not None, f"'{source.name}' keeps no count of {c.column}"
+        return _merged_extreme(c, count)
     col = F.col(c.column)
     kind = c.kind
     if kind == "n":
@@ -183,7 +183,7 @@ def _companion_expr(c: Companion, source: ArchiveSpec) -> tuple[Column, list[Col
         else:
             agg = F.coalesce(F.sum(col), F.lit(0))
         return agg.cast(SPARK_TYPES[c.type]).alias(name), [], F.col(name)
-    if kind in ("nan", "pinf", "ninf"):
+    if kind in SPECIAL_KINDS:
         test = {
             "nan": F.isnan(col),
             "pinf": col == F.lit(_INF),
@@ -191,22 +191,24 @@ def _companion_expr(c: Companion, source: ArchiveSpec) -> tuple[Column, list[Col
         }[kind]
         return F.count(F.when(test, 1)).cast("long").alias(name), [], F.col(name)
     values = F.collect_list(col)
-    ordered = F.array_sort(values) if kind == "lo" else F.sort_array(values, asc=False)
+    ordered = F.sort_array(values, asc=False) if EXTREMES[kind] else F.array_sort(values)
     return F.slice(ordered, 1, SPARES).alias(name), [], F.col(name)
 
 
-def _merged_extreme(c: Companion) -> tuple[Column, list[Column], Column]:
-    """The smallest (`lo`) or largest (`hi`) values of a bucket above from the lists below:
-    every value up to the first end of an incomplete list below (values past it are not
-    known), none when a list below is exhausted (`model.partials.ExtremeState.merge`)."""
+def _merged_extreme(c: Companion, count: str) -> tuple[Column, list[Column], Column]:
+    """The smallest (`lo`) or largest (`hi`) values of a bucket above from the lists below
+    (and their cells' counts of values, in `count`): every value up to the first end of an
+    incomplete list below (values past it are not known), none when a list below is exhausted
+    (`model.partials.ExtremeState.merge`)."""
     name = c.name
-    lists, counts = F.col(name), F.col(f"{c.column}__n")
+    largest = EXTREMES[c.kind]
+    lists, counts = F.col(name), F.col(count)
     incomplete = F.size(lists) < counts
     end = F.when(incomplete & (F.size(lists) > 0), F.element_at(lists, -1))
     bound = f"{name}__bound"
     exhausted = f"{name}__exhausted"
     helpers = [
-        (F.min(end) if c.kind == "lo" else F.max(end)).alias(bound),
+        (F.max(end) if largest else F.min(end)).alias(bound),
         F.max(F.when(incomplete & (F.size(lists) == 0), F.lit(1)).otherwise(F.lit(0))).alias(
             exhausted
         ),
@@ -214,11 +216,9 @@ def _merged_extreme(c: Companion) -> tuple[Column, list[Column], Column]:
     agg = F.flatten(F.collect_list(lists)).alias(name)
     known = F.filter(
         F.col(name),
-        lambda x: (
-            F.col(bound).isNull() | ((x <= F.col(bound)) if c.kind == "lo" else (x >= F.col(bound)))
-        ),
+        lambda x: F.col(bound).isNull() | ((x >= F.col(bound)) if largest else (x <= F.col(bound))),
     )
-    ordered = F.array_sort(known) if c.kind == "lo" else F.sort_array(known, asc=False)
+    ordered = F.sort_array(known, asc=False) if largest else F.array_sort(known)
     final = F.when(F.col(exhausted) == 1, F.slice(ordered, 1, 0)).otherwise(
         F.slice(ordered, 1, SPARES)
     )

@@ -21,19 +21,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.arrow_types import ARROW_TYPES, TS
 from rollup_assets.model.aggregates import BASE_KINDS, AggregateFunction, Companion
 from rollup_assets.model.column_types import ColumnType
-from rollup_assets.model.partials import SPARES
+from rollup_assets.model.partials import EXTREMES, RAW_ROWS, SPARES
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import Window, micros
 
-ARROW_TYPES = {
-    ColumnType.DOUBLE: pa.float64(),
-    ColumnType.LONG: pa.int64(),
-    ColumnType.INT: pa.int32(),
-}
 # A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
@@ -153,17 +148,19 @@ def companions_arrow(
     """The `companions` of each of `cells` (entity_id, bucket_start; in that order) from the
     `rows` placed in them (`index`: each row's cell, when known): over a raw source from their
     values, over a rollup source (`merged`) from the companions of the rows below
-    (`model.partials`)."""
+    (`model.partials`; the spare extremes of a column merge by its count of values, among
+    `companions`)."""
     if index is None:
         index = _cell_index(rows, cells)
     out: dict[str, pa.ChunkedArray] = {}
     n_cells = cells.num_rows
+    count_of = {c.column: c.name for c in companions if c.kind == "n"}
     for c in companions:
-        if c.kind in ("lo", "hi"):
-            largest = c.kind == "hi"
+        if c.kind in EXTREMES:
+            largest = EXTREMES[c.kind]
             if merged:
                 lists = rows[c.name]
-                counts = rows[f"{c.column}__n"].to_numpy(zero_copy_only=False)
+                counts = rows[count_of[c.column]].to_numpy(zero_copy_only=False)
                 out[c.name] = _merged_extremes(lists, counts, index, n_cells, largest)
             else:
                 values = rows[c.column]

@@ -2,11 +2,12 @@
 small job's rows on the driver).
 
 The asset check compares with a tolerance for float sums (`diff_partials`); a recompute decides
-what it writes by `cell_changes`: a cell is unchanged when its fresh partials and their
-companions (`model.aggregates.Companion`: what a later correction applies its differences to) equal
-the stored ones exactly (NaN equal to NaN), except that floating-point values may differ by
-rounding (`ROUNDING`, relative): the same values summed in another order (Spark's, Arrow's, a
-difference applied to a stored sum) are not a change to write and carry up the chain.
+what it writes by `cell_changes`: a cell is unchanged when its state (its partials, the count
+of its source rows and the companions a later correction applies its differences to:
+`model.partials.state_columns`) equals the stored one exactly (NaN equal to NaN), except that
+floating-point values may differ by rounding (`ROUNDING`, relative): the same values summed in
+another order (Spark's, Arrow's, a difference applied to a stored sum) are not a change to
+write and carry up the chain.
 """
 
 import functools
@@ -19,9 +20,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.model.aggregates import BASE_KINDS
 from rollup_assets.model.cells import ROUNDING
 from rollup_assets.model.column_types import ColumnType
+from rollup_assets.model.partials import state_columns
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc
 
@@ -44,24 +45,6 @@ def _same(a: Column, b: Column, ctype: ColumnType) -> Column:
 
 
 CHANGED = "__changed"
-RAW_ROWS = "raw_rows"
-
-
-@dataclass(frozen=True)
-class Compared:
-    """A column a recompute compares: its name, its type, and whether it holds a list."""
-
-    name: str
-    type: ColumnType
-    listed: bool = False
-
-
-def compared_columns(spec: RollupSpec) -> list[Compared]:
-    """The partials, the count of source rows and the base companions of `spec`'s rows."""
-    out = [Compared(sc.name, sc.type) for sc in spec.stored_columns]
-    out.append(Compared(RAW_ROWS, ColumnType.LONG))
-    out += [Compared(c.name, c.type, c.listed) for c in spec.companions if c.kind in BASE_KINDS]
-    return out
 
 
 def _unchanged(a: Column, b: Column, ctype: ColumnType) -> Column:
@@ -77,7 +60,7 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
     """Every cell (entity_id, bucket_start) of `fresh` or `stored`, with `CHANGED`: do the
     partials differ, or does only one side have a row? Other columns of `fresh` (such as the
     count of source rows behind it) are kept, null for a cell only `stored` has."""
-    compared = compared_columns(spec)
+    compared = state_columns(spec)
     names = [c.name for c in compared]
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
@@ -100,7 +83,7 @@ def cell_changes(fresh: DataFrame, stored: DataFrame, spec: RollupSpec) -> DataF
 def all_new(fresh: DataFrame, spec: RollupSpec) -> DataFrame:
     """`cell_changes` when nothing is stored for any cell of `fresh`: every cell is a change
     (it appears), with the same columns, and no join."""
-    names = {c.name for c in compared_columns(spec)}
+    names = {c.name for c in state_columns(spec)}
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.columns if c not in (*keys, "bucket_end", *names)]
     return fresh.select(*keys, *extra, F.lit(True).alias(CHANGED))
@@ -110,7 +93,7 @@ def cell_changes_arrow(fresh: pa.Table, stored: pa.Table, spec: RollupSpec) -> p
     """`cell_changes` for tables on the driver (the same rule: equality up to rounding for
     floating-point partials, NaN equal to NaN,
     a row on one side only is a change)."""
-    compared = compared_columns(spec)
+    compared = state_columns(spec)
     names = [c.name for c in compared]
     keys = ["entity_id", "bucket_start"]
     extra = [c for c in fresh.column_names if c not in (*keys, "bucket_end", *names)]

@@ -23,16 +23,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.model.aggregates import AggregateFunction, Companion
-from rollup_assets.model.partials import ExtremeState, SumState
+from rollup_assets.model.aggregates import DELTA_KINDS, AggregateFunction, Companion
+from rollup_assets.model.partials import (
+    DELTA_COLUMN,
+    EXTREMES,
+    GENERATION,
+    RAW_ROWS,
+    SPECIAL_KINDS,
+    WRITTEN_BY,
+    ExtremeState,
+    SumState,
+)
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window
 
-DELTA = "delta"
-GENERATION = "generation"
-RAW_ROWS = "raw_rows"
-# What a row says of the job that wrote it (a folded row: the newest of its cell's rows).
-STAMPS = (GENERATION, "job_id", "run_id", "source_versions")
+# What a folded row says of the rows it folds: the newest's generation and run.
+STAMPS = (GENERATION, *WRITTEN_BY)
 # Change-feed change types: what leaves a cell and what enters it.
 LEAVING = frozenset({"delete", "update_preimage"})
 ENTERING = frozenset({"insert", "update_postimage"})
@@ -49,8 +55,8 @@ def difference_rows(
 ) -> pa.Table:
     """One difference row per cell of `spec` that `changes` (source rows with their change
     type in `change_type`, their time in `time_column`) touch: entity_id, bucket_start,
-    bucket_end, `delta` true, and per aggregated column the values entering (`<column>__in`)
-    and leaving (`<column>__out`) the cell. `bucket_of` maps a time to its bucket."""
+    bucket_end, `delta` true, and per aggregated column the values entering and leaving the
+    cell (its companions of kinds `in` and `out`). `bucket_of` maps a time to its bucket."""
     kinds = changes[change_type].to_pylist()
     times = changes[time_column].to_pylist()
     entities = changes[ENTITY_COLUMN].to_pylist()
@@ -75,12 +81,13 @@ def difference_rows(
         ENTITY_COLUMN: pa.array([k[0] for k, _ in ordered], pa.string()),
         "bucket_start": pa.array([w.start for _, (w, _) in ordered], TS),
         "bucket_end": pa.array([w.end for _, (w, _) in ordered], TS),
-        DELTA: pa.array([True] * len(ordered), pa.bool_()),
+        DELTA_COLUMN: pa.array([True] * len(ordered), pa.bool_()),
     }
-    for c in columns:
-        typ = changes.schema.field(c).type
-        out[f"{c}__in"] = pa.array([v[c][0] for _, (_, v) in ordered], pa.list_(typ))
-        out[f"{c}__out"] = pa.array([v[c][1] for _, (_, v) in ordered], pa.list_(typ))
+    for fold in FoldPlan.of(spec).columns:
+        c = fold.column
+        typ = pa.list_(changes.schema.field(c).type)
+        out[fold.entering] = pa.array([v[c][0] for _, (_, v) in ordered], typ)
+        out[fold.leaving] = pa.array([v[c][1] for _, (_, v) in ordered], typ)
     return pa.table(out)
 
 
@@ -88,9 +95,9 @@ def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
     """The visible rows of some cells (each cell's base row and the difference rows after it;
     `generation` and `delta` columns present) folded into one base-shaped row per cell, and the
     cells that cannot be folded exactly (left out of the result: aggregate them again)."""
-    if rows.num_rows == 0 or DELTA not in rows.column_names:
+    if rows.num_rows == 0 or DELTA_COLUMN not in rows.column_names:
         return rows, []
-    is_delta = pc.fill_null(rows[DELTA], False)
+    is_delta = pc.fill_null(rows[DELTA_COLUMN], False)
     if not pc.any(is_delta).as_py():
         return rows, []
     keys = _keys(rows)
@@ -120,9 +127,9 @@ def _fold_cells(rows: pa.Table, spec: RollupSpec) -> tuple[list[dict], list[Cell
     folded, exhausted = [], []
     for key, group in by_cell.items():
         group.sort(key=lambda r: r[GENERATION])
-        bases = [r for r in group if not r.get(DELTA)]
+        bases = [r for r in group if not r.get(DELTA_COLUMN)]
         base = bases[-1] if bases else None
-        changes = [r for r in group if r.get(DELTA)]
+        changes = [r for r in group if r.get(DELTA_COLUMN)]
         try:
             row = fold_cell(base, changes, spec, plan=plan)
         except Unknowable:
@@ -151,13 +158,30 @@ class ColumnFold:
     mine: dict[str, Companion]
     outputs: dict[AggregateFunction, tuple[str, ...]]
 
+    @property
+    def entering(self) -> str:
+        """A difference row's column of the values entering the cell."""
+        return self.mine["in"].name
+
+    @property
+    def leaving(self) -> str:
+        """A difference row's column of the values leaving the cell."""
+        return self.mine["out"].name
+
 
 @dataclass(frozen=True)
 class FoldPlan:
-    """Per rollup spec, worked out once for all the cells one fold folds."""
+    """Per rollup spec, worked out once for all the cells one fold folds: per aggregated
+    column what folding it touches, and the columns only difference rows hold."""
 
-    lead: str
     columns: tuple[ColumnFold, ...]
+    differences: frozenset[str]
+
+    @property
+    def lead(self) -> ColumnFold:
+        """The first aggregated column: its values entering and leaving a cell (nulls
+        included) count the cell's source rows."""
+        return self.columns[0]
 
     @classmethod
     def of(cls, spec: RollupSpec) -> "FoldPlan":
@@ -175,7 +199,8 @@ class FoldPlan:
                     {f: tuple(names) for f, names in outputs.items()},
                 )
             )
-        return cls(spec.aggregated_columns[0], tuple(columns))
+        differences = frozenset(c.name for c in companions if c.kind in DELTA_KINDS)
+        return cls(tuple(columns), differences)
 
 
 def fold_cell(
@@ -194,12 +219,12 @@ def fold_cell(
     `FoldPlan.of(spec)`, when the caller folds many cells."""
     plan = plan or FoldPlan.of(spec)
     first = base or changes[0]
-    row = {k: v for k, v in first.items() if not _is_delta_column(k)}
-    row[DELTA] = False
+    row = {k: v for k, v in first.items() if k not in plan.differences}
+    row[DELTA_COLUMN] = False
     if base is not None and base.get(RAW_ROWS) is None:
         raise Unknowable("a row written before companions were kept")
     lead = plan.lead
-    moved = sum(len(d.get(f"{lead}__in") or []) - len(d.get(f"{lead}__out") or []) for d in changes)
+    moved = sum(len(d.get(lead.entering) or []) - len(d.get(lead.leaving) or []) for d in changes)
     row[RAW_ROWS] = ((base or {}).get(RAW_ROWS) or 0) + moved
     if row[RAW_ROWS] <= 0:
         return None
@@ -209,8 +234,8 @@ def fold_cell(
         entering: list = []
         leaving: list = []
         for d in changes:
-            entering += list(d.get(f"{column}__in") or [])
-            leaving += list(d.get(f"{column}__out") or [])
+            entering += list(d.get(fold.entering) or [])
+            leaving += list(d.get(fold.leaving) or [])
         added = sum(v is not None for v in entering) - sum(v is not None for v in leaving)
         row[mine["n"].name] = n + added
         if "total" in mine:
@@ -219,7 +244,7 @@ def fold_cell(
             if total.overflowed:
                 raise Unknowable(f"the finite sum of {column} overflowed")
             row[mine["total"].name] = total.total
-            for k in ("nan", "pinf", "ninf"):
+            for k in SPECIAL_KINDS:
                 if k in mine:
                     row[mine[k].name] = getattr(total, k)
             for name in outputs.get(AggregateFunction.SUM, ()):
@@ -227,7 +252,7 @@ def fold_cell(
             for name in outputs.get(AggregateFunction.AVG, ()):
                 row[f"{name}__sum"] = total.value
                 row[f"{name}__count"] = total.n
-        for kind, largest in (("lo", False), ("hi", True)):
+        for kind, largest in EXTREMES.items():
             if kind not in mine:
                 continue
             prefix = tuple((base or {}).get(mine[kind].name) or ())
@@ -243,10 +268,6 @@ def fold_cell(
         for name in outputs.get(AggregateFunction.COUNT, ()):
             row[name] = n + added
     return row
-
-
-def _is_delta_column(name: str) -> bool:
-    return name.endswith("__in") or name.endswith("__out")
 
 
 def _sum_state(base: dict, mine: dict[str, Companion]) -> SumState:

@@ -52,9 +52,11 @@ class Cells:
 
     @staticmethod
     def from_pairs(
-        pairs: Iterable[tuple[Window, str | None]], limit: int = DEFAULT_BUCKET_ENTITY_LIMIT
+        pairs: Iterable[tuple[Window, str | None]],
+        limit: int | None = DEFAULT_BUCKET_ENTITY_LIMIT,
     ) -> "Cells":
-        """The cells of (bucket, entity) pairs; an entity of None stands for every entity."""
+        """The cells of (bucket, entity) pairs; an entity of None stands for every entity, and
+        so do more than `limit` entities in one bucket (None: no limit)."""
         named: dict[Window, set[str]] = {}
         every: set[Window] = set()
         for w, entity in pairs:
@@ -65,7 +67,7 @@ class Cells:
         out: dict[Window, Scope] = {w: None for w in every}
         for w, ids in named.items():
             if w not in every:
-                out[w] = None if len(ids) > limit else frozenset(ids)
+                out[w] = None if limit is not None and len(ids) > limit else frozenset(ids)
         return Cells(tuple(sorted(out.items(), key=lambda item: item[0])))
 
     def __bool__(self) -> bool:

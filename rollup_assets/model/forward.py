@@ -8,9 +8,12 @@ without moving the watermark, so a reading of the last minutes is visible before
 closes. A new rollup starts one bucket back: no implicit history scan (history is a backfill).
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
+from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window, as_utc
@@ -77,23 +80,42 @@ def open_buckets(spec: RollupSpec, state: ArchiveState, now: datetime) -> list[W
     return out[::-1]
 
 
+@dataclass(frozen=True)
+class ForwardWork:
+    """What a forward run of a rollup does: the buckets it closes (in order) and the open
+    buckets it refreshes (in order)."""
+
+    closed: list[Window]
+    refresh: list[Window]
+
+    @property
+    def buckets(self) -> list[Window]:
+        return [*self.closed, *self.refresh]
+
+    @property
+    def trigger(self) -> Trigger:
+        """A run that closes a bucket moves the watermark; one that only refreshes does not."""
+        return Trigger.FORWARD if self.closed else Trigger.OPEN_BUCKET
+
+    def __bool__(self) -> bool:
+        return bool(self.closed or self.refresh)
+
+
 def forward_work(
     catalog: Catalog,
     spec: RollupSpec,
-    changed: list[Window],
+    state: ArchiveState,
     now: datetime,
     states: dict[str, ArchiveState],
-) -> list[Window]:
-    """What the forward lane of `spec` has to do after its source changed in `changed`: buckets
-    that may close now, and the open buckets the change reached into (all of them when buckets
-    close)."""
-    state = states.get(spec.name)
-    if state is None:
-        return []
+    changed_in: Callable[[Window], bool],
+) -> ForwardWork:
+    """What the forward lane of `spec` has to do now: the buckets that may close, and the open
+    buckets its source changed in (`changed_in`: asked only of an open bucket when nothing
+    closes), or all of them when buckets close (a closing run refreshes them anyway)."""
     closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
     refresh = [
         ob
         for ob in open_buckets(spec, state, now)
-        if ob not in closed and (closed or any(w.overlaps(ob) for w in changed))
+        if ob not in closed and (closed or changed_in(ob))
     ]
-    return [*closed, *refresh]
+    return ForwardWork(closed, refresh)

@@ -21,6 +21,13 @@ applies the same way at every level of a chain: a value of a raw row is a value 
 cell at each level. Merging the states of several cells (a bucket above from the buckets below)
 is exact too: the merged prefix keeps the values below the smallest end of an incomplete prefix.
 
+A rollup's rows are declared here, as names and model types (`row_columns`): the cell, its
+partials (`RollupSpec.stored_columns`), the count of its source rows, the companions of each
+aggregated column (`RollupSpec.companions`: a base row's state, a difference row's values
+entering and leaving), and what each row says of its kind and of the run that wrote it. The
+Arrow schema of the tables (`resources.schemas`) and every transform that writes or reads these
+columns (`compute`) derive from it.
+
 Pure Python, the reference every vectorized reading (Arrow, Spark) is checked against.
 """
 
@@ -29,10 +36,68 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollup_assets.model.aggregates import BASE_KINDS
+from rollup_assets.model.column_types import ColumnType
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+
 # How many extreme values a minimum or maximum keeps per cell. A bucket of a handful of source
 # rows keeps them all (a 15-minute reading's hour keeps 4); a larger bucket exhausts only when
 # this many of its smallest values leave before maintenance folds it again from its source.
 SPARES = 8
+
+# The cell a row is of: the entity and its bucket (UTC instants, end exclusive).
+CELL_COLUMNS = (ENTITY_COLUMN, "bucket_start", "bucket_end")
+# A base row: how many source rows its cell holds (a cell whose rows all left has no row).
+RAW_ROWS = "raw_rows"
+# The generation a row was written at: the pointers name which one a read sees.
+GENERATION = "generation"
+# What a row says of the run that wrote it.
+WRITTEN_BY = ("run_id", "job_id", "source_versions")
+# A difference row (the values entering and leaving its cell) rather than a cell's state.
+DELTA_COLUMN = "delta"
+
+# How each kind of base companion merges (cells below into the bucket above, a difference into
+# its cell): the spare extremes of a minimum (`lo`) and of a maximum (`hi`: the largest values,
+# True here) as an `ExtremeState`; every other kind (`SumState`'s) adds up.
+EXTREMES: dict[str, bool] = {"lo": False, "hi": True}
+ADDED_KINDS = BASE_KINDS - EXTREMES.keys()
+# The special values a sum counts apart from its finite total (`SumState`'s fields).
+SPECIAL_KINDS = ("nan", "pinf", "ninf")
+
+
+@dataclass(frozen=True)
+class RowColumn:
+    """A column of a rollup's rows: its name, its type, and whether it holds a list of them."""
+
+    name: str
+    type: ColumnType
+    listed: bool = False
+
+
+def state_columns(spec: RollupSpec) -> tuple[RowColumn, ...]:
+    """What a base row holds of its cell's state: the partials, how many source rows the cell
+    holds, and the companions a difference applies to (`BASE_KINDS`), in table order."""
+    partials = [RowColumn(sc.name, sc.type) for sc in spec.stored_columns]
+    companions = [
+        RowColumn(c.name, c.type, c.listed) for c in spec.companions if c.kind in BASE_KINDS
+    ]
+    return (*partials, RowColumn(RAW_ROWS, ColumnType.LONG), *companions)
+
+
+def row_columns(spec: RollupSpec) -> tuple[RowColumn, ...]:
+    """Every column of `spec`'s rows, in table order: the cell, the partials, how many source
+    rows the cell holds, every companion (a difference row's values entering and leaving its
+    cell among them), the generation, the run that wrote the row, and its kind."""
+    cell = (ColumnType.STRING, ColumnType.TIMESTAMP, ColumnType.TIMESTAMP)
+    return (
+        *(RowColumn(name, t) for name, t in zip(CELL_COLUMNS, cell, strict=True)),
+        *(RowColumn(sc.name, sc.type) for sc in spec.stored_columns),
+        RowColumn(RAW_ROWS, ColumnType.LONG),
+        *(RowColumn(c.name, c.type, c.listed) for c in spec.companions),
+        RowColumn(GENERATION, ColumnType.LONG),
+        *(RowColumn(name, ColumnType.STRING) for name in WRITTEN_BY),
+        RowColumn(DELTA_COLUMN, ColumnType.BOOLEAN),
+    )
 
 
 def is_nan(v: Any) -> bool:

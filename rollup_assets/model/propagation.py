@@ -1,13 +1,15 @@
-"""Chain propagation: a level that changed makes the containing cells of the next level dirty."""
+"""Chain propagation: a level that changed makes the containing cells of the next level dirty
+(`model.dirty.lifted_cells`), and queues their work."""
 
 from dataclasses import replace
 from datetime import UTC, datetime
 
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.dirty import dirty_before, lifted_cells
 from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, JobState, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of, job_scope
 from rollup_assets.model.specs import Catalog, RollupSpec
-from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.states import ArchiveState
 
 
 def propagation_jobs(
@@ -25,19 +27,12 @@ def propagation_jobs(
     cells again from `spec`."""
     jobs = []
     for dep in catalog.dependents(spec.name):
-        state = states.get(dep.name) or ArchiveState(dep.name)
-        consumed = state.consumed_until
-        if consumed is None or state.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED):
+        consumed = dirty_before(states.get(dep.name))
+        if consumed is None:
             continue
-        # A bucket above gathers the entities of many buckets below: past the limit it is
-        # recomputed for every entity (one pointer, and rewritten whole if most cells changed).
-        lifted = Cells.collect(
-            (up, scope)
-            for window, scope in cells
-            if window.start < consumed
-            for up in buckets_in(dep, [window])
-            if up.start < consumed
-        )
+        # Past the entity limit a bucket above is recomputed for every entity (one pointer, and
+        # rewritten whole if most cells changed).
+        lifted = lifted_cells(dep, cells, consumed)
         if not lifted:
             continue
         windows, entities, exact = job_scope(lifted)

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import ARROW_TYPES, TS
 from rollup_assets.compute.formulas import computed_values
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.column_types import ColumnType
@@ -28,7 +29,6 @@ from rollup_assets.model.specs import (
     key_columns,
 )
 from rollup_assets.model.windows import EPOCH, iso_utc, micros
-from rollup_assets.resources.schemas import ARROW_TYPES, TS
 
 _OFFSET = r"(Z|z|[+-]\d\d:?\d\d)$"
 _TRUE = {"true", "t", "1", "yes"}

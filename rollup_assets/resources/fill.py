@@ -33,6 +33,7 @@ from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import fold
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.partials import WRITTEN_BY
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import EPOCH, Window, micros
 from rollup_assets.resources.delta_files import (
@@ -144,7 +145,7 @@ def _source_columns(fill: Fill) -> pa.Schema:
         # Every partial and companion (a bucket above merges them), what resolves the visible
         # rows, and the difference rows' values (folded into their bases).
         schema = data_schema(source)
-        names = [n for n in schema.names if n not in ("run_id", "job_id", "source_versions")]
+        names = [n for n in schema.names if n not in WRITTEN_BY]
     else:
         schema = archive_data_schema(source)
         names = [ENTITY_COLUMN, source.time_column, *(c.column for c in spec.stored_columns)]

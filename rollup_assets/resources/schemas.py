@@ -1,9 +1,10 @@
 """The physical schemas of the tables this project writes, derived from the specs.
 
 Raw and time-range tables hold the key columns, the declared value columns and the UTC `day`
-partition; rollup tables hold the partial columns plus bookkeeping (generation and lineage) and
-the physical partition `bucket_part`. Every timestamp is `timestamp[us, UTC]`, every column
-nullable (as Spark writes them).
+partition; rollup tables hold the columns of a rollup's rows (`model.partials.row_columns`:
+the cell, its partials and their companions, generation and lineage) and the physical
+partition `bucket_part`. Every timestamp is `timestamp[us, UTC]`, every column nullable (as
+Spark writes them).
 """
 
 import pyarrow as pa
@@ -11,10 +12,9 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from rollup_assets.compute.arrow_types import TS
-from rollup_assets.model.aggregates import Companion
+from rollup_assets.compute.arrow_types import ARROW_TYPES, TS, arrow_type
 from rollup_assets.model.bucketing import StorageUnit, storage_unit
-from rollup_assets.model.column_types import ColumnType
+from rollup_assets.model.partials import DELTA_COLUMN, row_columns
 from rollup_assets.model.specs import (
     DAY_COLUMN,
     ENTITY_COLUMN,
@@ -24,25 +24,6 @@ from rollup_assets.model.specs import (
     key_columns,
 )
 
-DELTA_COLUMN = "delta"
-# A base row: how many source rows its cell holds (a cell whose rows all left has no row).
-RAW_ROWS = "raw_rows"
-ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    ColumnType.DOUBLE: pa.float64(),
-    ColumnType.LONG: pa.int64(),
-    ColumnType.BOOLEAN: pa.bool_(),
-    ColumnType.STRING: pa.string(),
-    ColumnType.INT: pa.int32(),
-    ColumnType.TIMESTAMP: TS,
-}
-BOOKKEEPING = [
-    ("generation", pa.int64()),
-    ("run_id", pa.string()),
-    ("job_id", pa.string()),
-    ("source_versions", pa.string()),
-    # A difference row (the values entering and leaving its cell) rather than a cell's state.
-    (DELTA_COLUMN, pa.bool_()),
-]
 PART_COLUMN = "bucket_part"
 
 
@@ -78,17 +59,10 @@ def archive_data_schema(spec: RawArchiveSpec | TimeRangeArchiveSpec) -> pa.Schem
 
 
 def table_schema(spec: RollupSpec) -> pa.Schema:
-    """A rollup table: the cell, its partials, their companions (`model.aggregates.Companion`),
-    bookkeeping, and the storage partition."""
-    fields = [(ENTITY_COLUMN, pa.string()), ("bucket_start", TS), ("bucket_end", TS)]
-    fields += [(sc.name, ARROW_TYPES[sc.type]) for sc in spec.stored_columns]
-    fields += [(RAW_ROWS, pa.int64())]
-    fields += [(c.name, companion_type(c)) for c in spec.companions]
-    return pa.schema([*fields, *BOOKKEEPING, (PART_COLUMN, pa.string())])
-
-
-def companion_type(c: Companion) -> pa.DataType:
-    return pa.list_(ARROW_TYPES[c.type]) if c.listed else ARROW_TYPES[c.type]
+    """A rollup table: the columns of its rows (`model.partials.row_columns`) and the storage
+    partition."""
+    fields = [pa.field(c.name, arrow_type(c.type, c.listed)) for c in row_columns(spec)]
+    return pa.schema([*fields, pa.field(PART_COLUMN, pa.string())])
 
 
 def data_schema(spec: RollupSpec) -> pa.Schema:

@@ -7,21 +7,22 @@ exactly at the watermark is an Append, which the forward lane picks up). A job o
 the change feed names is a correction (`Job.parts`): its run applies them as differences.
 Re-ingesting identical
 rows makes nothing dirty: the ingest does not rewrite them, so they are not in the change feed
-(`RawStore.ingest`). Each commit's dirty cells (bucket, entity) become a Pending job for that
-dependent; a bucket touched for more entities than the limit is dirty for every entity.
+(`RawStore.ingest`). Each commit's dirty cells (bucket, entity: `model.dirty`) become a Pending
+job for that dependent; a bucket touched for more entities than the limit is dirty for every
+entity.
 """
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.model.bucketing import Bucketing, first_bucket_start
-from rollup_assets.model.cells import Cells
+from rollup_assets.model.bucketing import first_bucket_start
+from rollup_assets.model.dirty import dirty_before, dirty_cells
 from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in, job_scope
 from rollup_assets.model.specs import (
@@ -31,7 +32,7 @@ from rollup_assets.model.specs import (
     SourceSpec,
     TimeRangeArchiveSpec,
 )
-from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.change_feed import Changes
 from rollup_assets.settings import DetectionLimits
@@ -113,7 +114,11 @@ def detect(
     tables: dict[str, str | None] = {}
     forget: list[str] = []
     for base in bases:
-        deps = [d for d in catalog.first_levels(base.name) if _consumes(states.get(d.name))]
+        deps = [
+            d
+            for d in catalog.first_levels(base.name)
+            if dirty_before(states.get(d.name)) is not None
+        ]
         cursor = snapshot.cursors.get(base.name)
         latest = reader.latest_version(base) if deps else None
         if latest is None:
@@ -183,14 +188,6 @@ def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:
     )
 
 
-def _consumes(state: ArchiveState | None) -> bool:
-    return (
-        state is not None
-        and state.status not in (ArchiveStatus.CREATED, ArchiveStatus.DELETED)
-        and state.consumed_until is not None
-    )
-
-
 def _dirty_job(
     dep: RollupSpec,
     base: str,
@@ -199,38 +196,27 @@ def _dirty_job(
     limits: DetectionLimits,
     removed: list[Window],
 ) -> Job | None:
-    """The job a source commit leaves `dep`: its cells the commit changed before what `dep`
-    consumed, never in a range whose raw rows retention removed (the stored rows are the only
-    record there: nothing can correct them, and a change there is the leftover of a write that
-    raced the retention)."""
+    """The job a source commit leaves `dep`: its cells the commit dirtied (`dirty_cells`)."""
     consumed = state.consumed_until
     if consumed is None:
         return None
     if changes.formula_of is not None:
         return _reformulated(dep, base, changes, consumed, removed)
-    b = Bucketing.of(dep)
-    pairs: list[tuple[Window, str | None]] = []
+    rows: list[tuple[datetime, str | None]] = []
     if changes.rows is not None and changes.rows.num_rows:
         retro = changes.rows.filter(pc.less(changes.rows["ts"], pa.scalar(consumed, TS)))
         if retro.num_rows == 0:
             return None
+        # An update shows a reading twice (its old and its new row): each is placed once.
         keys = retro.group_by(["entity_id", "ts"]).aggregate([])
-        window_of: dict[datetime, Window] = {}
-        for entity, t in zip(keys["entity_id"].to_pylist(), keys["ts"].to_pylist(), strict=True):
-            w = window_of.get(t)
-            if w is None:
-                w = window_of[t] = b.window_of(t)
-            pairs.append((w, entity))
-    for lo, hi, entity in changes.ranges:
-        if classify(lo, consumed) is ChangeKind.APPEND:
-            continue
-        hi = min(hi, consumed - timedelta(microseconds=1))
-        pairs += [(w, entity) for w in b.windows(lo, hi + timedelta(microseconds=1))]
-    cells = Cells.from_pairs(pairs, limits.entity_scope_limit)
-    cells = cells.restrict(
-        w
-        for w in buckets_in(dep, list(cells.windows))
-        if w.start < consumed and not any(w.overlaps(r) for r in removed)
+        rows = list(zip(keys["ts"].to_pylist(), keys["entity_id"].to_pylist(), strict=True))
+    cells = dirty_cells(
+        dep,
+        consumed,
+        rows=rows,
+        spans=changes.ranges,
+        removed=removed,
+        limit=limits.entity_scope_limit,
     )
     if not cells:
         return None

@@ -2,18 +2,20 @@
 
 A rollup gets one forward run per tick at most, and none while a run writing it or any level
 below it is in flight: that run carries its changes up the chain itself (services/chain.py),
-and whatever it leaves is planned on a later tick. An open bucket (model/forward.py) is
-refreshed when its source changed inside it since the last forward run that read it (a raw
-source: the time span each ingest commit records; a rollup source: its own completed jobs), or
-when no forward run has read it yet, so an idle chain, or a correction far back, costs no
-refresh; a closing run always refreshes them.
+and whatever it leaves is planned on a later tick. What a forward run does is the model's rule
+(`model.forward.forward_work`: the buckets that may close, and the open buckets its source
+changed in); this planner tells whether the source changed inside an open bucket since the last
+forward run that read it (a raw source: the time span each ingest commit records; a rollup
+source: its own completed jobs), or no forward run has read it yet, so an idle chain, or a
+correction far back, costs no refresh.
 """
 
 from datetime import datetime
+from functools import partial
 from typing import Protocol
 
-from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
-from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
+from rollup_assets.model.forward import forward_work
+from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot
 from rollup_assets.model.specs import Catalog, RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -47,17 +49,10 @@ def plan_forward(
         state = states.get(spec.name) or ArchiveState(spec.name)
         if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
-        closed = closed_buckets(spec, state, now, source_limit(catalog, spec, states))
-        refresh = [
-            ob
-            for ob in open_buckets(spec, state, now)
-            if ob not in closed
-            and (closed or _source_changed(catalog, spec, snapshot, ob, sources))
-        ]
-        buckets = [*closed, *refresh]
-        if buckets:
-            trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
-            launches.append(Launch(spec.name, Lane.FORWARD, trigger, buckets))
+        changed_in = partial(_source_changed, catalog, spec, snapshot, sources)
+        work = forward_work(catalog, spec, state, now, states, changed_in)
+        if work:
+            launches.append(Launch(spec.name, Lane.FORWARD, work.trigger, work.buckets))
     # A level below that is launched now carries its changes up into the levels above it.
     starting = {launch.rollup for launch in launches}
     return [
@@ -81,8 +76,8 @@ def _source_changed(
     catalog: Catalog,
     spec: RollupSpec,
     snapshot: LedgerSnapshot,
-    bucket: Window,
     sources: SourceLog,
+    bucket: Window,
 ) -> bool:
     """Did the source change inside the open `bucket` since the last forward run read it?"""
     read = [

@@ -160,14 +160,24 @@ class Chain:
     ) -> RunOutcome | None:
         if spec.name in self.gate.forward_in_flight():
             return None  # the forward sensor launched a run for it already
-        work = forward_work(self.engine.catalog, spec, changed, self.now, states)
+        state = states.get(spec.name)
+        if state is None:
+            return None
+        work = forward_work(
+            self.engine.catalog,
+            spec,
+            state,
+            self.now,
+            states,
+            lambda bucket: any(w.overlaps(bucket) for w in changed),
+        )
         if not work:
             return None
         return run_forward(
             self.engine,
             self.spark,
             spec,
-            requested=work,
+            requested=work.buckets,
             now=self.now,
             run_id=self.run_id,
             log_progress=self.say,

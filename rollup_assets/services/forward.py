@@ -23,7 +23,7 @@ from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import ArchiveNotActivatedError
-from rollup_assets.model.forward import closed_buckets, open_buckets, source_limit
+from rollup_assets.model.forward import ForwardWork, closed_buckets, open_buckets, source_limit
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.operations import OPERATION_KEY
 from rollup_assets.model.placement import buckets_in
@@ -89,9 +89,11 @@ def run_forward(
     refresh = [
         ob for ob in open_buckets(spec, state, now) if ob.start in wanted and ob not in closed
     ]
-    trigger = Trigger.FORWARD if closed else Trigger.OPEN_BUCKET
-    buckets = [*closed, *refresh]
-    job = Job(spec.name, trigger, tuple(buckets), run_id=run_id, started_at=started, generation=0)
+    work = ForwardWork(closed, refresh)
+    buckets = work.buckets
+    job = Job(
+        spec.name, work.trigger, tuple(buckets), run_id=run_id, started_at=started, generation=0
+    )
     if not buckets:
         note = "nothing to do: no bucket has closed and no open bucket was requested"
         done = job.next(
@@ -154,7 +156,7 @@ def run_forward(
             written,
             buckets,
             {
-                OPERATION_KEY: trigger.value,
+                OPERATION_KEY: work.trigger.value,
                 "rollups.job_id": job.job_id,
                 "dagster.run_id": run_id,
             },

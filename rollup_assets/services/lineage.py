@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.errors import InvalidTimeRangeError, RowNotFoundError
 from rollup_assets.model.jobs import Job, LedgerSnapshot
+from rollup_assets.model.partials import CELL_COLUMNS, GENERATION, WRITTEN_BY
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
 from rollup_assets.model.windows import Window, as_utc
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
@@ -27,7 +28,7 @@ from rollup_assets.resources.delta_tables import commit_info, read_commit
 from rollup_assets.resources.rollup_store import Snapshot
 from rollup_assets.services.engine import Engine
 
-ROW_COLUMNS = ["entity_id", "bucket_start", "bucket_end", "run_id", "job_id", "source_versions"]
+ROW_COLUMNS = [*CELL_COLUMNS, *WRITTEN_BY]
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def _trace(
             rollup=spec.name,
             entity=ctx.entity,
             bucket=Window(r["bucket_start"], r["bucket_end"]),
-            generation=r["generation"],
+            generation=r[GENERATION],
             job_id=r["job_id"],
             run_id=r["run_id"],
             job=ctx.ledger.jobs.get(r["job_id"] or ""),

@@ -3,33 +3,28 @@
 The file is validated as `ingest` validates it, and the upsert's rules are applied on the driver
 to the stored rows with the file's keys (`RawStore.preview_ingest`): the rows it would insert or
 replace. Those are the change rows its correction would apply (`services.correction`): at each
-level, the rows before a level's watermark make one difference row per cell, folded into the
-stored cell as a read would fold it (`compute.folding`). Rows at or after a level's watermark are
-not a correction: the forward lane aggregates them when it closes their bucket (counted, not
-previewed). The work is what the recompute lane would do: the cells each level corrects and the
-change rows it applies; no stored cell is read by the correction itself (the preview reads the
-stored cells only to show their values before and after).
+level, the rows in the cells they make dirty there (`model.dirty`: before the level's watermark,
+as change detection and chain propagation find them) make one difference row per cell, folded
+into the stored cell as a read would fold it (`compute.folding`). Rows at or after a level's
+watermark are not a correction: the forward lane aggregates them when it closes their bucket
+(counted, not previewed). The work is what the recompute lane would do: the cells each level
+corrects and the change rows it applies; no stored cell is read by the correction itself (the
+preview reads the stored cells only to show their values before and after).
 """
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
 
 from rollup_assets.compute.arrow_partials import logical_arrow
-from rollup_assets.compute.folding import (
-    DELTA,
-    ENTERING,
-    Unknowable,
-    difference_rows,
-    fold_cell,
-)
+from rollup_assets.compute.folding import ENTERING, Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.dirty import dirty_before, dirty_cells, lifted_cells
+from rollup_assets.model.partials import CELL_COLUMNS, DELTA_COLUMN
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec, SourceSpec
-from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.commit_changes import CHANGE_TYPE
 from rollup_assets.resources.upsert_preview import UpsertPreview
@@ -92,10 +87,11 @@ def preview_ingest(engine: Engine, archive: str, path: str | Path) -> Preview:
     up = engine.raw.preview_ingest(spec, path, not_before=state.retained_from)
     states = engine.states.all()
     changes = change_rows(spec, up)
+    removed = engine.removed_spans(spec)
     work: list[LevelWork] = []
     cells: list[CellChange] = []
     for dep in engine.catalog.first_levels(spec.name):
-        _level(engine, dep, spec, changes, 1, states, work, cells)
+        _level(engine, dep, spec, changes, 1, states, removed, None, work, cells)
     return Preview(
         spec.name, up.version, up.rows, up.inserted, up.updated, up.unchanged, work, cells
     )
@@ -115,12 +111,6 @@ def change_rows(spec: SourceSpec, up: UpsertPreview) -> pa.Table:
     return pa.concat_tables([old.select(new.column_names).cast(new.schema), new])
 
 
-def _consumed(state: ArchiveState) -> datetime | None:
-    if state.status in (ArchiveStatus.CREATED, ArchiveStatus.DELETED):
-        return None
-    return state.consumed_until
-
-
 def _level(
     engine: Engine,
     spec: RollupSpec,
@@ -128,42 +118,48 @@ def _level(
     changes: pa.Table,
     level: int,
     states: dict[str, ArchiveState],
+    removed: list[Window],
+    below: Cells | None,
     work: list[LevelWork],
     out: list[CellChange],
 ) -> None:
-    """Preview `spec`'s correction by `changes` (and the levels above it)."""
-    state = states.get(spec.name) or ArchiveState(spec.name)
-    consumed = _consumed(state)
+    """Preview `spec`'s correction by `changes` (and the levels above it): the cells they dirty
+    at the first level, else the cells above the level below's (`below`), as change detection
+    and chain propagation find them (`model.dirty`)."""
+    consumed = dirty_before(states.get(spec.name))
     if consumed is None:
         return
-    time_column = source.time_column
-    times = changes[time_column].to_pylist()
-    before = pa.array([t < consumed for t in times], pa.bool_())
-    mine = changes.filter(before)
+    state = states[spec.name]
+    times = changes[source.time_column].to_pylist()
+    entities = changes[ENTITY_COLUMN].to_pylist()
     # The batch's rows the forward lane aggregates (an update's new row; its old one is not one).
-    kinds = changes[CHANGE_TYPE].to_pylist()
     forward = sum(
-        1 for k, b in zip(kinds, before.to_pylist(), strict=True) if not b and k in ENTERING
+        1
+        for k, t in zip(changes[CHANGE_TYPE].to_pylist(), times, strict=True)
+        if t >= consumed and k in ENTERING
     )
-    b = Bucketing.of(spec)
-    differences = difference_rows(mine, spec, time_column, CHANGE_TYPE, b.window_of)
-    named = Cells.collect(
-        (
-            (Window(s, e), frozenset([x]))
-            for x, s, e in zip(
-                differences[ENTITY_COLUMN].to_pylist(),
-                differences["bucket_start"].to_pylist(),
-                differences["bucket_end"].to_pylist(),
-                strict=True,
-            )
-        ),
-        limit=None,
-    )
-    named = named.restrict(buckets_in(spec, list(named.windows)))
+    # Exact cells (no entity limit): each is shown with its values.
+    if below is None:
+        rows = zip(times, entities, strict=True)
+        named = dirty_cells(spec, consumed, rows=rows, removed=removed, limit=None)
+    else:
+        named = lifted_cells(spec, below, consumed, limit=None)
     if not named:
         if forward:
             work.append(LevelWork(spec.name, level, 0, 0, 0, "forward", "", 0, 0, forward))
         return
+    b = Bucketing.of(spec)
+    scopes = dict(named)
+    mine = changes.filter(
+        pa.array(
+            [
+                w in scopes and (scopes[w] is None or e in scopes[w])  # type: ignore[operator]
+                for w, e in zip(b.windows_of(times), entities, strict=True)
+            ],
+            pa.bool_(),
+        )
+    )
+    differences = difference_rows(mine, spec, source.time_column, CHANGE_TYPE, b.window_of)
     stored = engine.rollups.read_arrow(spec, list(named.windows), named.entities, cells=named)
     by_cell = {(r[ENTITY_COLUMN], r["bucket_start"]): r for r in stored.to_pylist()}
     held = changed = 0
@@ -171,7 +167,7 @@ def _level(
         key = (d[ENTITY_COLUMN], d["bucket_start"])
         w = Window(d["bucket_start"], d["bucket_end"])
         old = by_cell.get(key)
-        diff = [{**d, DELTA: True}]
+        diff = [{**d, DELTA_COLUMN: True}]
         refill = False
         try:
             new = fold_cell(old, diff, spec)
@@ -192,7 +188,7 @@ def _level(
         LevelWork(
             spec.name,
             level,
-            len([1 for _, scope in named for _ in scope or ()]),
+            named.named or 0,
             len(named),
             changed,
             DIFFERENCE,
@@ -202,15 +198,14 @@ def _level(
             forward,
         )
     )
-    if changed:
-        for dep in engine.catalog.dependents(spec.name):
-            _level(engine, dep, source, mine, level + 1, states, work, out)
+    # The correction writes a difference row for every one of its cells, changed or not, and
+    # its flip queues the same changes for the cells above.
+    for dep in engine.catalog.dependents(spec.name):
+        _level(engine, dep, source, mine, level + 1, states, removed, named, work, out)
 
 
 def _values(row: dict | None, spec: RollupSpec) -> dict[str, object] | None:
     if row is None:
         return None
     logical = logical_arrow(pa.Table.from_pylist([row]), spec).to_pylist()[0]
-    return {
-        k: v for k, v in logical.items() if k not in ("entity_id", "bucket_start", "bucket_end")
-    }
+    return {k: v for k, v in logical.items() if k not in CELL_COLUMNS}

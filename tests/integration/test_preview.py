@@ -3,7 +3,7 @@ old and new values and the work, writes nothing, and matches what the ingest the
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +12,7 @@ import pytest
 
 from rollup_assets.cli import app as cli
 from rollup_assets.demo.sample_data import SCHEMA
+from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource, Trigger
 from rollup_assets.model.windows import Window
@@ -146,3 +147,57 @@ def test_preview_matches_what_the_ingest_then_does_and_writes_nothing(
         assert jobs and {j.technique for j in jobs} == {work.technique}
         assert sum((j.change_rows or 0) + (j.source_rows or 0) for j in jobs) == work.rows_to_read
         assert sum(j.cells_changed or 0 for j in jobs) == work.cells_changed
+
+
+def test_preview_dirties_the_cells_detection_and_propagation_dirty(
+    world: World, tmp_path: Path
+) -> None:
+    """The preview finds a change's cells as change detection and chain propagation do
+    (`model.dirty`): none where retention removed the raw rows, none before a rollup's first
+    bucket, and the cells above every corrected cell, even where no value changes."""
+    build(world, LEVELS)
+    raw = world.catalog.raw["energy_raw"]
+    # Retention removed the late hour's first quarter: the rollups' rows are its only record.
+    gone = Window(LATE_HOUR.start, LATE_HOUR.start + timedelta(minutes=15))
+    world.engine.raw.delete_rows(raw, gone, None, ChangeSource.MANUAL, retention=True)
+    stored = {name: values(world, name) for name in LEVELS}
+    first = first_bucket_start(world.catalog.rollup(HOURLY))
+    noon = readings(NOON.start, NOON.start + timedelta(minutes=30), meters=("m1",))
+    # Two readings of one hour trade values: no aggregate of the hour moves.
+    swapped = noon.take([1, 0]).set_column(1, "ts", noon["ts"])
+    batch = pa.concat_tables(
+        [
+            readings(gone.start, gone.end, 5.0, meters=("m1",)),
+            readings(first - timedelta(hours=2), first - timedelta(hours=1), meters=("m1",)),
+            swapped,
+        ]
+    )
+    path = tmp_path / "edges.parquet"
+    pq.write_table(batch.cast(SCHEMA), path)
+
+    p = preview_ingest(world.engine, "energy_raw", path)
+    assert (p.rows, p.inserted, p.updated) == (7, 5, 2)
+    by_level = {w.rollup: w for w in p.work}
+    hourly, daily = by_level[HOURLY], by_level[DAILY]
+    assert (hourly.cells, hourly.buckets, hourly.cells_changed, hourly.rows_to_read) == (1, 1, 0, 4)
+    # The hourly correction writes its difference rows all the same, and queues the day's.
+    assert (daily.level, daily.cells, daily.cells_changed, daily.rows_to_read) == (2, 1, 0, 4)
+    assert p.cells == []
+
+    ingested = datetime.now(UTC)
+    ingest_file(world.engine, "energy_raw", path, ChangeSource.MANUAL)
+    world.tick(NOW)
+    for name in LEVELS:
+        jobs = [
+            j
+            for j in world.engine.ledger.history(name)
+            if j.created_at >= ingested
+            and j.trigger in (Trigger.PERIODIC, Trigger.CHAIN)
+            and j.technique
+        ]
+        assert {j.technique for j in jobs} == {by_level[name].technique}, name
+        assert sum(j.change_rows or 0 for j in jobs) == by_level[name].rows_to_read, name
+        after = values(world, name)
+        assert after.keys() == stored[name].keys(), name
+        for key, was in stored[name].items():
+            assert all(same(after[key][c], v) for c, v in was.items()), (name, key)

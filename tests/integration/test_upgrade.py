@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from rollup_assets.compute.folding import RAW_ROWS
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.services.maintenance import maintain

@@ -10,10 +10,11 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from rollup_assets.compute.aggregation import RAW_ROWS, SOURCE_ROWS, rollup_partials
+from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.aggregates import BASE_KINDS
+from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window

@@ -10,15 +10,15 @@ import pyarrow.parquet as pq
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import rows_with_keys
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, arrow_type
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.aggregates import BASE_KINDS
+from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
 from rollup_assets.resources.rollup_store import _cells_only
 from rollup_assets.resources.rollup_table import in_windows
-from rollup_assets.resources.schemas import RAW_ROWS, companion_type
 
 HOURLY = load_catalog().rollup("energy_hourly")
 T0 = datetime(2025, 3, 3, tzinfo=UTC)
@@ -40,7 +40,7 @@ def partials(rows: list[tuple[str, int, float | None]], source_rows: bool = Fals
     out[RAW_ROWS] = pa.array([4] * len(rows), pa.int64())
     for c in HOURLY.companions:  # the companions: compared too, equal on both sides here
         if c.kind in BASE_KINDS:
-            out[c.name] = pa.nulls(len(rows), companion_type(c))
+            out[c.name] = pa.nulls(len(rows), arrow_type(c.type, c.listed))
     if source_rows:
         out[SOURCE_ROWS] = pa.array([4] * len(rows), pa.int64())
     return pa.table(out)

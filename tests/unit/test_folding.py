@@ -15,16 +15,9 @@ from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import (
-    DELTA,
-    GENERATION,
-    Unknowable,
-    difference_rows,
-    fold,
-    fold_cell,
-)
+from rollup_assets.compute.folding import Unknowable, difference_rows, fold, fold_cell
 from rollup_assets.model.bucketing import Bucketing
-from rollup_assets.model.partials import SPARES, is_nan
+from rollup_assets.model.partials import DELTA_COLUMN, GENERATION, SPARES, is_nan
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 
@@ -94,7 +87,7 @@ def bases(spec, rows: pa.Table, source) -> pa.Table:
     out = partials_arrow(rows, windows(spec), None, spec, source)
     out = out.drop_columns([c for c in ["source_rows"] if c in out.column_names])
     n = out.num_rows
-    return out.append_column(DELTA, pa.array([False] * n)).append_column(
+    return out.append_column(DELTA_COLUMN, pa.array([False] * n)).append_column(
         GENERATION, pa.array([1] * n, pa.int64())
     )
 
@@ -191,7 +184,7 @@ def test_a_base_plus_its_differences_shows_a_fresh_aggregation(start, waves) -> 
     got, exhausted = folded(HOURLY, hourly, feeds)
     check(HOURLY, got, exhausted, bases(HOURLY, table(now), RAW), left)
     # One level up: the daily cell built from the hourly bases, the same difference rows.
-    daily = bases(DAILY, hourly.drop_columns([DELTA, GENERATION]), HOURLY)
+    daily = bases(DAILY, hourly.drop_columns([DELTA_COLUMN, GENERATION]), HOURLY)
     got, exhausted = folded(DAILY, daily, feeds)
     check(DAILY, got, exhausted, bases(DAILY, table(now), RAW), left)
 

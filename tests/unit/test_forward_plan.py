@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rollup_assets.model.forward import open_buckets
+from rollup_assets.model.forward import ForwardWork, forward_work, open_buckets
 from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchiveSpec
@@ -172,6 +172,33 @@ def test_open_buckets_are_the_ones_the_clock_has_not_closed() -> None:
     # Frozen buckets and a rollup that does not refresh its open buckets have none.
     assert open_buckets(hourly, replace(state, frozen_until=W + H), W + 30 * M) == []
     assert open_buckets(replace(hourly, refresh_open_bucket=False), state, W + 30 * M) == []
+
+
+def test_forward_work_closes_what_may_close_and_refreshes_what_the_source_changed_in() -> None:
+    """The rule the planner and a run's walk up the chain share: the source's change decides an
+    open bucket's refresh only when nothing closes."""
+    hourly = CATALOG.rollup("energy_hourly")
+    marks = states(hourly=W)
+    asked: list[Window] = []
+
+    def changed_in(bucket: Window) -> bool:
+        asked.append(bucket)
+        return bucket == OPEN
+
+    work = forward_work(CATALOG, hourly, marks["energy_hourly"], W + 30 * M, marks, changed_in)
+    assert work == ForwardWork([], [OPEN]) and work.trigger is Trigger.OPEN_BUCKET
+    assert asked == [OPEN]
+    asked.clear()
+    later = W + H + 4 * M  # the first hour closes only past the 5-minute lag: both are open
+    work = forward_work(CATALOG, hourly, marks["energy_hourly"], later, marks, changed_in)
+    assert work.buckets == [OPEN] and asked == [OPEN, Window(W + H, W + 2 * H)]
+    asked.clear()
+    closing = W + H + 10 * M
+    work = forward_work(CATALOG, hourly, marks["energy_hourly"], closing, marks, changed_in)
+    assert work == ForwardWork([OPEN], [Window(W + H, W + 2 * H)])
+    assert work.trigger is Trigger.FORWARD and asked == []
+    idle = forward_work(CATALOG, hourly, marks["energy_hourly"], W + 30 * M, marks, lambda b: False)
+    assert not idle and idle.buckets == []
 
 
 def test_each_open_bucket_is_refreshed_until_a_forward_run_has_read_it() -> None:

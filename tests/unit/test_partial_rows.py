@@ -1,0 +1,115 @@
+"""The columns of a rollup's rows are declared once (`model.partials.row_columns`): the table
+schema, the rows a correction and an aggregation make, and the names a spec may not take all
+follow that declaration."""
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from rollup_assets.compute.aggregation import SOURCE_ROWS
+from rollup_assets.compute.arrow_partials import partials_arrow
+from rollup_assets.compute.arrow_types import arrow_type
+from rollup_assets.compute.folding import difference_rows
+from rollup_assets.model.aggregates import BASE_KINDS, DELTA_KINDS
+from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.names import RESERVED_COLUMNS
+from rollup_assets.model.partials import (
+    ADDED_KINDS,
+    CELL_COLUMNS,
+    DELTA_COLUMN,
+    EXTREMES,
+    SPECIAL_KINDS,
+    SumState,
+    row_columns,
+    state_columns,
+)
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.schemas import PART_COLUMN, data_schema, table_schema
+
+CATALOG = load_catalog()
+ROLLUPS = list(CATALOG.rollups.values())
+T0 = datetime(2025, 3, 3, tzinfo=UTC)
+Q = timedelta(minutes=15)
+
+
+def own_columns(spec: RollupSpec) -> set[str]:
+    """The row columns a spec does not name itself: neither partials nor companions."""
+    named = {sc.name for sc in spec.stored_columns} | {c.name for c in spec.companions}
+    return {c.name for c in row_columns(spec)} - named
+
+
+@pytest.mark.parametrize("spec", ROLLUPS, ids=lambda s: s.name)
+def test_the_table_schema_is_the_declared_row_and_its_partition(spec: RollupSpec) -> None:
+    schema = table_schema(spec)
+    declared = row_columns(spec)
+    assert schema.names == [*(c.name for c in declared), PART_COLUMN]
+    assert [f.type for f in schema][:-1] == [arrow_type(c.type, c.listed) for c in declared]
+    assert all(f.nullable for f in schema)
+    assert data_schema(spec).names == schema.names[:-1]
+
+
+@pytest.mark.parametrize("spec", ROLLUPS, ids=lambda s: s.name)
+def test_no_declared_column_can_shadow_a_column_of_the_row(spec: RollupSpec) -> None:
+    assert own_columns(spec) | {PART_COLUMN} <= RESERVED_COLUMNS
+
+
+@pytest.mark.parametrize("spec", ROLLUPS, ids=lambda s: s.name)
+def test_a_cells_state_is_the_declared_row_without_its_differences_and_stamps(
+    spec: RollupSpec,
+) -> None:
+    state = state_columns(spec)
+    row = row_columns(spec)
+    assert [c for c in row if c in state] == list(state)  # in table order
+    kinds = {c.name: c.kind for c in spec.companions}
+    assert {kinds[c.name] for c in state if c.name in kinds} == BASE_KINDS & {
+        c.kind for c in spec.companions
+    }
+
+
+def test_every_base_companion_merges_by_one_rule() -> None:
+    assert ADDED_KINDS | EXTREMES.keys() == BASE_KINDS
+    assert not ADDED_KINDS & EXTREMES.keys()
+    assert set(SPECIAL_KINDS) <= ADDED_KINDS
+    assert set(SPECIAL_KINDS) <= {f.name for f in dataclasses.fields(SumState)}
+
+
+def readings(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "entity_id": pa.array(["m1", "m2"] * n, pa.string()),
+            "ts": pa.array([T0 + (i // 2) * Q for i in range(2 * n)], pa.timestamp("us", "UTC")),
+            "energy_kwh": pa.array([0.5 * i for i in range(2 * n)], pa.float64()),
+            "power_kw": pa.array([1.0 + i % 3 for i in range(2 * n)], pa.float64()),
+            "voltage_v": pa.array([228.0 + i % 5 for i in range(2 * n)], pa.float64()),
+            "current_a": pa.array([4.0 + i % 2 for i in range(2 * n)], pa.float64()),
+        }
+    )
+
+
+def test_an_aggregated_row_holds_the_cell_and_its_declared_state() -> None:
+    hourly = CATALOG.rollup("energy_hourly")
+    raw = CATALOG.archive(hourly.source)
+    windows = [Window(T0, T0 + timedelta(hours=1)), Window(T0 + timedelta(hours=1), T0 + 8 * Q)]
+    rows = partials_arrow(readings(8), windows, None, hourly, raw)
+    state = [c.name for c in state_columns(hourly)]
+    assert set(rows.column_names) == {*CELL_COLUMNS, *state, SOURCE_ROWS}
+    stored = data_schema(hourly)
+    for name in state:
+        assert rows.schema.field(name).type == stored.field(name).type, name
+
+
+def test_a_difference_row_holds_the_cell_and_the_values_entering_and_leaving_it() -> None:
+    hourly = CATALOG.rollup("energy_hourly")
+    changes = readings(2).append_column(
+        "kind", pa.array(["insert", "insert", "update_preimage", "update_postimage"])
+    )
+    diff = difference_rows(changes, hourly, "ts", "kind", Bucketing.of(hourly).window_of)
+    entering_leaving = [c.name for c in hourly.companions if c.kind in DELTA_KINDS]
+    assert diff.column_names == [*CELL_COLUMNS, DELTA_COLUMN, *entering_leaving]
+    stored = data_schema(hourly)
+    for name in diff.column_names:
+        assert diff.schema.field(name).type == stored.field(name).type, name
