@@ -42,15 +42,10 @@ from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.model.windows import micros
+from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
 from rollup_assets.resources.delta_files import add_action, write_file
-from rollup_assets.resources.delta_tables import (
-    CommitPlan,
-    LatestCache,
-    commit,
-    file_actions,
-    open_table,
-    remove_action,
-)
+from rollup_assets.resources.delta_tables import file_actions, open_table
+from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.warehouse import filesystem_for
 
 GENMAP_SCHEMA = pa.schema(

@@ -39,6 +39,7 @@ from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.resources.delta_commits import CommitPlan
 from rollup_assets.resources.delta_files import (
     WRITTEN_FILES_DDL,
     TargetIndex,
@@ -47,9 +48,7 @@ from rollup_assets.resources.delta_files import (
     targets_of,
 )
 from rollup_assets.resources.delta_tables import (
-    CommitPlan,
     commit_history,
-    committed_after,
     file_actions,
     open_table,
     with_retries,
@@ -65,6 +64,7 @@ from rollup_assets.resources.genmap import (
     visible_mask,
     write_pointer_table,
 )
+from rollup_assets.resources.latest_versions import committed_after
 from rollup_assets.resources.rollup_table import (
     REPLACED_KEY,
     RollupTable,

@@ -30,6 +30,7 @@ from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows, micros
+from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
 from rollup_assets.resources.delta_files import (
     ROW_GROUP_ROWS,
     TargetIndex,
@@ -38,15 +39,7 @@ from rollup_assets.resources.delta_files import (
     read_row_groups,
     write_file,
 )
-from rollup_assets.resources.delta_tables import (
-    CommitPlan,
-    commit,
-    file_actions,
-    open_table,
-    prune_files,
-    read_commit,
-    remove_action,
-)
+from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
 from rollup_assets.resources.genmap import (
     RETAINED_APP,
     covered_mask,
