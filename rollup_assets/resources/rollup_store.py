@@ -54,14 +54,11 @@ from rollup_assets.resources.delta_tables import (
     with_retries,
 )
 from rollup_assets.resources.fill import Fill, run_fill
+from rollup_assets.resources.flips import flipped_pointers
 from rollup_assets.resources.genmap import (
-    flipped_pointers,
-    live_files,
     read_fence,
     read_pointers,
     read_pointers_at,
-    resolve_visible_spark,
-    visible_mask,
     write_pointer_table,
 )
 from rollup_assets.resources.latest_versions import committed_after
@@ -82,6 +79,7 @@ from rollup_assets.resources.schemas import (
     table_schema,
     with_row_shape,
 )
+from rollup_assets.resources.visible_rows import live_files, resolve_visible_spark, visible_mask
 from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 
 log = logging.getLogger(__name__)

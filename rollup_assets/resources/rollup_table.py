@@ -40,16 +40,15 @@ from rollup_assets.resources.delta_files import (
     write_file,
 )
 from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
+from rollup_assets.resources.flips import flipped_since
 from rollup_assets.resources.genmap import (
     RETAINED_APP,
-    covered_mask,
-    flipped_since,
     read_pointers,
     retained_mark,
-    visible_mask,
     write_pointer_table,
 )
 from rollup_assets.resources.schemas import PART_COLUMN, TS, data_schema, table_schema
+from rollup_assets.resources.visible_rows import covered_mask, visible_mask
 from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 
 log = logging.getLogger(__name__)

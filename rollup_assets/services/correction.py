@@ -38,8 +38,8 @@ from rollup_assets.model.specs import ENTITY_COLUMN, Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import read_commit
-from rollup_assets.resources.genmap import base_generation
 from rollup_assets.resources.raw_store import CHANGE_TYPE, COMMIT_VERSION
+from rollup_assets.resources.visible_rows import base_generation
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)
