@@ -2,9 +2,10 @@
 
 A rollup table holds base rows (a cell's state) and difference rows (a change of it) of every
 generation; its `__genmap` says which are visible per cell (`genmap`). Writers follow
-the optimistic atomic swap: write rows at a new generation, flip the pointers in one commit,
-then sweep what the flip superseded (`RollupTable`). The forward lane (closing and refreshing
-the open bucket) instead replaces generation-0 rows in place with one atomic commit.
+the optimistic atomic swap: write rows at a new generation, flip the pointers in one commit
+(`rollup_pointers`), then sweep what the flip superseded (`rollup_deletions`). The forward lane
+(closing and refreshing the open bucket) instead replaces generation-0 rows in place with one
+atomic commit.
 
 Readers take the pointer table, then the row-table snapshot, then check that the pointer table
 did not move in between (a sweep only ever follows a flip, so an unchanged pointer version proves
@@ -54,21 +55,14 @@ from rollup_assets.resources.delta_tables import (
     with_retries,
 )
 from rollup_assets.resources.fill import Fill, run_fill
-from rollup_assets.resources.flips import flipped_pointers
 from rollup_assets.resources.genmap import (
-    read_fence,
     read_pointers,
     read_pointers_at,
-    write_pointer_table,
 )
 from rollup_assets.resources.latest_versions import committed_after
-from rollup_assets.resources.rollup_table import (
-    REPLACED_KEY,
-    RollupTable,
-    Written,
-    cell_keys,
-    in_windows,
-)
+from rollup_assets.resources.rollup_deletions import RollupDeletions
+from rollup_assets.resources.rollup_pointers import RollupPointers
+from rollup_assets.resources.rollup_table import REPLACED_KEY, Written, cell_keys, in_windows
 from rollup_assets.resources.schemas import (
     DELTA_COLUMN,
     PART_COLUMN,
@@ -130,7 +124,7 @@ def _v(version: int | None) -> int:
     return -1 if version is None else version
 
 
-class RollupStore(RollupTable):
+class RollupStore(RollupPointers, RollupDeletions):
     # -- snapshots -----------------------------------------------------------------------------
 
     def snapshot(self, spec: RollupSpec, attempts: int = 20) -> Snapshot:
@@ -209,56 +203,6 @@ class RollupStore(RollupTable):
 
     def table_at(self, spec: RollupSpec, version: int) -> DeltaTable | None:
         return open_table(self.uri(spec), self.options, version)
-
-    def restore_pointers(
-        self,
-        spec: RollupSpec,
-        change: Callable[[pa.Table], pa.Table],
-        *,
-        job_id: str,
-        undoes: str,
-        fence: int | None,
-    ) -> int:
-        """A rollback's atomic commit point: the pointer table becomes `change(current)`, if its
-        fence is still `fence`; the commit moves the fence (a recompute in flight computed from
-        what the rollback changed: it must not flip)."""
-        return write_pointer_table(
-            self.genmap_uri(spec),
-            change,
-            metadata={
-                OPERATION_KEY: Operation.ROLLBACK,
-                "rollups.job_id": job_id,
-                "rollups.undoes": undoes,
-            },
-            storage_options=self.options,
-            expect=fence,
-            move=True,
-        )
-
-    def fence(self, spec: RollupSpec) -> int | None:
-        """The rollup's fence now (`genmap`): read it before reading anything a
-        pointer commit relies on, and hand it to that commit."""
-        return read_fence(self.genmap_uri(spec), self.options)
-
-    def move_fence(self, spec: RollupSpec, why: str, *, job_id: str = "") -> int:
-        """Move the rollup's fence without changing a pointer: every action that read it before
-        fails its pointer commit (a disable, a delete, recovering an interrupted rollback)."""
-        return write_pointer_table(
-            self.genmap_uri(spec),
-            lambda current: current,
-            metadata={
-                OPERATION_KEY: Operation.FENCE,
-                "rollups.reason": why,
-                "rollups.job_id": job_id,
-            },
-            storage_options=self.options,
-            move=True,
-        )
-
-    def flipped_jobs(self, spec: RollupSpec) -> frozenset[str]:
-        """Ids of the jobs whose pointers are in the pointer table now."""
-        pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        return frozenset(j for j in pointers["job_id"].to_pylist() if j is not None)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -556,32 +500,6 @@ class RollupStore(RollupTable):
     ) -> int:
         """Make the new generation's rows part of the table (still invisible: no pointer yet)."""
         return self.commit(spec, lambda _snapshot: CommitPlan(adds=written.adds), metadata)
-
-    def flip(
-        self,
-        spec: RollupSpec,
-        cells: Cells,
-        generation: int,
-        *,
-        job_id: str,
-        run_id: str,
-        fence: int | None,
-        delta: bool = False,
-    ) -> int:
-        """The atomic commit point: `generation`'s base rows (or, with `delta`, its difference
-        rows) become visible on `cells`, if the rollup's fence is still `fence` (read before
-        the job read anything; else FenceMovedError)."""
-        return write_pointer_table(
-            self.genmap_uri(spec),
-            lambda cur: flipped_pointers(cur, cells, generation, job_id, run_id, delta=delta),
-            metadata={
-                OPERATION_KEY: Operation.FLIP,
-                "rollups.generation": str(generation),
-                "rollups.job_id": job_id,
-            },
-            storage_options=self.options,
-            expect=fence,
-        )
 
     def replace_forward(
         self,
