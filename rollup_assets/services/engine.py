@@ -63,7 +63,8 @@ from rollup_assets.resources.fill import (
 )
 from rollup_assets.resources.ledger import Ledger
 from rollup_assets.resources.raw_store import RawStore
-from rollup_assets.resources.rollup_store import RollupStore, Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
+from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.resources.schemas import data_schema
 from rollup_assets.resources.visible_rows import delta_pointers, live_files

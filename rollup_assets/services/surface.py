@@ -78,7 +78,8 @@ from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_commits import CommitPlan, commit
 from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
-from rollup_assets.resources.rollup_store import READERS, Reflected, Snapshot
+from rollup_assets.resources.rollup_reads import READERS
+from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN, data_schema
 from rollup_assets.services.engine import Engine

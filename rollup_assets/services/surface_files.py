@@ -30,7 +30,7 @@ from rollup_assets.resources.delta_files import (
     write_file,
 )
 from rollup_assets.resources.delta_tables import file_actions, open_table
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN, part_values
 from rollup_assets.resources.warehouse import filesystem_for

@@ -16,7 +16,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import BASE_KINDS
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
-from rollup_assets.resources.rollup_store import _cells_only
+from rollup_assets.resources.rollup_reads import _cells_only
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import RAW_ROWS, companion_type
 
