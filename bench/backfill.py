@@ -45,7 +45,7 @@ def ingest_and_backfill(bench: Bench, world: BenchWorld, dataset: Dataset) -> di
 # Where a first-level range run's Spark jobs come from (the driver call that ran them).
 SPARK_PHASES = (
     ("fill.py", "spark_fill_aggregate_and_write"),
-    ("rollup_store.py", "spark_write_files"),
+    ("rollup_writes.py", "spark_write_files"),
     ("comparison.py", "spark_aggregate_and_compare"),
     ("raw_reads.py", "spark_read_raw"),
 )

@@ -21,7 +21,8 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import open_table
-from rollup_assets.resources.genmap import read_pointers, visible_mask
+from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.visible_rows import visible_mask
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import table_uris
 from tests.oracle import oracle

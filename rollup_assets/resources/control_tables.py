@@ -13,12 +13,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from rollup_assets.resources.delta_tables import (
-    TABLE_CONFIGURATION,
-    LatestCache,
-    open_table,
-    with_retries,
-)
+from rollup_assets.resources.delta_tables import TABLE_CONFIGURATION, open_table, with_retries
+from rollup_assets.resources.latest_versions import LatestCache
 
 log = logging.getLogger(__name__)
 

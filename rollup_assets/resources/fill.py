@@ -44,7 +44,6 @@ from rollup_assets.resources.delta_files import (
     row_groups_for,
     write_file,
 )
-from rollup_assets.resources.genmap import visible_mask
 from rollup_assets.resources.rollup_table import Written, cell_keys
 from rollup_assets.resources.schemas import (
     PART_COLUMN,
@@ -53,6 +52,7 @@ from rollup_assets.resources.schemas import (
     part_values,
     with_row_shape,
 )
+from rollup_assets.resources.visible_rows import visible_mask
 from rollup_assets.resources.warehouse import filesystem_for
 
 # What each task returns per file: the written file, and per bucket (start in microseconds

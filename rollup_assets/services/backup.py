@@ -66,7 +66,8 @@ from rollup_assets.resources.delta_copy import (
     split_log,
     table_paths,
 )
-from rollup_assets.resources.delta_tables import committed_after, open_table
+from rollup_assets.resources.delta_tables import open_table
+from rollup_assets.resources.latest_versions import committed_after
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish_all

@@ -28,7 +28,7 @@ from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.fill import Fill
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import cell_keys
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.partials import cell_targets

@@ -39,7 +39,7 @@ from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION
 from rollup_assets.resources.delta_tables import read_commit
-from rollup_assets.resources.genmap import base_generation
+from rollup_assets.resources.visible_rows import base_generation
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

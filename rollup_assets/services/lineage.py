@@ -25,7 +25,7 @@ from rollup_assets.model.specs import RawArchiveSpec, RollupSpec, TimeRangeArchi
 from rollup_assets.model.windows import Window, as_utc
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION, ChangeFeedGone
 from rollup_assets.resources.delta_tables import commit_info, read_commit
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.services.engine import Engine
 
 ROW_COLUMNS = [*CELL_COLUMNS, *WRITTEN_BY]

@@ -29,11 +29,12 @@ from rollup_assets.resources.fill import (
     plan_parts,
     run_partials,
 )
-from rollup_assets.resources.genmap import delta_pointers, live_files
 from rollup_assets.resources.raw_store import RawStore
-from rollup_assets.resources.rollup_store import RollupStore, Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
+from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.resources.schemas import data_schema
+from rollup_assets.resources.visible_rows import delta_pointers, live_files
 
 
 class Partials:

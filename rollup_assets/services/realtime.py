@@ -26,7 +26,7 @@ from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.schemas import data_schema
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import current_rows

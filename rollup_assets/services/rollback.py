@@ -48,13 +48,9 @@ from rollup_assets.model.placement import cells_of, job_scope
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc
-from rollup_assets.resources.genmap import (
-    covered_mask,
-    missing_pointers,
-    newer_pointers,
-    restored_pointers,
-)
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.flips import missing_pointers, newer_pointers, restored_pointers
+from rollup_assets.resources.rollup_snapshots import Snapshot
+from rollup_assets.resources.visible_rows import covered_mask
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
 

@@ -46,7 +46,7 @@ changed for every entity rewrites its partition. The changed cells' rows are rea
 table, or taken from a writer that holds them (`Known`).
 
 Concurrency. One writer runs per rollup, but maintenance, checks and a manual publish may
-publish at the same time. A publish commits through `delta_tables.commit`: on a conflict (a
+publish at the same time. A publish commits through `delta_commits.commit`: on a conflict (a
 concurrent publish records the same application ids; a compaction removed a file it rewrites)
 it is planned again from fresh snapshots. Every plan is a pure function of the surface snapshot
 it was given and the rollup snapshot it then takes, so whichever publish lands last, the
@@ -75,16 +75,11 @@ from rollup_assets.model.operations import (
 )
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_commits import CommitPlan, commit
 from rollup_assets.resources.delta_files import read_row_groups
-from rollup_assets.resources.delta_tables import (
-    CommitPlan,
-    commit,
-    file_actions,
-    open_table,
-    prune_files,
-    read_commit,
-)
-from rollup_assets.resources.rollup_store import READERS, Reflected, Snapshot
+from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
+from rollup_assets.resources.rollup_reads import READERS
+from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN, data_schema
 from rollup_assets.services.engine import Engine

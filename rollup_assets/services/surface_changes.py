@@ -32,9 +32,10 @@ from rollup_assets.model.operations import (
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import open_table, read_commit
-from rollup_assets.resources.genmap import GENMAP_SCHEMA, covered_mask
-from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.resources.genmap import GENMAP_SCHEMA
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.rollup_table import REPLACED_KEY, in_windows
+from rollup_assets.resources.visible_rows import covered_mask
 from rollup_assets.services.engine import Engine
 
 log = logging.getLogger(__name__)

@@ -22,20 +22,15 @@ from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import FAR_FUTURE, FAR_PAST, Window, as_utc, merge_windows
+from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
 from rollup_assets.resources.delta_files import (
     add_action,
     partition_dir,
     read_row_groups,
     write_file,
 )
-from rollup_assets.resources.delta_tables import (
-    CommitPlan,
-    commit,
-    file_actions,
-    open_table,
-    remove_action,
-)
-from rollup_assets.resources.rollup_store import Snapshot
+from rollup_assets.resources.delta_tables import file_actions, open_table
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN, part_values
 from rollup_assets.resources.warehouse import filesystem_for

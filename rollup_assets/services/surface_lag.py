@@ -21,12 +21,9 @@ from pyarrow.fs import FileType
 
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.resources.delta_tables import (
-    LatestCache,
-    commit_file,
-    read_commit,
-)
-from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.resources.delta_tables import commit_file, read_commit
+from rollup_assets.resources.latest_versions import LatestCache
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import MAX_NEUTRAL_COMMITS, reflected

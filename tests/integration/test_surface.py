@@ -28,7 +28,6 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import CURSOR_KEY, tick
 from rollup_assets.resources.delta_tables import open_table, read_commit
 from rollup_assets.resources.rollup_store import RollupStore
-from rollup_assets.resources.rollup_table import RollupTable
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
@@ -126,7 +125,7 @@ def correction(instants: list[datetime], value: float) -> pa.Table:
 def keep_superseded_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Superseded generations stay in the row tables (as a deferred or retained sweep leaves
     them): sweeps delete nothing."""
-    monkeypatch.setattr(RollupTable, "sweep", lambda self, *a, **kw: 0)
+    monkeypatch.setattr(RollupStore, "sweep", lambda self, *a, **kw: 0)
 
 
 def test_surface_holds_exactly_the_active_rows_while_superseded_rows_stay(

@@ -17,7 +17,7 @@ from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
-from rollup_assets.resources.rollup_store import _cells_only
+from rollup_assets.resources.rollup_reads import _cells_only
 from rollup_assets.resources.rollup_table import in_windows
 
 HOURLY = load_catalog().rollup("energy_hourly")

@@ -7,13 +7,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, write_deltalake
 
+from rollup_assets.resources.delta_commits import CommitPlan, commit
 from rollup_assets.resources.delta_files import add_action, write_file
-from rollup_assets.resources.delta_tables import (
-    INDEXED_COLUMNS,
-    CommitPlan,
-    commit,
-    file_actions,
-)
+from rollup_assets.resources.delta_tables import INDEXED_COLUMNS, file_actions
 
 # 40 value columns, then the one files are pruned by.
 SCHEMA = pa.schema(

@@ -10,8 +10,8 @@ import pytest
 from deltalake import write_deltalake
 
 from rollup_assets.resources.control_tables import ControlTable
-from rollup_assets.resources.delta_tables import LatestCache, committed_after
 from rollup_assets.resources.genmap import GENMAP_SCHEMA, read_pointers, write_pointer_table
+from rollup_assets.resources.latest_versions import LatestCache, committed_after
 
 SCHEMA = pa.schema([("name", pa.string()), ("n", pa.int64())])
 

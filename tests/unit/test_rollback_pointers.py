@@ -11,15 +11,15 @@ import pytest
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.genmap import (
-    GENMAP_SCHEMA,
-    covered_mask,
+from rollup_assets.resources.flips import (
     flipped_pointers,
     flipped_since,
     missing_pointers,
     newer_pointers,
     restored_pointers,
 )
+from rollup_assets.resources.genmap import GENMAP_SCHEMA
+from rollup_assets.resources.visible_rows import covered_mask
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 BUCKETS = [Window(T0 + timedelta(hours=h), T0 + timedelta(hours=h + 1)) for h in range(6)]

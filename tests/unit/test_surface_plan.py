@@ -3,7 +3,7 @@ stream of flips coalesces into few publishes and a publish is never asked for tw
 
 from datetime import UTC, datetime, timedelta
 
-from rollup_assets.resources.rollup_store import Reflected
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.sensors.surface_plan import plan_publish, spacing, state_of
 from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag
 

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 import pytest
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.resources.genmap import GENMAP_SCHEMA, live_files, visible_mask
+from rollup_assets.resources.genmap import GENMAP_SCHEMA
+from rollup_assets.resources.visible_rows import live_files, visible_mask
 
 T0 = datetime(2025, 3, 30, tzinfo=UTC)
 

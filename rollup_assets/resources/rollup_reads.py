@@ -1,0 +1,278 @@
+"""Reading a rollup's active rows from a snapshot, in Spark or in Arrow.
+
+A read returns one row per cell, in the shape of a base row: each cell's visible rows
+(`visible_rows`) are kept, and its visible difference rows are folded into its base
+(`compute.folding`). A cell the fold cannot know exactly (its kept extremes all left) is
+aggregated again from its source by the `refill` the engine gives the store.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rollup_assets.compute.arrow_partials import rows_with_keys
+from rollup_assets.compute.filters import rows_within
+from rollup_assets.compute.folding import CellKey, fold
+from rollup_assets.model.cells import Cells
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.resources.delta_files import TargetIndex, targets_of
+from rollup_assets.resources.delta_tables import file_actions
+from rollup_assets.resources.rollup_snapshots import RollupSnapshots, Snapshot
+from rollup_assets.resources.rollup_table import cell_keys, in_windows
+from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, spark_schema
+from rollup_assets.resources.visible_rows import live_files, resolve_visible_spark, visible_mask
+from rollup_assets.resources.warehouse import data_file_uri, spark_uri
+
+# Threads that read a rollup's files side by side (shared, so a query starts none).
+READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
+
+
+class RollupReads(RollupSnapshots):
+    """The active rows of a rollup, folded one per cell."""
+
+    def read_spark(
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> DataFrame:
+        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`."""
+        snap = snapshot or self.snapshot(spec)
+        read_schema = spark_schema(data_schema(spec))
+        if snap.table is None:
+            return spark.createDataFrame([], read_schema)
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
+        )
+        if not files:
+            return spark.createDataFrame([], read_schema)
+        root = self.uri(spec)
+        uris = [spark_uri(data_file_uri(root, f["path"])) for f in files]
+        df = spark.read.schema(read_schema).parquet(*uris)
+        df = rows_within(df, "bucket_start", spans, entities)
+        visible = resolve_visible_spark(spark, df, snap.pointers)
+        return self._folded_spark(spark, spec, visible, snap)
+
+    def _folded_spark(
+        self, spark: SparkSession, spec: RollupSpec, visible: DataFrame, snap: Snapshot
+    ) -> DataFrame:
+        """`visible` rows with each corrected cell's difference rows folded into its base. The
+        cells with difference rows are few (maintenance folds them into new bases): their rows
+        are folded on the driver and put back."""
+        changed = visible.where(F.col(DELTA_COLUMN)).select(ENTITY_COLUMN, "bucket_start")
+        keys = changed.distinct().toArrow()
+        if keys.num_rows == 0:
+            return visible
+        marked = spark.createDataFrame(
+            keys.append_column("__folded", pa.array([True] * keys.num_rows, pa.bool_()))
+        )
+        plain = (
+            visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="left")
+            .where(F.col("__folded").isNull())
+            .drop("__folded")
+        )
+        rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
+        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap)
+        schema = spark_schema(data_schema(spec))
+        return plain.unionByName(spark.createDataFrame(folded.select(schema.names), schema))
+
+    def may_hold(
+        self,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+    ) -> bool:
+        """Could the table hold rows of buckets starting in `spans` (and `entities`)? False only
+        when no live file's statistics overlap them (a first backfill of the range)."""
+        snap = self.snapshot(spec)
+        if snap.table is None:
+            return False
+        return bool(self.overlapping(file_actions(snap.table), spans, entities))
+
+    # Aggregates cells of a rollup again from its source (set by the engine): a read folding a
+    # cell it cannot know exactly (`compute.folding.Unknowable`) asks it for that cell's row.
+    refill: "Callable[[RollupSpec, list[CellKey]], pa.Table] | None" = None
+
+    def read_arrow(
+        self,
+        spec: RollupSpec,
+        spans: Sequence[Window] | None = None,
+        entities: frozenset[str] | None = None,
+        snapshot: Snapshot | None = None,
+        columns: Sequence[str] | None = None,
+        cells: Cells | None = None,
+        exact: bool = False,
+    ) -> pa.Table:
+        """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
+        `generation` is added: the active generation is resolved from it). With `cells`, only
+        the row groups that may hold those cells are read (a few cells cost a row group each,
+        not the cross product of their buckets and entities); rows of other cells may remain,
+        unless `exact` (`cells` are named cells of this rollup): then each file keeps only the
+        rows of those cells, so the driver never holds more than their rows."""
+        snap = snapshot or self.snapshot(spec)
+        schema = data_schema(spec)
+        if columns is not None:
+            # The generation and the row kind resolve what is visible, a cell's bucket end names
+            # it for folding (dropped again after, but the generation).
+            extra = ("generation", DELTA_COLUMN, "bucket_end")
+            wanted = [*columns, *(c for c in extra if c not in columns)]
+            schema = pa.schema([schema.field(c) for c in wanted])
+        if snap.table is None:
+            return schema.empty_table()
+
+        def read(f: dict) -> pa.Table:
+            data = self._read_file(spec, f, schema.names, targets).cast(schema)
+            if keys is not None and targets is not None:
+                return _cells_only(data, keys, targets)
+            mask = in_windows(data["bucket_start"], spans) if spans else None
+            if entities is not None:
+                em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
+                mask = em if mask is None else pc.and_(mask, em)
+            return data if mask is None else data.filter(mask)
+
+        listed = list(cells) if cells is not None else targets_of(spans, entities)
+        targets = None if listed is None else TargetIndex(listed)
+        keys = cell_keys(cells) if exact and cells is not None else None
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
+        )
+        if not files:
+            return schema.empty_table()
+        # Reading and decoding Parquet releases the GIL: files are read side by side.
+        parts = list(READERS.map(read, files))
+        rows = pa.concat_tables(parts)
+        rows = rows.filter(visible_mask(rows, snap.pointers))
+        if (
+            DELTA_COLUMN not in rows.column_names
+            or not pc.any(pc.fill_null(rows[DELTA_COLUMN], False)).as_py()
+        ):
+            return _requested(rows, columns)
+        # Corrected cells: every column of their rows, folded into one row each.
+        changed = rows.filter(pc.fill_null(rows[DELTA_COLUMN], False))
+        named = Cells.collect(
+            (
+                (Window(b, e), frozenset([x]))
+                for x, b, e in zip(
+                    changed[ENTITY_COLUMN].to_pylist(),
+                    changed["bucket_start"].to_pylist(),
+                    changed["bucket_end"].to_pylist(),
+                    strict=True,
+                )
+            ),
+            limit=None,
+        )
+        mine = _not_in(rows, cell_keys(named))
+        whole = self._cells_rows(spec, snap, named)
+        folded = self._folded_arrow(spec, whole, snap).select(schema.names).cast(schema)
+        out = pa.concat_tables([mine.select(schema.names), folded])
+        return _requested(out, columns)
+
+    def _cells_rows(self, spec: RollupSpec, snap: Snapshot, cells: Cells) -> pa.Table:
+        """Every column of the visible rows of named `cells` at `snap`."""
+        schema = data_schema(spec)
+        if snap.table is None:
+            return schema.empty_table()
+        spans = merge_windows(list(cells.windows))
+        targets = TargetIndex(list(cells))
+        keys = cell_keys(cells)
+        files = live_files(
+            self.overlapping(file_actions(snap.table), spans, cells.entities), snap.pointers
+        )
+
+        def read(f: dict) -> pa.Table:
+            data = self._read_file(spec, f, schema.names, targets).cast(schema)
+            return _cells_only(data, keys, targets)
+
+        parts = list(READERS.map(read, files)) or [schema.empty_table()]
+        rows = pa.concat_tables(parts)
+        return rows.filter(visible_mask(rows, snap.pointers))
+
+    def _folded_arrow(self, spec: RollupSpec, rows: pa.Table, snap: Snapshot) -> pa.Table:
+        """The visible rows of some cells folded into one base-shaped row each; the cells the
+        fold cannot know are aggregated again from their source (`refill`)."""
+        folded, unknown = fold(rows.cast(data_schema(spec)), spec)
+        if not unknown:
+            return folded
+        if self.refill is None:
+            raise RuntimeError(f"'{spec.name}': {len(unknown)} cell(s) need a refill, none given")
+        again = self.refill(spec, unknown)
+        return pa.concat_tables(
+            [folded, _as_rows_of(again, folded.schema, generation=_newest(rows, unknown))]
+        )
+
+
+def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
+    """The rows of the cells `keys` (bucket_start, entity_id; also indexed as `cells`). A file
+    holds few of the cells' entities in its time range: rows are narrowed to those first, so
+    the exact match runs on about the cells' own rows."""
+    if rows.num_rows == 0:
+        return rows
+    lo, hi = pc.min_max(rows["bucket_start"]).values()
+    near = {e for _, scope in cells.overlapping(lo.as_py(), hi.as_py()) for e in scope or ()}
+    if not near:
+        return rows.schema.empty_table()  # not a slice: it would keep the file's buffers
+    rows = rows.filter(pc.is_in(rows["entity_id"], value_set=pa.array(sorted(near), pa.string())))
+    return rows_with_keys(rows, keys, keys.column_names)
+
+
+def _not_in(rows: pa.Table, keys: pa.Table) -> pa.Table:
+    """`rows` of cells other than `keys` (bucket_start, entity_id)."""
+    names = ["bucket_start", "entity_id"]
+    # Only the keys and a row index join (a join carries no list column).
+    index = pa.table({n: rows[n] for n in names}).append_column(
+        "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    )
+    hit = index.join(keys.select(names), names, join_type="left semi")["__i"].to_numpy()
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[hit] = False
+    return rows.filter(pa.array(keep))
+
+
+def _newest(rows: pa.Table, cells: list[CellKey]) -> dict[CellKey, int]:
+    wanted = set(cells)
+    out: dict[CellKey, int] = {}
+    for e, b, g in zip(
+        rows[ENTITY_COLUMN].to_pylist(),
+        rows["bucket_start"].to_pylist(),
+        rows["generation"].to_pylist(),
+        strict=True,
+    ):
+        if (e, b) in wanted:
+            out[(e, b)] = max(out.get((e, b), 0), g)
+    return out
+
+
+def _as_rows_of(again: pa.Table, schema: pa.Schema, generation: dict[CellKey, int]) -> pa.Table:
+    """Partials aggregated again (`refill`), in the shape of stored rows at each cell's newest
+    visible generation."""
+    n = again.num_rows
+    keys = list(
+        zip(again[ENTITY_COLUMN].to_pylist(), again["bucket_start"].to_pylist(), strict=True)
+    )
+    columns = {}
+    for f in schema:
+        if f.name in again.column_names:
+            columns[f.name] = again[f.name].cast(f.type)
+        elif f.name == "generation":
+            columns[f.name] = pa.array([generation.get(k, 0) for k in keys], pa.int64())
+        elif f.name == DELTA_COLUMN:
+            columns[f.name] = pa.array([False] * n, pa.bool_())
+        else:
+            columns[f.name] = pa.nulls(n, f.type)
+    return pa.table(columns, schema=schema)
+
+
+def _requested(rows: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    """`rows` in the `columns` asked for and their generation (every column: None)."""
+    if columns is None:
+        return rows
+    return rows.select([*columns, *(["generation"] if "generation" not in columns else [])])

@@ -1,0 +1,190 @@
+"""Writing a rollup's rows: a new generation's files (by the executors, or on the driver for
+rows already there) and the commit that adds them, still invisible until a flip
+(`rollup_pointers`); and the forward lane's replacement of generation-0 rows in one commit.
+"""
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.resources.delta_commits import CommitPlan
+from rollup_assets.resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer
+from rollup_assets.resources.delta_tables import file_actions
+from rollup_assets.resources.fill import Fill, run_fill
+from rollup_assets.resources.rollup_snapshots import RollupSnapshots
+from rollup_assets.resources.rollup_table import REPLACED_KEY, Written, in_windows
+from rollup_assets.resources.schemas import (
+    DELTA_COLUMN,
+    PART_COLUMN,
+    part_format,
+    part_values,
+    spark_schema,
+    table_schema,
+    with_row_shape,
+)
+
+
+class RollupWrites(RollupSnapshots):
+    """New generations of a rollup's rows, and the forward lane's rows."""
+
+    def next_generation(self, spec: RollupSpec) -> int:
+        """One more than any generation ever flipped or written (also by crashed runs)."""
+        snap = self.snapshot(spec)
+        gens = [0]
+        if snap.pointers.num_rows:
+            gens.append(pc.max(snap.pointers["generation"]).as_py())
+        if snap.table is not None:
+            gens += [
+                f["max.generation"]
+                for f in file_actions(snap.table)
+                if f.get("max.generation") is not None
+            ]
+        return max(gens) + 1
+
+    def write_rows(
+        self,
+        frame: DataFrame | pa.Table,
+        spec: RollupSpec,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """Executors write `frame` (entity_id, bucket_start, bucket_end, partials) as Parquet files
+        stamped with `generation`; returns the Delta add actions (nothing is committed yet). A
+        table of a few rows already on the driver is written there, with the same writer."""
+        if isinstance(frame, pa.Table):
+            return self._write_local(
+                frame,
+                spec,
+                generation=generation,
+                job_id=job_id,
+                run_id=run_id,
+                source_versions=source_versions,
+            )
+        df = (
+            frame.withColumn("generation", F.lit(generation).cast("long"))
+            .withColumn("run_id", F.lit(run_id))
+            .withColumn("job_id", F.lit(job_id))
+            .withColumn("source_versions", F.lit(json.dumps(source_versions, sort_keys=True)))
+            .withColumn(PART_COLUMN, F.date_format(F.col("bucket_start"), part_format(spec)))
+        )
+        target = spark_schema(table_schema(spec))
+        for f in target.fields:
+            if f.name not in df.columns:  # a base row's values entering and leaving: none
+                value = F.lit(False) if f.name == DELTA_COLUMN else F.lit(None)
+                df = df.withColumn(f.name, value.cast(f.dataType))
+        df = df.select(*target.names)
+        parts = int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
+        # Entity-major inside each file: a recompute for a few entities reads their row groups.
+        df = df.repartition(parts, PART_COLUMN).sortWithinPartitions(
+            PART_COLUMN, "entity_id", "bucket_start"
+        )
+        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
+        rows = [r.asDict() for r in df.mapInArrow(writer, WRITTEN_FILES_DDL).collect()]
+        return Written([add_action(r) for r in rows], sum(int(r["num_rows"]) for r in rows))
+
+    def write_fill(
+        self,
+        spark: SparkSession,
+        fill: Fill,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """Executors aggregate and write a first fill (`fill`), one file per storage
+        partition, stamped like `write_rows`; the add actions (nothing is committed yet), the
+        cells and source rows written per bucket, and the source rows decoded."""
+        stamp: dict[str, str | int] = {
+            "generation": generation,
+            "run_id": run_id,
+            "job_id": job_id,
+            "source_versions": json.dumps(source_versions, sort_keys=True),
+        }
+        return run_fill(spark, fill, self.uri(fill.spec), self.options, stamp)
+
+    def _write_local(
+        self,
+        rows: pa.Table,
+        spec: RollupSpec,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """`write_rows` for rows already on the driver: the same files, written here with the
+        executors' writer, without a Spark job."""
+        n = rows.num_rows
+        if n == 0:
+            return Written([], 0)
+        stamp = {
+            "generation": pa.array([generation] * n, pa.int64()),
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "job_id": pa.array([job_id] * n, pa.string()),
+            "source_versions": pa.array(
+                [json.dumps(source_versions, sort_keys=True)] * n, pa.string()
+            ),
+        }
+        stamp[PART_COLUMN] = part_values(spec, rows["bucket_start"])
+        for name, values in stamp.items():
+            rows = rows.append_column(name, values)
+        schema = table_schema(spec)
+        rows = with_row_shape(rows, schema)
+        data = rows.select(schema.names).cast(schema)
+        data = data.sort_by(
+            [(PART_COLUMN, "ascending"), ("entity_id", "ascending"), ("bucket_start", "ascending")]
+        )
+        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
+        files = [r for batch in writer(iter(data.to_batches())) for r in batch.to_pylist()]
+        return Written([add_action(r) for r in files], sum(int(r["num_rows"]) for r in files))
+
+    def commit_generation(
+        self, spec: RollupSpec, written: Written, metadata: dict[str, str]
+    ) -> int:
+        """Make the new generation's rows part of the table (still invisible: no pointer yet)."""
+        return self.commit(spec, lambda _snapshot: CommitPlan(adds=written.adds), metadata)
+
+    def replace_forward(
+        self,
+        spec: RollupSpec,
+        written: Written,
+        buckets: list[Window],
+        metadata: dict[str, str],
+    ) -> int:
+        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit.
+
+        The commit records the buckets it replaced (`REPLACED_KEY`): a bucket whose new
+        aggregation is empty gets no file, and readers of the commit (the surface's publish)
+        still learn that its rows changed."""
+        spans = [[iso_utc(w.start), iso_utc(w.end)] for w in merge_windows(buckets)]
+        metadata = {**metadata, REPLACED_KEY: json.dumps(spans)}
+
+        def drop(rows: pa.Table) -> pa.ChunkedArray:
+            return pc.and_(
+                in_windows(rows["bucket_start"], buckets), pc.equal(rows["generation"], 0)
+            )
+
+        def select(files: list[dict]) -> list[dict]:
+            # A file whose statistics say every row is of a later generation (a recompute's) holds
+            # no generation-0 row: it is not read.
+            return [
+                f
+                for f in self.overlapping(files, buckets, None)
+                if (f.get("min.generation") or 0) == 0
+            ]
+
+        def plan(snapshot: DeltaTable | None) -> CommitPlan:
+            removes, rewritten, _ = self._rewrite(spec, snapshot, select, drop)
+            return CommitPlan(adds=[*written.adds, *rewritten], removes=removes)
+
+        return self.commit(spec, plan, metadata)
