@@ -11,6 +11,10 @@ from enum import StrEnum
 
 # The commit-info key every operation below is recorded under.
 OPERATION_KEY = "rollups.operation"
+# What retention keeps from, in a table's log: the app transaction whose version is that instant
+# (microseconds since the epoch; the fence a racing write checks) and the commit-info key of the
+# commit that recorded it (ISO 8601).
+RETAINED_FROM_KEY = "rollups.retained_from"
 
 
 class Operation(StrEnum):

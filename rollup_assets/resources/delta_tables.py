@@ -29,6 +29,9 @@ INDEXED_COLUMNS = "delta.dataSkippingNumIndexedCols"
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "10", INDEXED_COLUMNS: "-1"}
 
 R = TypeVar("R")
+# How often a commit of a raw table that lost a race with a concurrent one (an ingest, a delete,
+# a refresh of computed columns) is tried.
+MERGE_ATTEMPTS = 8
 
 
 def with_retries(

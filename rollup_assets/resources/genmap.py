@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.errors import FenceMovedError
+from rollup_assets.model.operations import RETAINED_FROM_KEY
 from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
 from rollup_assets.resources.delta_files import add_action, write_file
 from rollup_assets.resources.delta_tables import file_actions, open_table
@@ -48,7 +49,6 @@ GENMAP_SCHEMA = pa.schema(
 FENCE_APP = "rollups.fence"
 # The app id under which rollup retention records, in the pointer commit that dropped the
 # pointers of the buckets before it, the instant (Unix microseconds) the rollup keeps from.
-RETAINED_APP = "rollups.retained_from"
 
 
 def _conform(table: DeltaTable) -> pa.Table:
@@ -61,7 +61,7 @@ def _conform(table: DeltaTable) -> pa.Table:
 def retained_mark(table: DeltaTable | None) -> int:
     """The instant (Unix microseconds) before which rollup retention dropped every pointer of
     a pointer table snapshot (0: it never did)."""
-    return 0 if table is None else table.transaction_version(RETAINED_APP) or 0
+    return 0 if table is None else table.transaction_version(RETAINED_FROM_KEY) or 0
 
 
 def fence_of(table: DeltaTable | None) -> int | None:
@@ -120,7 +120,7 @@ def write_pointer_table(
     None for "no table yet"), the commit is a compare-and-set: it raises FenceMovedError,
     committing nothing, when the fence is no longer that value. With `move`, the commit moves
     the fence on: whoever read it before fails its own commit. `marks` are further app
-    transactions (app id, version) the commit records (retention's `RETAINED_APP`)."""
+    transactions (app id, version) the commit records (retention's `RETAINED_FROM_KEY`)."""
     fs, root = filesystem_for(uri, storage_options)
 
     def plan(snapshot: DeltaTable | None) -> CommitPlan:

@@ -46,6 +46,7 @@ from rollup_assets.model.specs import (
 )
 from rollup_assets.resources.batch_conversion import fill_computed
 from rollup_assets.resources.delta_tables import (
+    MERGE_ATTEMPTS,
     commit_info,
     file_actions,
     read_commit,
@@ -219,6 +220,6 @@ def refresh_inserted(
     return with_retries(
         attempt,
         retryable=lambda exc: isinstance(exc, CommitFailedError),
-        attempts=8,
+        attempts=MERGE_ATTEMPTS,
         what=f"refreshing computed columns of {uri}",
     )

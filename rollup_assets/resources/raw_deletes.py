@@ -9,14 +9,12 @@ from deltalake import CommitProperties, Transaction
 from deltalake.exceptions import CommitFailedError
 
 from rollup_assets.model.jobs import ChangeSource
-from rollup_assets.model.operations import OPERATION_KEY, Operation
+from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import DAY_COLUMN, SourceSpec
 from rollup_assets.model.windows import Window, micros
-from rollup_assets.resources.delta_tables import file_actions, with_retries
+from rollup_assets.resources.delta_tables import MERGE_ATTEMPTS, file_actions, with_retries
 from rollup_assets.resources.raw_tables import (
     BEGINNING_OF_TIME,
-    MERGE_ATTEMPTS,
-    RETENTION_APP,
     RawTables,
     retained_from,
 )
@@ -98,14 +96,14 @@ def drop_days_before(tables: RawTables, spec: SourceSpec, cut: dt.datetime) -> D
         OPERATION_KEY: Operation.RETENTION,
         "rollups.min_ts": first.isoformat(),
         "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
-        "rollups.retained_from": cut.isoformat(),
+        RETAINED_FROM_KEY: cut.isoformat(),
     }
     version, rows = _delete(
         tables,
         spec,
         f"{DAY_COLUMN} < '{first_kept.isoformat()}'",
         metadata,
-        txn=Transaction(RETENTION_APP, micros(cut)),
+        txn=Transaction(RETAINED_FROM_KEY, micros(cut)),
     )
     return DroppedDays(spec.name, tuple(days), rows, version)
 
@@ -132,9 +130,9 @@ def fence_retention(tables: RawTables, spec: SourceSpec, cut: dt.datetime) -> No
                     OPERATION_KEY: Operation.RETENTION,
                     "rollups.min_ts": BEGINNING_OF_TIME.isoformat(),
                     "rollups.max_ts": (cut - dt.timedelta(microseconds=1)).isoformat(),
-                    "rollups.retained_from": cut.isoformat(),
+                    RETAINED_FROM_KEY: cut.isoformat(),
                 },
-                app_transactions=[Transaction(RETENTION_APP, micros(cut))],
+                app_transactions=[Transaction(RETAINED_FROM_KEY, micros(cut))],
             ),
         )
 

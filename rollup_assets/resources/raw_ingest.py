@@ -20,6 +20,7 @@ from rollup_assets.faults import checkpoint
 from rollup_assets.model.column_rules import stored_operands
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.operations import RETAINED_FROM_KEY
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import SourceSpec
 from rollup_assets.model.windows import as_utc
@@ -27,12 +28,10 @@ from rollup_assets.resources.batch_conversion import with_stored_operands
 from rollup_assets.resources.batch_sources import BatchSource, FileSource
 from rollup_assets.resources.batches import BatchReader, BatchSummary
 from rollup_assets.resources.delta_files import ROW_GROUP_ROWS
-from rollup_assets.resources.delta_tables import file_actions, with_retries
+from rollup_assets.resources.delta_tables import MERGE_ATTEMPTS, file_actions, with_retries
 from rollup_assets.resources.raw_columns import columns_changed_between
 from rollup_assets.resources.raw_reads import stored_rows_of
 from rollup_assets.resources.raw_tables import (
-    MERGE_ATTEMPTS,
-    RETENTION_APP,
     RawTables,
     configured,
     retained_from,
@@ -41,7 +40,7 @@ from rollup_assets.resources.upsert import ingest_metadata, upsert_clauses
 
 log = logging.getLogger(__name__)
 # An ingest reaching days this close to a retention horizon (by the wall clock) commits under
-# `RETENTION_APP`; newer batches cannot race a retention pass and do not serialize on it.
+# `RETAINED_FROM_KEY`; newer batches cannot race a retention pass and do not serialize on it.
 RETENTION_SLACK = dt.timedelta(days=2)
 
 
@@ -147,7 +146,7 @@ def _upsert(
         fence = retained_from(table)
         _require_retained(spec, summary, fence)
         checkpoint("merge_attempt", spec.name)
-        txns = [Transaction(RETENTION_APP, table.transaction_version(RETENTION_APP) or 0)]
+        txns = [Transaction(RETAINED_FROM_KEY, table.transaction_version(RETAINED_FROM_KEY) or 0)]
         batches = reader.chunks()
         if operands:
             files = file_actions(table) if table.version() >= 0 else []

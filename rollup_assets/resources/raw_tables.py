@@ -5,7 +5,7 @@ A raw table is partitioned by the UTC day of its time column and has the change 
 so the retroactive-write sensor can see every changed row.
 
 Retention and ingest are fenced by the table itself: a retention commit records the instant
-every earlier day is dropped before as the version of the app transaction `RETENTION_APP` (its
+every earlier day is dropped before as the version of the app transaction `RETAINED_FROM_KEY` (its
 microseconds since the epoch), and every attempt of an ingest that may reach such old days
 checks its rows against the value in the snapshot it merges into, and commits under the same
 app id. A retention commit that lands between an attempt's snapshot and its commit makes the
@@ -18,6 +18,7 @@ import datetime as dt
 
 from deltalake import DeltaTable
 
+from rollup_assets.model.operations import RETAINED_FROM_KEY
 from rollup_assets.model.specs import SourceSpec
 from rollup_assets.resources.delta_tables import TABLE_CONFIGURATION, open_table
 from rollup_assets.resources.raw_columns import S, applied_spec
@@ -33,10 +34,7 @@ RAW_CONFIGURATION = {
     "delta.enableChangeDataFeed": "true",
     "delta.targetFileSize": str(RAW_FILE_BYTES),
 }
-# How often a commit that lost a race with a concurrent one (an ingest, a delete) is tried.
-MERGE_ATTEMPTS = 8
-# The app transaction whose version is the instant retention keeps rows from (microseconds).
-RETENTION_APP = "rollups.retained_from"
+# What retention keeps from before any retention ran.
 BEGINNING_OF_TIME = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 
 
@@ -71,7 +69,7 @@ def configured(table: DeltaTable) -> DeltaTable:
 
 def retained_from(table: DeltaTable) -> dt.datetime | None:
     """The instant a raw table's snapshot keeps rows from (None: retention never dropped)."""
-    at = table.transaction_version(RETENTION_APP)
+    at = table.transaction_version(RETAINED_FROM_KEY)
     if not at:
         return None
     return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=at)

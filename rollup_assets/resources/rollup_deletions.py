@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from rollup_assets.model.keeping import Keeping
-from rollup_assets.model.operations import OPERATION_KEY, Operation
+from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.resources.delta_commits import CommitPlan
@@ -194,7 +194,7 @@ class RollupDeletions(RollupTable):
 
         metadata = {
             OPERATION_KEY: Operation.RETENTION,
-            "rollups.retained_from": iso_utc(cut),
+            RETAINED_FROM_KEY: iso_utc(cut),
             REPLACED_KEY: json.dumps([[iso_utc(first), iso_utc(cut)]]),
         }
         return self._delete_rows(spec, select, drop, metadata)

@@ -11,13 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.operations import OPERATION_KEY, Operation
+from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc, micros
 from rollup_assets.resources.delta_tables import open_table
 from rollup_assets.resources.flips import flipped_pointers
 from rollup_assets.resources.genmap import (
-    RETAINED_APP,
     read_fence,
     read_pointers,
     retained_mark,
@@ -132,7 +131,7 @@ class RollupPointers(RollupTable):
 
     def drop_pointers_before(self, spec: RollupSpec, cut: datetime) -> int | None:
         """Retention's first effect: drop the pointers of buckets starting before `cut` in one
-        commit that records `cut` (`RETAINED_APP`) and moves the rollup's fence, so a recompute
+        commit that records `cut` (`RETAINED_FROM_KEY`) and moves the rollup's fence, so a recompute
         that read the fence before can no longer flip there. Nothing is committed when the table
         records `cut` (or later) already. Returns the commit's version (None: none)."""
         kept = self.pointers_retained_from(spec)
@@ -144,9 +143,9 @@ class RollupPointers(RollupTable):
             lambda cur: cur.filter(pc.greater_equal(cur["bucket_start"], b)),
             metadata={
                 OPERATION_KEY: Operation.RETENTION,
-                "rollups.retained_from": iso_utc(cut),
+                RETAINED_FROM_KEY: iso_utc(cut),
             },
             storage_options=self.options,
             move=True,
-            marks=[(RETAINED_APP, micros(cut))],
+            marks=[(RETAINED_FROM_KEY, micros(cut))],
         )

@@ -38,11 +38,10 @@ from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, SourceSpec, key_columns
 from rollup_assets.resources.batch_conversion import BatchConverter, fill_computed
 from rollup_assets.resources.delta_jars import INSTALL_COMMAND, has_delta
-from rollup_assets.resources.delta_tables import read_commit, with_user_metadata
+from rollup_assets.resources.delta_tables import MERGE_ATTEMPTS, read_commit, with_user_metadata
 from rollup_assets.resources.raw_columns import columns_changed_between
 from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.raw_store import RawStore
-from rollup_assets.resources.raw_tables import MERGE_ATTEMPTS
 from rollup_assets.resources.schemas import archive_schema, spark_schema
 from rollup_assets.resources.spark_batches import validate_frame, without_malformed
 from rollup_assets.resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses

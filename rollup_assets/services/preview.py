@@ -28,10 +28,9 @@ from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.commit_changes import CHANGE_TYPE
 from rollup_assets.resources.upsert_preview import UpsertPreview
+from rollup_assets.services.correction import DIFFERENCE
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.ingest import writable_archive
-
-DIFFERENCE = "difference"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Three effects, intent first, each of which can be made again:
 1. the archive state: the new `retained_from` (a compare-and-set, monotonic). From then on a
    recompute of this rollup or of a level above that places its buckets is refused there;
 2. the pointer table: the pointers of the dropped buckets go, in one commit that records the
-   instant (`RETAINED_APP`) and moves the rollup's fence: a recompute that read the fence
+   instant (`RETAINED_FROM_KEY`) and moves the rollup's fence: a recompute that read the fence
    before fails its flip instead of pointing readers at rows about to go;
 3. the row table: every row of the dropped buckets (base and difference rows of every
    generation) goes in one commit.
