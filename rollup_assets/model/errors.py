@@ -3,6 +3,8 @@
 Every message names the archive and, where there is one, the row or rule at fault.
 """
 
+from datetime import datetime
+
 
 class RollupsError(Exception):
     """Base class of every error this project raises on purpose."""
@@ -67,6 +69,18 @@ class IngestValidationError(RollupsError):
         where = f"row {row}" if row is not None else "batch"
         super().__init__(
             f"ingest into '{archive}' rejected at {where}: {reason}; nothing was written"
+        )
+
+    @classmethod
+    def before_retention(
+        cls, archive: str, row: int | None, reading: str, not_before: datetime
+    ) -> "IngestValidationError":
+        """A reading (`reading`: which, and when) before what retention keeps: its day was
+        dropped, and its rollups keep their values (they would not be corrected)."""
+        return cls(
+            archive,
+            row,
+            f"{reading} is before {not_before.isoformat()}: retention has dropped those days",
         )
 
 

@@ -113,11 +113,11 @@ class BatchReader:
         dup = _first_duplicate(before, key_columns(self.spec))
         if dup is not None:
             raise self._duplicate(dup)
-        raise IngestValidationError(
+        raise IngestValidationError.before_retention(
             self.spec.name,
             offset + i,
-            f"{time_col} {t[time_col][i].as_py().isoformat()} is before "
-            f"{not_before.isoformat()}: retention has dropped those days",
+            f"{time_col} {t[time_col][i].as_py().isoformat()}",
+            not_before,
         )
 
     def _keys(self, t: pa.Table, offset: int) -> pa.Table:

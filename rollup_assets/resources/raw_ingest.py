@@ -210,9 +210,9 @@ def _require_retained(
 ) -> None:
     """Refuse a batch holding readings before what retention keeps (`not_before`)."""
     if not_before is not None and as_utc(summary.min_ts) < not_before:
-        raise IngestValidationError(
+        raise IngestValidationError.before_retention(
             spec.name,
             None,
-            f"it holds readings from {as_utc(summary.min_ts).isoformat()}, before "
-            f"{not_before.isoformat()}: retention has dropped those days",
+            f"its first reading, at {as_utc(summary.min_ts).isoformat()},",
+            not_before,
         )

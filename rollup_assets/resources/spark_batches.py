@@ -130,11 +130,8 @@ def validate_frame(
     lo = EPOCH + dt.timedelta(microseconds=min(p["min_us"] for p in ranged))
     hi = EPOCH + dt.timedelta(microseconds=max(p["max_us"] for p in ranged))
     if not_before is not None and lo < not_before:
-        raise IngestValidationError(
-            spec.name,
-            None,
-            f"it holds readings from {lo.isoformat()}, before {not_before.isoformat()}: "
-            "retention has dropped those days",
+        raise IngestValidationError.before_retention(
+            spec.name, None, f"its first reading, at {lo.isoformat()},", not_before
         )
     days = sorted({dt.date.fromisoformat(d) for p in ranged for d in json.loads(p["days"])})
     return FrameSummary(total, lo, hi, days, int(entities))
