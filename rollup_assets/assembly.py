@@ -75,14 +75,14 @@ def build_definitions(
     catalog: Catalog,
     warehouse: WarehouseResource | None = None,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> dg.Definitions:
     """Every asset, check, job, sensor and schedule of `catalog`, with resources from `settings`
-    (default: the documented defaults; the edges pass what they read with
-    `Settings.from_env()`); `warehouse` overrides the warehouse resource. With tenants
+    (what the edge read with `Settings.from_env()`, or `Settings()` for the documented
+    defaults: required, so a definitions module cannot drop them unseen); `warehouse` overrides
+    the warehouse resource. With tenants
     declared, each tenant gets its own copy of everything, prefixed by its name and bound to
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
-    settings = settings or Settings()
     base = warehouse or WarehouseResource.from_settings(settings)
     return dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],

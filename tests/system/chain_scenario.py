@@ -43,6 +43,8 @@ def session_for(url: str, conf: dict[str, str]) -> SparkSession:
         remote=settings.spark_remote,
         conf=conf,
         delta_jars=settings.delta_jars,
+        python=settings.pyspark_python,
+        java_home=settings.java_home,
     )
 
 
