@@ -2,11 +2,15 @@
 after a backoff (`Engine.retry`), unless no retry can mend the failure; or completed, when its
 flip landed before the failure."""
 
+from datetime import datetime
+
 from rollup_assets.model.errors import FenceMovedError, RecomputeAbortedError, RollupsError
 from rollup_assets.model.jobs import JobState
 from rollup_assets.model.operations import Operation
+from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.propagation import completed_after_flip
 from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
 from rollup_assets.services.engine import Engine
 
 
@@ -32,11 +36,30 @@ def record_failure(
         )
         return
     mark = engine.states.get(spec.name).watermark
-    kept = tuple(w for w in current.windows if mark is not None and w.end <= mark)
+    kept = tuple(before_mark(spec, current.windows, mark))
     again = None if kept == current.windows else kept
     engine.ledger.record(
         current.fail(reason, policy=engine.retry, windows=again, permanent=permanent)
     )
+
+
+def before_mark(
+    spec: RollupSpec, windows: tuple[Window, ...], mark: datetime | None
+) -> list[Window]:
+    """The part of `windows` whose buckets end by `mark` (none without one). A window that
+    spans `mark` (a range of many buckets: a new formula's, a manual request's) keeps its
+    buckets before it; dropping it whole would lose them, with nothing queued."""
+    if mark is None:
+        return []
+    kept = []
+    for w in windows:
+        if w.end <= mark:
+            kept.append(w)
+        elif w.start < mark:
+            ends = [b.end for b in buckets_in(spec, [w]) if b.end <= mark]
+            if ends:
+                kept.append(Window(w.start, max(ends)))
+    return kept
 
 
 def permanent_failure(exc: BaseException) -> bool:

@@ -154,6 +154,38 @@ def test_r1_a_rewind_between_a_recompute_check_and_its_flip_fails_the_flip(
     assert any(w.start >= rewind_to for w in stopped.windows)
 
 
+def test_r1_a_new_formulas_recompute_stopped_by_a_rewind_is_queued_again_before_the_point(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new formula's recompute names every closed bucket as one range: stopped by a rewind
+    inside that range, its buckets before the rewind point are queued again (the forward lane
+    aggregates the rest), not dropped with the range."""
+    loaded(world)
+    doc = yaml.safe_load(DEFAULT_SPECS.read_text())
+    doc["raw_archives"]["energy_raw"]["columns"]["current_a"]["formula"] = (
+        "power_kw * 1000 / voltage_v * 2"
+    )
+    engine = Engine(parse_catalog(doc, origin="changed"), Warehouse(world.engine.warehouse.root))
+    change_column(engine, "energy_raw", "current_a", ColumnAction.SET_FORMULA)
+    rewind_to = midnight(FIRST + timedelta(days=1))
+
+    def rewind() -> None:
+        world.ops.rewind(HOURLY, rewind_to)
+
+    flip = once(rewind)(RollupStore.flip)
+    monkeypatch.setattr(RollupStore, "flip", flip)
+    reports = tick_until_quiet(world.defs, world.instance, NOW)
+    assert flip.fired
+    assert any("fence moved" in f for f in failed_runs(reports)), failed_runs(reports)
+    [retry] = [j for j in world.engine.ledger.history(HOURLY) if j.attempt == 2]
+    assert max(w.end for w in retry.windows) == rewind_to
+    world.tick(NOW)
+    raw = world.raw()
+    raw["current_a"] = raw["current_a"] * 2  # the oracle's frame computes the old formula
+    assert compare_all(world.query, raw, world.catalog) == []  # every level: the new formula
+    assert [j for j in world.engine.ledger.snapshot().jobs.values() if not j.state.terminal] == []
+
+
 def test_r2_a_failed_recompute_is_retried_until_the_correction_lands(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
