@@ -82,6 +82,10 @@ class RollupReads(RollupSnapshots):
         )
         rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
         folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap)
+        if folded.num_rows == 0:
+            # Every changed cell lost its last source row (Spark cannot build a frame from an
+            # Arrow table without chunks).
+            return plain
         schema = spark_schema(data_schema(spec))
         return plain.unionByName(spark.createDataFrame(folded.select(schema.names), schema))
 

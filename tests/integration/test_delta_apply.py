@@ -253,3 +253,36 @@ def test_mixed_waves_applied_as_differences_equal_the_oracle(
             else was[k] == now[k]
             for k in was
         ), (was, now)
+
+
+def test_a_spark_read_of_cells_whose_every_reading_was_deleted_leaves_them_out(
+    world: World, spark
+) -> None:
+    """Every reading of an hour deleted: the hour's difference leaves no row. A read on Spark
+    (what aggregates the level above again from this one) folds the changed cells on the
+    driver and leaves that cell out, even when it is the only changed cell."""
+    first = date(2025, 11, 3)
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(first, 2)]))
+    world.activate_all(NOW)
+    start = datetime(2025, 11, 3, tzinfo=UTC)
+    world.backfill([Window(start, start + timedelta(days=2))])
+    world.tick(NOW)
+    hour = start + timedelta(hours=7)
+    world.engine.raw.delete_rows(
+        world.catalog.raw["energy_raw"],
+        Window(hour, hour + timedelta(hours=1)),
+        frozenset({"meter-0000"}),
+        ChangeSource.MANUAL,
+        retention=False,
+    )
+    world.tick(NOW)
+    spec = world.catalog.rollup("energy_hourly")
+    rows = world.engine.rollups.read_spark(spark, spec, [Window(start, start + timedelta(days=1))])
+    cells = {
+        (r["entity_id"], r["bucket_start"])
+        for r in rows.select("entity_id", "bucket_start").collect()
+    }
+    naive = hour.replace(tzinfo=None)  # Spark hands back UTC instants without a zone
+    assert ("meter-0000", naive) not in cells and ("meter-0001", naive) in cells
+    assert compare_all(world.query, world.raw(), world.catalog) == []
