@@ -15,6 +15,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
+from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.resources.delta_tables import (
     INDEXED_COLUMNS,
     TABLE_CONFIGURATION,
@@ -50,18 +51,27 @@ def commit(
     storage_options: dict[str, str] | None = None,
     app_txn: tuple[str, int] | None = None,
     attempts: int = 8,
+    identity: str | None = None,
 ) -> int:
     """Commit `plan(snapshot)` in one transaction, creating the table if needed; return its version.
 
     `plan` is called again with a fresh snapshot after a conflict, so removals always refer to
     files that still exist. With `app_txn=(app_id, version)` the commit is a compare-and-set:
-    a concurrent commit carrying the same app id makes this one fail and retry.
+    a concurrent commit carrying the same app id makes this one fail and retry. With `identity`
+    (`table_identity` read when the action began), it commits only to that very table: one
+    deleted and created again at `uri` since (whose files the action may have written into the
+    deleted one) fails the commit with FenceMovedError, committing nothing.
     """
     created = [False]
 
     def attempt() -> int:
         table = open_table(uri, storage_options)
         created[0] = table is None
+        if identity is not None and table_identity(table) != identity:
+            raise FenceMovedError(
+                f"commit to {uri}: the table was deleted (and perhaps created again) since the "
+                "action began; nothing was committed"
+            )
         if table is not None:
             table = _with_columns_of(_with_every_column_indexed(table), schema)
         p = plan(table)
@@ -103,6 +113,12 @@ def commit(
         )
 
     return with_retries(attempt, retryable=retryable, attempts=attempts, what=f"commit to {uri}")
+
+
+def table_identity(table: DeltaTable | None) -> str:
+    """What tells one table at a location from another created there after it was deleted: its
+    Delta metadata id ("" when there is no table)."""
+    return "" if table is None else str(table.metadata().id)
 
 
 def _with_columns_of(table: DeltaTable, schema: pa.Schema) -> DeltaTable:

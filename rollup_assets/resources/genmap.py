@@ -12,9 +12,11 @@ retention, a disable). An action that installs pointers reads the fence before i
 it relies on and commits with `expect=` that value: every commit of the pointer table replaces
 its one file, so two commits always conflict and the retried one sees the other's fence. A
 stale action fails its commit (`FenceMovedError`) instead of installing pointers to rows that
-another action removed.
+another action removed. A new pointer table's fence starts at a random number: a rollup deleted
+and created again never shows a stale action the fence it read from the deleted table.
 """
 
+import secrets
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
@@ -64,8 +66,16 @@ def retained_mark(table: DeltaTable | None) -> int:
     return 0 if table is None else table.transaction_version(RETAINED_FROM_KEY) or 0
 
 
+def fresh_fence() -> int:
+    """Where a new pointer table's fence starts: a random 62-bit number, so that an action
+    still holding the fence of a deleted table of the same name (its rollup deleted and
+    created again meanwhile) finds it moved, whatever the new table's commits since."""
+    return secrets.randbits(62)
+
+
 def fence_of(table: DeltaTable | None) -> int | None:
-    """The fence of a pointer table snapshot (None: there is no table; 0: never moved)."""
+    """The fence of a pointer table snapshot (None: there is no table; 0: a table created
+    before fences started afresh, never moved)."""
     return None if table is None else table.transaction_version(FENCE_APP) or 0
 
 
@@ -135,7 +145,13 @@ def write_pointer_table(
         new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
         add = add_action(write_file(fs, root, "", new, row_group_rows=None))
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
-        moved = [(FENCE_APP, (fence or 0) + 1)] if move else []
+        if snapshot is None:
+            # A table created (again) under a name starts its fence afresh, never at a value an
+            # action may have read from an earlier table of that name (deleted with its rollup).
+            start = fresh_fence()
+            moved = [(FENCE_APP, start + 1 if move else start)]
+        else:
+            moved = [(FENCE_APP, (fence or 0) + 1)] if move else []
         return CommitPlan(adds=[add], removes=removes, app_transactions=[*moved, *marks])
 
     return commit(

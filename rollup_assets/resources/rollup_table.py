@@ -22,7 +22,12 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows, micros
-from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
+from rollup_assets.resources.delta_commits import (
+    CommitPlan,
+    commit,
+    remove_action,
+    table_identity,
+)
 from rollup_assets.resources.delta_files import (
     ROW_GROUP_ROWS,
     TargetIndex,
@@ -31,7 +36,12 @@ from rollup_assets.resources.delta_files import (
     read_row_groups,
     write_file,
 )
-from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
+from rollup_assets.resources.delta_tables import (
+    file_actions,
+    open_table,
+    prune_files,
+    read_commit,
+)
 from rollup_assets.resources.schemas import PART_COLUMN, TS, data_schema, table_schema
 from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 
@@ -110,8 +120,10 @@ class RollupTable:
         spec: RollupSpec,
         plan: Callable[[DeltaTable | None], CommitPlan],
         metadata: dict[str, str],
+        identity: str | None = None,
     ) -> int:
-        """Commit `plan(snapshot)` to the rollup's row table; its new version."""
+        """Commit `plan(snapshot)` to the rollup's row table; its new version. With `identity`
+        (`identity(spec)` read when the action began), only to that very table."""
         return commit(
             self.uri(spec),
             plan,
@@ -119,7 +131,14 @@ class RollupTable:
             partition_by=[PART_COLUMN],
             metadata=metadata,
             storage_options=self.options,
+            identity=identity,
         )
+
+    def identity(self, spec: RollupSpec) -> str:
+        """The row table's identity now (`delta_commits.table_identity`): an action that writes
+        files and commits them later reads it first, so that a rollup deleted and created again
+        meanwhile never gets files written for the deleted one."""
+        return table_identity(open_table(self.uri(spec), self.options))
 
     def overlapping(
         self, files: list[dict], spans: Sequence[Window] | None, entities: frozenset[str] | None

@@ -149,10 +149,13 @@ class RollupWrites(RollupSnapshots):
         return Written([add_action(r) for r in files], sum(int(r["num_rows"]) for r in files))
 
     def commit_generation(
-        self, spec: RollupSpec, written: Written, metadata: dict[str, str]
+        self, spec: RollupSpec, written: Written, metadata: dict[str, str], identity: str
     ) -> int:
-        """Make the new generation's rows part of the table (still invisible: no pointer yet)."""
-        return self.commit(spec, lambda _snapshot: CommitPlan(adds=written.adds), metadata)
+        """Make the new generation's rows part of the table (still invisible: no pointer yet);
+        only to the table of `identity` (read when the job began: see `identity`)."""
+        return self.commit(
+            spec, lambda _snapshot: CommitPlan(adds=written.adds), metadata, identity
+        )
 
     def replace_forward(
         self,
@@ -160,8 +163,10 @@ class RollupWrites(RollupSnapshots):
         written: Written,
         buckets: list[Window],
         metadata: dict[str, str],
+        identity: str,
     ) -> int:
-        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit.
+        """Forward lane: swap the generation-0 rows of `buckets` for the new files in one commit,
+        to the table of `identity` only (read when the run began: see `identity`).
 
         The commit records the buckets it replaced (`REPLACED_KEY`): a bucket whose new
         aggregation is empty gets no file, and readers of the commit (the surface's publish)
@@ -187,4 +192,4 @@ class RollupWrites(RollupSnapshots):
             removes, rewritten, _ = self._rewrite(spec, snapshot, select, drop)
             return CommitPlan(adds=[*written.adds, *rewritten], removes=removes)
 
-        return self.commit(spec, plan, metadata)
+        return self.commit(spec, plan, metadata, identity)

@@ -58,6 +58,9 @@ def run_forward(
     hears how many of them are done (none when it starts, all when written)."""
     say = log_progress or log.info
     t0 = time.monotonic()
+    # The row table's identity before the state: a rollup deleted and created again after this
+    # fails the commit below rather than taking rows aggregated for the deleted one.
+    identity = engine.rollups.identity(spec)
     states = engine.states.all()
     state = states.get(spec.name) or ArchiveState(spec.name)
     started = datetime.now(UTC)
@@ -155,7 +158,8 @@ def run_forward(
             spec,
             written,
             buckets,
-            {
+            identity=identity,
+            metadata={
                 OPERATION_KEY: work.trigger.value,
                 "rollups.job_id": job.job_id,
                 "dagster.run_id": run_id,

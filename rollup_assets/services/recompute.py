@@ -123,6 +123,9 @@ def run_recompute(
     # The fence first: whatever moves it after this (a rewind, rollback, retention, disable)
     # makes this job's flip fail, whatever this job reads from now on.
     fence = engine.rollups.fence(spec)
+    # And the row table's identity: rows written for a rollup deleted (and created again) since
+    # are never committed to the new table (`RollupTable.identity`).
+    identity = engine.rollups.identity(spec)
     state = engine.states.get(spec.name)
     if state.status is not ArchiveStatus.ACTIVATED:
         reason = (
@@ -256,6 +259,7 @@ def run_recompute(
                 "rollups.generation": str(generation),
                 "dagster.run_id": run_id,
             },
+            identity,
         )
         checkpoint("after_commit", spec.name)
         swapping = running.next(state=JobState.SWAPPING, rows_processed=written.rows, **counted)

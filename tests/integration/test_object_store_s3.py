@@ -107,7 +107,7 @@ def _recompute(
         source_versions={source.name: generation},
     )
     assert written.adds and written.rows > 0
-    store.commit_generation(spec, written, {"rollups.operation": "test"})
+    store.commit_generation(spec, written, {"rollups.operation": "test"}, store.identity(spec))
     store.flip(
         spec, Cells.of(buckets), generation, job_id="test", run_id="test", fence=store.fence(spec)
     )

@@ -531,7 +531,7 @@ def corrupt(world: World, name: str, window: Window, entity: str) -> None:
         run_id="corrupt",
         source_versions={},
     )
-    store.commit_generation(spec, written, {"rollups.operation": "test"})
+    store.commit_generation(spec, written, {"rollups.operation": "test"}, store.identity(spec))
     cells = Cells.of(buckets_in(spec, [window]), frozenset({entity}))
     store.flip(spec, cells, generation, job_id="corrupt", run_id="corrupt", fence=store.fence(spec))
 

@@ -239,9 +239,9 @@ def install_steps(
         RollupStore.sweep,
     )
 
-    def commit_generation(self, spec, written, metadata):
+    def commit_generation(self, spec, written, metadata, identity):
         step("written", spec.name)
-        version = orig_commit(self, spec, written, metadata)
+        version = orig_commit(self, spec, written, metadata, identity)
         step("committed", spec.name)
         return version
 

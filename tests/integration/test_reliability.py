@@ -32,6 +32,7 @@ from rollup_assets.model.jobs import JobState, Lane, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick, tick_until_quiet
+from rollup_assets.resources.delta_tables import open_table
 from rollup_assets.resources.ledger import Ledger
 from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.warehouse import Warehouse
@@ -184,6 +185,40 @@ def test_r1_a_new_formulas_recompute_stopped_by_a_rewind_is_queued_again_before_
     raw["current_a"] = raw["current_a"] * 2  # the oracle's frame computes the old formula
     assert compare_all(world.query, raw, world.catalog) == []  # every level: the new formula
     assert [j for j in world.engine.ledger.snapshot().jobs.values() if not j.state.terminal] == []
+
+
+def test_r1_a_rollup_deleted_and_created_again_during_a_recompute_gets_none_of_its_rows(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every level is deleted and created again (activated, not yet filled) between a
+    recompute's file writes and its commit: the commit must not land in the new table (its files
+    were deleted with the old one, so every read of the new table would fail), and the flip must
+    not install pointers there. Filled again, every level equals the oracle."""
+    loaded(world)
+    world.ingest(readings(METER, midnight(FIRST) + 10 * H, 3.0), source="Manual")
+    names = [*reversed(list(world.catalog.rollups)), "energy_raw"]
+
+    def recreate() -> None:
+        for name in names:
+            world.ops.disable(name)
+            world.ops.delete(name)
+        world.ops.activate("energy_raw", now=NOW)
+        world.ingest(pa.concat_tables([day_batch(d, 3, seed=17) for d in days(FIRST, DAYS)]))
+        world.activate_all(NOW)
+
+    commit = once(recreate)(RollupStore.commit_generation)
+    monkeypatch.setattr(RollupStore, "commit_generation", commit)
+    reports = tick_until_quiet(world.defs, world.instance, NOW)
+    assert commit.fired
+    for spec in world.catalog.rollups.values():
+        table = open_table(world.engine.rollups.uri(spec))
+        files = table.file_uris() if table is not None else []
+        missing = [f for f in files if not Path(f.removeprefix("file://")).exists()]
+        assert missing == [], (spec.name, missing)
+    assert any("deleted" in f for f in failed_runs(reports)), failed_runs(reports)
+    start = midnight(FIRST)
+    world.backfill([Window(start, start + timedelta(days=DAYS))])
+    settled(world)
 
 
 def test_r2_a_failed_recompute_is_retried_until_the_correction_lands(

@@ -9,8 +9,10 @@ passing, after which maintenance folds every difference (the rollback window is 
 corrections of one meter's extremes than a cell keeps spares of; raw retention; a new formula
 for the computed column. And the faults and races between them:
 
-  * an operator action (rewind, freeze, maintenance, retention, disable, a column change, an
-    ingest) run *between* two steps of a running recompute, at one of its fault points;
+  * an operator action (rewind, rollback, freeze, maintenance, retention, disable, a column
+    change, an ingest, delete and re-create) run *between* two steps of a running recompute, at
+    one of its fault points (one rule per action; `make soak` also runs every action at every
+    point once);
   * a recompute run started between a rollback's checks and its pointer commit;
   * a transient failure at any point of a recompute or a forward run (the work is retried);
   * a kill at any point of a recompute (recovered by the next tick) and at every intent and
@@ -104,7 +106,10 @@ ROLLUPS = (HOURLY, "energy_daily", "energy_weekly", "energy_monthly", "energy_ye
 JOB_POINTS = ("before_correct", "after_write", "after_commit", "before_flip", "after_flip")
 KILL_POINTS = (*JOB_POINTS, "during_sweep")
 FORWARD_POINTS = ("after_claim", "after_forward")
-ACTIONS = ("rewind", "freeze", "maintain", "retention", "disable", "column", "ingest")
+ACTIONS = (
+    "rewind", "rollback", "freeze", "maintain", "retention", "disable", "column", "ingest",
+    "recreate",
+)  # fmt: skip
 ACTION_KILLS = (
     "rewind_intent",
     "rewind_pointers",
@@ -203,11 +208,44 @@ def opened(root: Path) -> Iterator[World]:
 
 def create(world: World) -> None:
     """Activate everything, ingest ten days, backfill them, let the sensors settle."""
+    activate(world)
+    fill(world)
+
+
+def activate(world: World) -> None:
+    """Activate everything and ingest ten days (no run: nothing here waits for a rollup's slot)."""
     world.ops.activate("energy_raw", now=NOW)
     world.ingest(readings(base_rows()), source="Manual")
     world.activate_all(NOW)
+
+
+def fill(world: World) -> None:
+    """Backfill the ten days and let the sensors settle (runs that hold each rollup's slot)."""
     world.backfill([Window(START, START + timedelta(days=DAYS))])
     world.tick(NOW)
+
+
+def during_a_job(action: str, ready=lambda self: True):
+    """The rule: `action` run between two steps of a running recompute, at a drawn point. One
+    rule per action, so that every action is drawn as often as any other rule and every
+    (action, point) pair is reached within a soak's budget."""
+
+    def rule_(self, point: str, hours_back: int, days: int, slot: int, value: float) -> None:
+        self.action_during_a_job(point, action, hours_back, days, slot, value)
+
+    rule_.__name__ = rule_.__qualname__ = f"{action}_during_a_job"
+    draws = rule(
+        point=st.sampled_from(JOB_POINTS),
+        hours_back=st.integers(1, 48),
+        days=st.integers(1, 2),
+        slot=st.integers(0, DAYS * 96 - 1),
+        value=VALUES,
+    )
+
+    def runs(self) -> bool:
+        return HOURLY not in self.disabled and not self.frozen and ready(self)
+
+    return precondition(runs)(draws(timed(rule_)))
 
 
 class Rollups(RuleBasedStateMachine):
@@ -423,9 +461,6 @@ class Rollups(RuleBasedStateMachine):
         """Roll back the newest hourly correction (then recompute its cells, so the model holds
         again); with `race`, a late write's recompute runs between the rollback's checks and
         its pointer commit."""
-        job = self.newest_flip()
-        if job is None:
-            return
         ran: list[bool] = []
 
         def run_a_recompute(point: str, archive: str | None) -> None:
@@ -434,14 +469,23 @@ class Rollups(RuleBasedStateMachine):
                 self.upsert(self.late_rows([(10, 7.5), (500, 2.5)]), "late")
                 tick_until_quiet(self.world.defs, self.world.instance, NOW)
 
+        with faults.hooked(run_a_recompute):
+            done = self.roll_back_newest()
+        if done is not None:
+            FIGURES[f"rollback{'_refused' if not done else ''}{'_race' if ran else ''}"] += 1
+
+    def roll_back_newest(self) -> bool | None:
+        """Roll back the newest hourly correction and recompute what it gave back: None when
+        there is none, False when the rollback is refused (having changed nothing)."""
+        job = self.newest_flip()
+        if job is None:
+            return None
         try:
-            with faults.hooked(run_a_recompute):
-                out = self.world.ops.rollback(HOURLY, job.job_id)
+            out = self.world.ops.rollback(HOURLY, job.job_id)
         except RollbackRefusedError:
-            FIGURES["rollback_refused_race" if ran else "rollback_refused"] += 1
-            return
+            return False
         self.recompute_rolled_back(out.cells.windows, out.cells.entities)
-        FIGURES["rollback_raced" if ran else "rollback"] += 1
+        return True
 
     def newest_flip(self):
         snap = self.world.engine.ledger.snapshot()
@@ -493,15 +537,22 @@ class Rollups(RuleBasedStateMachine):
     @rule()
     @timed
     def delete_and_recreate(self) -> None:
+        self.recreate()
+        FIGURES["delete_and_recreate"] += 1
+
+    def recreate(self, fill_later: bool = False) -> None:
+        """Delete everything and create it again; with `fill_later`, the backfill is left to
+        the caller (a run of the rollup under way holds its slot: the backfill's runs wait)."""
         for name in [*reversed(ROLLUPS), "energy_raw"]:
             self.world.ops.disable(name)
             self.world.ops.delete(name)
-        create(self.world)
+        activate(self.world)
+        if not fill_later:
+            fill(self.world)
         self.model = frame(base_rows())
         self.factor = 1.0
         self.recreated = True
         self.settled = False
-        FIGURES["delete_and_recreate"] += 1
 
     @rule()
     @timed
@@ -575,11 +626,6 @@ class Rollups(RuleBasedStateMachine):
 
     # -- rules: races and faults -----------------------------------------------------------------
 
-    @precondition(lambda self: HOURLY not in self.disabled and not self.frozen)
-    @rule(point=st.sampled_from(JOB_POINTS), action=st.sampled_from(ACTIONS),
-          hours_back=st.integers(1, 48), days=st.integers(1, 2),
-          slot=st.integers(0, DAYS * 96 - 1), value=VALUES)  # fmt: skip
-    @timed
     def action_during_a_job(
         self, point: str, action: str, hours_back: int, days: int, slot: int, value: float
     ) -> None:
@@ -593,6 +639,8 @@ class Rollups(RuleBasedStateMachine):
             fired.append(action)
             if action == "rewind":
                 self.rewound(hours_back)
+            elif action == "rollback":
+                self.roll_back_newest()
             elif action == "freeze":
                 self.world.ops.freeze(HOURLY, START + days * D)
                 self.frozen.add(HOURLY)
@@ -605,13 +653,30 @@ class Rollups(RuleBasedStateMachine):
                 self.disabled.add(HOURLY)
             elif action == "column":
                 self.change_formula()
+            elif action == "recreate":
+                self.recreate(fill_later=True)
             else:
                 self.upsert(self.late_rows([(40, 1.5), (300, 4.0)], "m2"), "late")
 
         with faults.hooked(act):
             tick_until_quiet(self.world.defs, self.world.instance, NOW)
+        if fired and action == "recreate":
+            fill(self.world)
         self.settled = False
         FIGURES[f"interleave_{action}_at_{point}" if fired else "interleave_not_reached"] += 1
+
+    rewind_during_a_job = during_a_job("rewind")
+    rollback_during_a_job = during_a_job("rollback")
+    freeze_during_a_job = during_a_job("freeze")
+    maintain_during_a_job = during_a_job("maintain")
+    retention_during_a_job = during_a_job("retention")
+    disable_during_a_job = during_a_job("disable")
+    column_during_a_job = during_a_job("column")
+    ingest_during_a_job = during_a_job("ingest")
+    # Once per sequence, and only with every level enabled (see `delete_and_recreate`).
+    recreate_during_a_job = during_a_job(
+        "recreate", lambda self: not self.disabled and not self.recreated
+    )
 
     @precondition(lambda self: HOURLY not in self.disabled)
     @rule(point=st.sampled_from((*JOB_POINTS, *FORWARD_POINTS)), value=VALUES)
@@ -825,13 +890,18 @@ def build_template(root: Path) -> Path:
     return root
 
 
-def run_machine(tmp_path: Path, examples: int, steps: int, seed: int) -> None:
-    """`examples` sequences of up to `steps` operations; the same ones for the same `seed` (a
-    failing one is shrunk and reported as the steps that reproduce it)."""
+def prepare(tmp_path: Path) -> None:
+    """The template every sequence starts from a copy of, under `tmp_path`; figures zeroed."""
     global ROOT, TEMPLATE
     ROOT = str(tmp_path)
     TEMPLATE = str(build_template(tmp_path / "template"))
     FIGURES.clear()
+
+
+def run_machine(tmp_path: Path, examples: int, steps: int, seed: int) -> None:
+    """`examples` sequences of up to `steps` operations; the same ones for the same `seed` (a
+    failing one is shrunk and reported as the steps that reproduce it)."""
+    prepare(tmp_path)
     t0 = time.monotonic()
     # A fixed seed, not derandomize: derandomized generation starts from the simplest sequence
     # (one argument-free operation over and over), which a budget of a few sequences cannot
@@ -903,3 +973,25 @@ def test_soak_random_operation_sequences_keep_every_invariant(
         steps=int(os.environ.get("ROLLUPS_SOAK_STEPS", "20")),
         seed=int(os.environ.get("ROLLUPS_SOAK_SEED", "7")),
     )
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(0)
+@pytest.mark.parametrize("point", JOB_POINTS)
+def test_soak_every_action_at_a_point_of_a_running_job(
+    tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """Every operator action once at `point` of a running recompute, each from a copy of the
+    template, checked after the step and once settled, as a random sequence is: every pair is
+    covered whatever the random draws reach."""
+    fold_early(monkeypatch)
+    prepare(tmp_path)
+    for action in ACTIONS:
+        machine = Rollups()
+        try:
+            machine.action_during_a_job(point, action, hours_back=6, days=1, slot=200, value=3.5)
+            machine.readers_see_each_cell_once_at_its_active_generation()
+            machine.the_history_agrees_with_what_ran()
+        finally:
+            machine.teardown()
+        assert FIGURES[f"interleave_{action}_at_{point}"] == 1, (action, point)

@@ -149,6 +149,8 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
         "raw_version": version,
         "commit_to_last_level_commit_s": round((last_commit - committed).total_seconds(), 1),
         "commit_to_verified_s": round((done - committed).total_seconds(), 1),
+        # The daemon was stopped (its process group signalled) after this instant.
+        "stopped_after": done.timestamp(),
         "runs": sorted({(j.rollup, j.trigger.value) for j in jobs}),
         "first_level_spark": spark_use,
         "phases": latency_phases(world.instance, committed, last_commit),

@@ -94,7 +94,9 @@ def write_forward(engine: Engine, spec: RollupSpec, cells: dict[Cell, float]) ->
         partials(spec, cells), spec, generation=0, job_id="fwd", run_id="r", source_versions={}
     )
     buckets = sorted({w for _, w in cells})
-    store.replace_forward(spec, written, buckets, {"rollups.operation": "Forward"})
+    store.replace_forward(
+        spec, written, buckets, {"rollups.operation": "Forward"}, store.identity(spec)
+    )
 
 
 def correct(
@@ -112,7 +114,7 @@ def correct(
         run_id="r",
         source_versions={},
     )
-    store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+    store.commit_generation(spec, written, {"rollups.operation": "recompute"}, store.identity(spec))
     by_window: dict[Window, set[str]] = {}
     for entity, w in cells:
         by_window.setdefault(w, set()).add(entity)
@@ -186,7 +188,11 @@ def test_a_forward_refresh_that_empties_a_bucket_removes_its_rows(engine, spec) 
     publish(engine, spec)
     # The open bucket's source rows were all deleted: its refresh writes no file, only removes.
     engine.rollups.replace_forward(
-        spec, Written([], 0), [WINDOWS[3]], {"rollups.operation": "OpenBucket"}
+        spec,
+        Written([], 0),
+        [WINDOWS[3]],
+        {"rollups.operation": "OpenBucket"},
+        engine.rollups.identity(spec),
     )
     done = publish(engine, spec)
     assert not done.rebuilt and done.spans == 1
@@ -466,7 +472,9 @@ def test_commits_that_leave_the_active_rows_lag_nothing_until_there_are_many(eng
         written = store.write_rows(
             rows, spec, generation=g, job_id=f"j{g}", run_id="r", source_versions={}
         )
-        store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+        store.commit_generation(
+            spec, written, {"rollups.operation": "recompute"}, store.identity(spec)
+        )
 
     for _ in range(NEUTRAL_SLACK):
         invisible()
