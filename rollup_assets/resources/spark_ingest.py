@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rollup_assets.model.column_rules import stored_operands
-from rollup_assets.model.errors import DeltaSparkMissingError
+from rollup_assets.model.errors import DeltaSparkMissingError, IngestValidationError
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.specs import DAY_COLUMN, SourceSpec, key_columns
 from rollup_assets.resources.batch_conversion import BatchConverter, fill_computed
@@ -42,6 +42,7 @@ from rollup_assets.resources.delta_tables import MERGE_ATTEMPTS, read_commit, wi
 from rollup_assets.resources.raw_columns import columns_changed_between
 from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.raw_tables import retained_from
 from rollup_assets.resources.schemas import archive_schema, spark_schema
 from rollup_assets.resources.spark_batches import validate_frame, without_malformed
 from rollup_assets.resources.upsert import UpsertClauses, ingest_metadata, upsert_clauses
@@ -124,7 +125,15 @@ def _ingest(
     rows = frame.mapInArrow(_converting_task(spec), spark_schema(archive_schema(spec)))
     inserted = updated = 0
     for attempt in range(MERGE_ATTEMPTS):
-        base = DeltaTable(uri, storage_options=raw.options or None).version()
+        snapshot = DeltaTable(uri, storage_options=raw.options or None)
+        base = snapshot.version()
+        # Retention may have dropped days since the batch was validated or the last attempt
+        # conflicted (with that very drop): the boundary is checked on every attempt's snapshot.
+        kept = retained_from(snapshot)
+        if kept is not None and summary.min_ts < kept:
+            raise IngestValidationError.before_retention(
+                spec.name, None, f"its first reading, at {summary.min_ts.isoformat()},", kept
+            )
         # Computed once (conversion, formulas, the join with the stored rows), then counted and
         # merged from the copy Spark keeps.
         changing = _changing_rows(spark, spec, uri, base, rows, summary.days, clauses)

@@ -22,13 +22,14 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.table import TableOptimizer
 
+import rollup_assets.resources.spark_ingest as spark_ingest
 import rollup_assets.services.columns as columns
 import rollup_assets.services.engine as engine_module
 import rollup_assets.services.forward as forward
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.column_rules import ColumnAction
 from rollup_assets.model.errors import IngestValidationError
-from rollup_assets.model.jobs import JobState, Lane, Trigger
+from rollup_assets.model.jobs import ChangeSource, JobState, Lane, Trigger
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick, tick_until_quiet
@@ -424,6 +425,47 @@ def test_r6_an_ingest_racing_retention_is_refused_not_counted_twice(
     assert (world.raw()["ts"] < pd.Timestamp(kept_from)).sum() == 0
     world.tick(NOW)
     assert hour_value(world, hour) == pytest.approx(4.0)  # what it aggregated; never 24
+
+
+def test_r6_a_spark_ingest_checks_retention_on_the_snapshot_it_merges_into(
+    world: World, monkeypatch: pytest.MonkeyPatch, spark
+) -> None:
+    """The Spark ingest's counterpart: a retention pass that commits after the batch was
+    validated (against the boundary its caller read) and before the MERGE reads the table; the
+    batch is refused on the snapshot it would merge into, and nothing is written."""
+    loaded(world)
+    hour = midnight(FIRST) + 10 * H
+    world.tick(NOW)
+    retention = world.catalog.raw["energy_raw"].retention
+    assert retention is not None
+    at = midnight(FIRST + timedelta(days=1)) + retention + 10 * H
+    spec = world.catalog.raw["energy_raw"]
+    version = world.engine.raw.table(spec).version()
+
+    def retention_pass() -> None:
+        [outcome] = apply_retention(world.engine, at)
+        assert outcome.days == (FIRST,), outcome
+
+    validate = once(retention_pass)(spark_ingest.validate_frame)
+    monkeypatch.setattr(spark_ingest, "validate_frame", validate)
+    frame = spark.createDataFrame(readings(METER, hour, 5.0).to_pandas())
+    with pytest.raises(IngestValidationError, match="retention has dropped those days"):
+        spark_ingest.ingest_frame(
+            world.engine.raw,
+            spark,
+            spec,
+            frame,
+            ChangeSource.MANUAL,
+            not_before=world.engine.states.get("energy_raw").retained_from,
+        )
+    assert validate.fired
+    kept_from = world.engine.states.get("energy_raw").retained_from
+    assert kept_from == midnight(FIRST + timedelta(days=1))
+    assert (world.raw()["ts"] < pd.Timestamp(kept_from)).sum() == 0
+    since = [c for c in world.engine.raw.table(spec).history() if c["version"] > version]
+    assert [c for c in since if c.get("rollups.operation") == "ingest"] == []
+    world.tick(NOW)
+    assert hour_value(world, hour) is not None
 
 
 # -- R7: computed column change ------------------------------------------------------------------
