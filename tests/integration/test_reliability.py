@@ -24,7 +24,6 @@ from deltalake.table import TableOptimizer
 
 import rollup_assets.resources.spark_ingest as spark_ingest
 import rollup_assets.services.columns as columns
-import rollup_assets.services.engine as engine_module
 import rollup_assets.services.forward as forward
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.column_rules import ColumnAction
@@ -253,15 +252,6 @@ def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark):
     yield from world_of(tmp_path, monkeypatch, load_catalog(), retention_hours=168)
 
 
-class Later(datetime):
-    """The wall clock of the engine module, eight days ahead: the first correction's job is
-    older than the generation retention when the next ones run."""
-
-    @classmethod
-    def now(cls, tz=None):  # type: ignore[override]
-        return datetime.now(tz) + timedelta(days=8)
-
-
 def correction_job(world: World, entity: str, hour: datetime, value: float):
     since = datetime.now(UTC)
     world.ingest(readings(entity, hour, value), source="Manual")
@@ -291,8 +281,7 @@ def test_r3_a_reclaim_keeps_what_a_newer_flip_superseded_for_its_rollback(
     loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)  # job A: the cell's first correction
-    monkeypatch.setattr(engine_module, "datetime", Later)
-    second = correction_job(world, METER, hour, 6.0)  # job B, "eight days later"
+    second = correction_job(world, METER, hour, 6.0)  # job B
     correction_job(world, OTHER, hour + H, 9.0)  # another recompute: its reclaim runs
     assert hour_value(world, hour) == pytest.approx(24.0)
     out = world.ops.rollback(HOURLY, second.job_id)
@@ -312,7 +301,6 @@ def test_r4_a_reclaim_between_a_rollback_check_and_its_commit_keeps_its_rows(
     loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)
-    monkeypatch.setattr(engine_module, "datetime", Later)
     second = correction_job(world, METER, hour, 6.0)
 
     def another_recompute() -> None:
