@@ -35,6 +35,12 @@ class SourceLog(Protocol):
         """Could a commit after version `after` have changed rows placed in `window`?"""
         ...
 
+    def created_at(
+        self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
+    ) -> datetime | None:
+        """When the table was created (None: no table)."""
+        ...
+
 
 def plan_forward(
     catalog: Catalog,
@@ -80,17 +86,22 @@ def _source_changed(
     bucket: Window,
 ) -> bool:
     """Did the source change inside the open `bucket` since the last forward run read it?"""
+    source = catalog.archive(spec.source)
+    # A run from before the rollup's or its source's table was created (both deleted and
+    # created again since) read other tables: its source version means nothing now.
+    created = [t for t in (sources.created_at(spec), sources.created_at(source)) if t is not None]
+    since = max(created, default=None)
     read = [
         j
         for j in snapshot.for_rollup(spec.name)
         if j.trigger.lane is Lane.FORWARD
         and j.state is JobState.COMPLETED
         and any(w.start <= bucket.start < w.end for w in j.windows)
+        and (since is None or j.created_at >= since)
     ]
     if not read:
         return True  # no forward run has read this open bucket yet
     last = max(read, key=lambda j: j.created_at)
-    source = catalog.archive(spec.source)
     if isinstance(source, RollupSpec):
         return _source_jobs_reach(snapshot, source.name, last, bucket)
     current = sources.version(source)

@@ -27,10 +27,21 @@ VIENNA_MAY_3 = Window(datetime(2025, 5, 2, 22, tzinfo=UTC), datetime(2025, 5, 3,
 class FakeSourceLog:
     """Source versions as given; `changed_within` answers `changed` and records each question."""
 
-    def __init__(self, versions: dict[str, int] | None = None, changed: bool = False) -> None:
+    def __init__(
+        self,
+        versions: dict[str, int] | None = None,
+        changed: bool = False,
+        created: dict[str, datetime] | None = None,
+    ) -> None:
         self.versions = versions or {}
         self.changed = changed
+        self.created = created or {}
         self.asked: list[tuple[str, int, Window]] = []
+
+    def created_at(
+        self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
+    ) -> datetime | None:
+        return self.created.get(spec.name)
 
     def version(self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec) -> int | None:
         return self.versions.get(spec.name)
@@ -236,6 +247,23 @@ def test_the_open_bucket_is_refreshed_only_when_the_source_changed_inside_it(
     assert sources.asked == [("energy_raw", 4, OPEN)]
     expected = [Launch("energy_hourly", Lane.FORWARD, Trigger.OPEN_BUCKET, [OPEN])]
     assert launches == (expected if changed else [])
+
+
+@pytest.mark.parametrize("created", ["energy_raw", "energy_hourly"])
+def test_a_run_that_read_a_table_deleted_since_does_not_count_as_having_read_it(
+    created: str,
+) -> None:
+    """The source (or the rollup) was deleted and created again after the last forward run read
+    the open bucket, and the new table has reached the very version number that run read: the
+    open bucket is refreshed all the same."""
+    ledger = MemoryLedger()
+    ledger.record([refreshed("energy_hourly", OPEN, W + 10 * M, source_version=4)])
+    sources = FakeSourceLog({"energy_raw": 4}, created={created: W + 20 * M})
+    launches = plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot())
+    assert launches == [Launch("energy_hourly", Lane.FORWARD, Trigger.OPEN_BUCKET, [OPEN])]
+    # Created before that run read it: the run counts, and nothing changed since.
+    sources = FakeSourceLog({"energy_raw": 4}, created={created: W + 5 * M})
+    assert plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot()) == []
 
 
 def test_a_new_open_bucket_is_refreshed_even_without_new_commits() -> None:
