@@ -75,6 +75,19 @@ class ArchiveStateStore:
     def get(self, archive: str) -> ArchiveState:
         return self.all().get(archive) or ArchiveState(archive)
 
+    def deleted_at(self) -> dict[str, datetime]:
+        """When each archive ever deleted was last deleted: its tables now were made after, and
+        what read the tables it had before read other tables."""
+        data = self.table.read()
+        rows = data.filter(pc.equal(data["status"], ArchiveStatus.DELETED.value))
+        out: dict[str, datetime] = {}
+        for name, at in zip(
+            rows["archive"].to_pylist(), rows["changed_at"].to_pylist(), strict=True
+        ):
+            if at is not None and (name not in out or at > out[name]):
+                out[name] = at
+        return out
+
     def history(self, archive: str) -> list[ArchiveState]:
         """Every state the archive has had, oldest first (who changed it, when and why)."""
         data = self.table.read()

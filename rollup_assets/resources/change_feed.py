@@ -64,13 +64,6 @@ class SourceLog:
     def changed_within(self, spec: SourceSpec, after: int, window: Window) -> bool:
         return self.raw.changed_within(spec, after, window)
 
-    def created_at(self, spec: SourceSpec | RollupSpec) -> datetime | None:
-        """When the table was created (its Delta metadata's creation time; None: no table)."""
-        uri = self.rollups.uri(spec) if isinstance(spec, RollupSpec) else self.raw.uri(spec)
-        table = open_table(uri, self.raw.options)
-        created = None if table is None else table.metadata().created_time
-        return None if created is None else datetime.fromtimestamp(created / 1000, UTC)
-
 
 class ChangeFeed:
     """Reads source commits for change detection (delta-rs only: no Spark)."""

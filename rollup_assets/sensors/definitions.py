@@ -269,6 +269,7 @@ def build_sensors(
             in_flight,
             now,
             SourceLog(engine.raw, engine.rollups),
+            engine.states.deleted_at(),
         )
         if not launches:
             return dg.SkipReason(f"nothing closed or changed at {iso_utc(now)}")

@@ -10,6 +10,7 @@ source: its own completed jobs), or no forward run has read it yet, so an idle c
 correction far back, costs no refresh.
 """
 
+from collections.abc import Mapping
 from datetime import datetime
 from functools import partial
 from typing import Protocol
@@ -35,12 +36,6 @@ class SourceLog(Protocol):
         """Could a commit after version `after` have changed rows placed in `window`?"""
         ...
 
-    def created_at(
-        self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
-    ) -> datetime | None:
-        """When the table was created (None: no table)."""
-        ...
-
 
 def plan_forward(
     catalog: Catalog,
@@ -49,13 +44,16 @@ def plan_forward(
     in_flight: set[str],
     now: datetime,
     sources: SourceLog,
+    deleted: Mapping[str, datetime],
 ) -> list[Launch]:
+    """`deleted`: when each archive deleted at some time was last deleted (its tables now are
+    newer)."""
     launches = []
     for spec in catalog.rollups.values():
         state = states.get(spec.name) or ArchiveState(spec.name)
         if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
-        changed_in = partial(_source_changed, catalog, spec, snapshot, sources)
+        changed_in = partial(_source_changed, catalog, spec, snapshot, sources, deleted)
         work = forward_work(catalog, spec, state, now, states, changed_in)
         if work:
             launches.append(Launch(spec.name, Lane.FORWARD, work.trigger, work.buckets))
@@ -83,14 +81,14 @@ def _source_changed(
     spec: RollupSpec,
     snapshot: LedgerSnapshot,
     sources: SourceLog,
+    deleted: Mapping[str, datetime],
     bucket: Window,
 ) -> bool:
     """Did the source change inside the open `bucket` since the last forward run read it?"""
     source = catalog.archive(spec.source)
-    # A run from before the rollup's or its source's table was created (both deleted and
-    # created again since) read other tables: its source version means nothing now.
-    created = [t for t in (sources.created_at(spec), sources.created_at(source)) if t is not None]
-    since = max(created, default=None)
+    # A run from before the rollup or its source was last deleted (and created again) read
+    # other tables: its source version means nothing now.
+    since = max((deleted[n] for n in (spec.name, source.name) if n in deleted), default=None)
     read = [
         j
         for j in snapshot.for_rollup(spec.name)

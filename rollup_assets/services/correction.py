@@ -35,7 +35,6 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in, cells_of
 from rollup_assets.model.specs import ENTITY_COLUMN, Catalog, RollupSpec
-from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION
 from rollup_assets.resources.delta_tables import read_commit
@@ -117,7 +116,7 @@ def correct(
         seen,
         spec,
         time_column,
-        Absorbed.of(engine.ledger.snapshot(), spec, _born(engine, spec)),
+        Absorbed.of(engine.ledger.snapshot(), spec, engine.states.deleted_at().get(spec.name)),
     )
     kept = _within(kept, ready, mine, time_column)
     differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine.window_of)
@@ -214,16 +213,6 @@ def _windows(times: pa.ChunkedArray, bucketing: Bucketing) -> list[Window]:
 
 def _starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
     return [w.start for w in _windows(times, bucketing)]
-
-
-def _born(engine: Engine, spec: RollupSpec) -> datetime | None:
-    """When `spec` was last deleted (its current tables were made after), None if never."""
-    deleted = [
-        s.changed_at
-        for s in engine.states.history(spec.name)
-        if s.status is ArchiveStatus.DELETED and s.changed_at is not None
-    ]
-    return max(deleted) if deleted else None
 
 
 @dataclass(frozen=True)

@@ -31,17 +31,10 @@ class FakeSourceLog:
         self,
         versions: dict[str, int] | None = None,
         changed: bool = False,
-        created: dict[str, datetime] | None = None,
     ) -> None:
         self.versions = versions or {}
         self.changed = changed
-        self.created = created or {}
         self.asked: list[tuple[str, int, Window]] = []
-
-    def created_at(
-        self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec
-    ) -> datetime | None:
-        return self.created.get(spec.name)
 
     def version(self, spec: RawArchiveSpec | TimeRangeArchiveSpec | RollupSpec) -> int | None:
         return self.versions.get(spec.name)
@@ -90,9 +83,10 @@ def plan(
     sources: FakeSourceLog,
     ledger: LedgerSnapshot | None = None,
     in_flight: set[str] | None = None,
+    deleted: dict[str, datetime] | None = None,
 ) -> list[Launch]:
     snapshot = ledger or MemoryLedger().snapshot()
-    return plan_forward(CATALOG, states, snapshot, in_flight or set(), now, sources)
+    return plan_forward(CATALOG, states, snapshot, in_flight or set(), now, sources, deleted or {})
 
 
 def test_closed_buckets_are_launched_in_the_forward_lane_with_the_open_bucket() -> None:
@@ -249,21 +243,22 @@ def test_the_open_bucket_is_refreshed_only_when_the_source_changed_inside_it(
     assert launches == (expected if changed else [])
 
 
-@pytest.mark.parametrize("created", ["energy_raw", "energy_hourly"])
+@pytest.mark.parametrize("deleted", ["energy_raw", "energy_hourly"])
 def test_a_run_that_read_a_table_deleted_since_does_not_count_as_having_read_it(
-    created: str,
+    deleted: str,
 ) -> None:
     """The source (or the rollup) was deleted and created again after the last forward run read
     the open bucket, and the new table has reached the very version number that run read: the
     open bucket is refreshed all the same."""
     ledger = MemoryLedger()
     ledger.record([refreshed("energy_hourly", OPEN, W + 10 * M, source_version=4)])
-    sources = FakeSourceLog({"energy_raw": 4}, created={created: W + 20 * M})
-    launches = plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot())
+    sources = FakeSourceLog({"energy_raw": 4})
+    later = {deleted: W + 20 * M}
+    launches = plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot(), deleted=later)
     assert launches == [Launch("energy_hourly", Lane.FORWARD, Trigger.OPEN_BUCKET, [OPEN])]
-    # Created before that run read it: the run counts, and nothing changed since.
-    sources = FakeSourceLog({"energy_raw": 4}, created={created: W + 5 * M})
-    assert plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot()) == []
+    # Deleted before that run read it: the run counts, and nothing changed since.
+    earlier = {deleted: W + 5 * M}
+    assert plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot(), deleted=earlier) == []
 
 
 def test_a_new_open_bucket_is_refreshed_even_without_new_commits() -> None:
