@@ -44,8 +44,11 @@ class RollupReads(RollupSnapshots):
         spans: Sequence[Window] | None = None,
         entities: frozenset[str] | None = None,
         snapshot: Snapshot | None = None,
+        *,
+        refill: bool = True,
     ) -> DataFrame:
-        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`."""
+        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`; without
+        `refill`, the cells a fold cannot know are left out (see `read_arrow`)."""
         snap = snapshot or self.snapshot(spec)
         read_schema = spark_schema(data_schema(spec))
         if snap.table is None:
@@ -60,10 +63,15 @@ class RollupReads(RollupSnapshots):
         df = spark.read.schema(read_schema).parquet(*uris)
         df = rows_within(df, "bucket_start", spans, entities)
         visible = resolve_visible_spark(spark, df, snap.pointers)
-        return self._folded_spark(spark, spec, visible, snap)
+        return self._folded_spark(spark, spec, visible, snap, refill)
 
     def _folded_spark(
-        self, spark: SparkSession, spec: RollupSpec, visible: DataFrame, snap: Snapshot
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        visible: DataFrame,
+        snap: Snapshot,
+        refill: bool = True,
     ) -> DataFrame:
         """`visible` rows with each corrected cell's difference rows folded into its base. The
         cells with difference rows are few (maintenance folds them into new bases): their rows
@@ -81,7 +89,7 @@ class RollupReads(RollupSnapshots):
             .drop("__folded")
         )
         rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
-        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap)
+        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap, refill)
         if folded.num_rows == 0:
             # Every changed cell lost its last source row (Spark cannot build a frame from an
             # Arrow table without chunks).
@@ -115,13 +123,19 @@ class RollupReads(RollupSnapshots):
         columns: Sequence[str] | None = None,
         cells: Cells | None = None,
         exact: bool = False,
+        *,
+        refill: bool = True,
     ) -> pa.Table:
         """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
         `generation` is added: the active generation is resolved from it). With `cells`, only
         the row groups that may hold those cells are read (a few cells cost a row group each,
         not the cross product of their buckets and entities); rows of other cells may remain,
         unless `exact` (`cells` are named cells of this rollup): then each file keeps only the
-        rows of those cells, so the driver never holds more than their rows."""
+        rows of those cells, so the driver never holds more than their rows.
+
+        A cell whose rows a fold cannot know exactly (`compute.folding.Unknowable`) is
+        aggregated again from the level below (`refill`); without `refill` it is left out: what
+        its stored rows hold is not known, so a comparison with them must count it changed."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
         if columns is not None:
@@ -176,7 +190,7 @@ class RollupReads(RollupSnapshots):
         )
         mine = _not_in(rows, cell_keys(named))
         whole = self._cells_rows(spec, snap, named)
-        folded = self._folded_arrow(spec, whole, snap).select(schema.names).cast(schema)
+        folded = self._folded_arrow(spec, whole, snap, refill).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
         return _requested(out, columns)
 
@@ -200,11 +214,13 @@ class RollupReads(RollupSnapshots):
         rows = pa.concat_tables(parts)
         return rows.filter(visible_mask(rows, snap.pointers))
 
-    def _folded_arrow(self, spec: RollupSpec, rows: pa.Table, snap: Snapshot) -> pa.Table:
+    def _folded_arrow(
+        self, spec: RollupSpec, rows: pa.Table, snap: Snapshot, refill: bool = True
+    ) -> pa.Table:
         """The visible rows of some cells folded into one base-shaped row each; the cells the
-        fold cannot know are aggregated again from their source (`refill`)."""
+        fold cannot know are aggregated again from their source (`refill`), or left out."""
         folded, unknown = fold(rows.cast(data_schema(spec)), spec)
-        if not unknown:
+        if not unknown or not refill:
             return folded
         if self.refill is None:
             raise RuntimeError(f"'{spec.name}': {len(unknown)} cell(s) need a refill, none given")

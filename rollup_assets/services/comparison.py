@@ -99,8 +99,10 @@ def recompute_cells(
         else:
             rows, versions = partials.in_tasks(spark, spec, cells, raw_table, below)
         own = engine.rollups.snapshot(spec)
+        # Stored as the rows hold it: a cell they cannot tell (a read would aggregate it again
+        # from the source: the fresh value) is left out, so it counts as changed and is written.
         stored = engine.rollups.read_arrow(
-            spec, spans, cells.entities, own, cells=cells, exact=True
+            spec, spans, cells.entities, own, cells=cells, exact=True, refill=False
         )
         mine = rows_with_keys(stored, cell_keys(cells), KEYS)
         compared = cell_changes_arrow(rows, mine, spec).to_pylist()
@@ -125,7 +127,7 @@ def recompute_cells(
     fresh = fresh.persist()
     if held:
         own = engine.rollups.snapshot(spec)
-        stored_df = engine.rollups.read_spark(spark, spec, spans, cells.entities, own)
+        stored_df = engine.rollups.read_spark(spark, spec, spans, cells.entities, own, refill=False)
         compared_df = cell_changes(fresh, _within(spark, stored_df, cells), spec).persist()
     else:
         # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.

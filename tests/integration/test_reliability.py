@@ -29,6 +29,7 @@ from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.column_rules import ColumnAction
 from rollup_assets.model.errors import IngestValidationError
 from rollup_assets.model.jobs import ChangeSource, JobState, Lane, Trigger
+from rollup_assets.model.partials import SPARES
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick, tick_until_quiet
@@ -545,3 +546,45 @@ def test_r9_a_forward_run_stopped_by_dagster_records_its_failure_and_releases_it
     assert world.engine.states.get(HOURLY).claimed_until is None
     world.tick(later)
     assert hour_value(world, NOW) == pytest.approx(4.0)
+
+
+# -- Found by the model test ---------------------------------------------------------------------
+
+
+def lowest_voltages(world: World, entity: str, n: int) -> pa.Table:
+    """`entity`'s `n` readings of lowest voltage, raised to its median voltage."""
+    raw = world.raw()
+    mine = raw[(raw["entity_id"] == entity) & raw["voltage_v"].notna()]
+    low = mine.nsmallest(n, "voltage_v")[["entity_id", "ts", "energy_kwh", "power_kw"]]
+    low = low.assign(voltage_v=float(mine["voltage_v"].median()))
+    return pa.Table.from_pandas(low, preserve_index=False)
+
+
+def test_a_recompute_rewrites_a_cell_whose_kept_extremes_all_left(world: World) -> None:
+    """The lowest voltages a week's cell keeps all left it (raised by corrections): a read of
+    the cell aggregates it again from the level below. A reading then changed reaches that
+    level through recomputes (an operator's, before the sensors' correction): the week's
+    recompute must write the cell, though a read of it already shows the new value. It
+    compared with that read, found nothing changed and kept rows without the change, which a
+    new lowest reading (the minimum known again) then brought to light."""
+    loaded(world)
+    world.ingest(lowest_voltages(world, METER, SPARES + 2), source="Manual")
+    settled(world)
+
+    hour = datetime(2025, 6, 3, 9, tzinfo=UTC)
+    since = datetime.now(UTC)
+    world.ingest(readings(METER, hour, 5.0), source="Manual")
+    world.ops.request_recompute(HOURLY, hour, hour + H, frozenset({METER}))
+    world.tick(NOW)
+    weekly = [
+        j
+        for j in world.engine.ledger.history("energy_weekly")
+        if j.created_at >= since and j.state is JobState.COMPLETED
+    ]
+    # The change reached the week as an aggregation from the level below, not as a difference.
+    assert [(j.trigger, j.corrects, j.cells_changed) for j in weekly] == [(Trigger.CHAIN, False, 1)]
+
+    low = {"entity_id": METER, "ts": hour + timedelta(minutes=5), "energy_kwh": 1.0}
+    lowest = pa.Table.from_pylist([{**low, "voltage_v": 150.0}])
+    world.ingest(lowest, source="Manual")
+    settled(world)
