@@ -32,6 +32,9 @@ class Trigger(StrEnum):
     CHAIN = "ChainPropagation"
     MAINTENANCE = "Maintenance"  # buckets rewritten whole to fold their cell pointers
     ROLLBACK = "Rollback"  # an earlier job's cells given back the generation it replaced
+    # Cells a fold could not know exactly (their kept extremes ran out), aggregated again from
+    # their source before the fold takes their buckets.
+    REFRESH = "Refresh"
 
     @property
     def lane(self) -> Lane:

@@ -27,7 +27,12 @@ from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.rollup_snapshots import RollupSnapshots, Snapshot
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, spark_schema
-from rollup_assets.resources.visible_rows import live_files, resolve_visible_spark, visible_mask
+from rollup_assets.resources.visible_rows import (
+    delta_pointers,
+    live_files,
+    resolve_visible_spark,
+    visible_mask,
+)
 from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 
 # Threads that read a rollup's files side by side (shared, so a query starts none).
@@ -193,6 +198,35 @@ class RollupReads(RollupSnapshots):
         folded = self._folded_arrow(spec, whole, snap, refill).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
         return _requested(out, columns)
+
+    def unknowable(self, spec: RollupSpec, buckets: Sequence[Window]) -> list[CellKey]:
+        """The corrected cells of `buckets` whose visible rows a fold cannot know exactly
+        (`compute.folding.Unknowable`), as (entity, bucket start): a read aggregates them again
+        from their source. Only the corrected cells' rows are read."""
+        snap = self.snapshot(spec)
+        if snap.table is None or not buckets:
+            return []
+        changed = delta_pointers(snap.pointers)
+        changed = changed.filter(in_windows(changed["bucket_start"], merge_windows(list(buckets))))
+        if changed.num_rows == 0:
+            return []
+        by_start = {w.start: w for w in buckets}
+        cells = Cells.collect(
+            (
+                (by_start[start], frozenset([entity]))
+                for start, entity in zip(
+                    changed["bucket_start"].to_pylist(),
+                    changed["entity_id"].to_pylist(),
+                    strict=True,
+                )
+                if start in by_start
+            ),
+            limit=None,
+        )
+        if not cells:
+            return []
+        _, unknown = fold(self._cells_rows(spec, snap, cells).cast(data_schema(spec)), spec)
+        return unknown
 
     def _cells_rows(self, spec: RollupSpec, snap: Snapshot, cells: Cells) -> pa.Table:
         """Every column of the visible rows of named `cells` at `snap`."""

@@ -58,7 +58,7 @@ from rollup_assets.resources.genmap import read_pointers
 from rollup_assets.services.correction import SourceChange, shown_again
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.job_failure import failure_reason, permanent_failure, record_failure
-from rollup_assets.services.recompute_work import compute_work, write_work
+from rollup_assets.services.recompute_work import compute_work, without_unknowable, write_work
 from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,15 @@ def run_recompute(
     events: list[Job] = []
     if waiting:
         events.append(job.again(tuple(sorted(waiting))))
+    if job.trigger is Trigger.MAINTENANCE:
+        ready, refresh = without_unknowable(engine, spec, ready)
+        if refresh is not None:
+            events.append(refresh)
+            say(
+                f"{spec.name}: {len(refresh.windows)} bucket(s) hold a cell a fold cannot know "
+                "(its kept extremes ran out): it is aggregated again from the source first, "
+                "and a later fold takes the bucket"
+            )
     carried: list[Job] = []
     dropped = _dropped(state.retained_from, ready) if job.corrects else []
     if dropped:

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, Trigger
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import merge_windows
+from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import ChangeFeedGone
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.rollup_table import Written
@@ -151,3 +151,26 @@ def write_work(
     if not found.cells:
         return Written([], 0), found
     return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
+
+
+def without_unknowable(
+    engine: Engine, spec: RollupSpec, buckets: list[Window]
+) -> tuple[list[Window], Job | None]:
+    """A fold's `buckets` less those holding a cell whose rows it cannot know, and the job
+    aggregating those cells again from the source. A fold would aggregate such a cell from the
+    source as it is when it reads, and records no source version: a change the source holds by
+    then whose correction here is still queued would be counted twice."""
+    unknown = engine.rollups.unknowable(spec, buckets)
+    if not unknown:
+        return buckets, None
+    by_start = {w.start: w for w in buckets}
+    cells = Cells.collect(((by_start[start], frozenset([e])) for e, start in unknown), limit=None)
+    held = set(cells.windows)
+    refresh = Job(
+        spec.name,
+        Trigger.REFRESH,
+        tuple(sorted(held)),
+        entities=cells.entities,
+        cells=cells,
+    )
+    return [w for w in buckets if w not in held], refresh

@@ -39,7 +39,7 @@ from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.columns import change_column, column_states
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.maintenance import fold_jobs, maintain
 from rollup_assets.services.retention import apply_retention
 from rollup_assets.settings import DEFAULT_SPECS
 from tests.conftest import World, days, world_of
@@ -588,3 +588,52 @@ def test_a_recompute_rewrites_a_cell_whose_kept_extremes_all_left(world: World) 
     lowest = pa.Table.from_pylist([{**low, "voltage_v": 150.0}])
     world.ingest(lowest, source="Manual")
     settled(world)
+
+
+def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold rewrites a day whose cell lost every kept lowest voltage: a read aggregates that
+    cell again from the hours. A change reaches the hours while the fold runs, and its
+    correction of the day waits for the fold. The fold must not take the change into the day
+    as well."""
+    from rollup_assets import faults
+
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", 1)
+    loaded(world)
+    day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
+    raw = world.raw()
+    mine = raw[(raw["ts"] >= day) & (raw["ts"] < day + timedelta(days=1))]
+    mine = mine[(mine["entity_id"] == METER) & mine["voltage_v"].notna()]
+    low = mine.nsmallest(SPARES + 2, "voltage_v")[["entity_id", "ts", "energy_kwh", "power_kw"]]
+    raised = low.assign(voltage_v=float(mine["voltage_v"].median()))
+    world.ingest(pa.Table.from_pandas(raised, preserve_index=False), source="Manual")
+    settled(world)
+
+    # The days' fold alone (a fold of the hours would hold their slot, which the change needs).
+    others = set(world.catalog.rollups) - {"energy_daily"}
+    folds = fold_jobs(world.engine, others, NOW)
+    assert [j.rollup for j in folds] == ["energy_daily"]
+    world.engine.ledger.record(folds)
+    hour = day + 10 * H
+    fired: list[bool] = []
+
+    def change_the_hours(point: str, archive: str | None) -> None:
+        if point == "before_correct" and archive == "energy_daily" and not fired:
+            fired.append(True)
+            world.ingest(readings(METER, hour, 5.0), source="Manual")
+            tick_until_quiet(world.defs, world.instance, NOW)
+
+    with faults.hooked(change_the_hours):
+        tick_until_quiet(world.defs, world.instance, NOW)
+    assert fired
+    settled(world)
+    # The cell was aggregated again by a job that records the source version it read.
+    refreshed = [
+        j
+        for j in world.engine.ledger.history("energy_daily")
+        if j.trigger is Trigger.REFRESH and j.state is JobState.COMPLETED
+    ]
+    assert [(j.entities, j.read_version is not None) for j in refreshed] == [
+        (frozenset({METER}), True)
+    ]
