@@ -153,15 +153,13 @@ def run_recompute(
     events: list[Job] = []
     if waiting:
         events.append(job.again(tuple(sorted(waiting))))
-    if job.trigger is Trigger.MAINTENANCE:
-        ready, refresh = without_unknowable(engine, spec, ready)
-        if refresh is not None:
-            events.append(refresh)
-            say(
-                f"{spec.name}: {len(refresh.windows)} bucket(s) hold a cell a fold cannot know "
-                "(its kept extremes ran out): it is aggregated again from the source first, "
-                "and a later fold takes the bucket"
-            )
+    ready, refresh = without_unknowable(engine, spec, job, ready)
+    if refresh is not None:
+        events.append(refresh)
+        say(
+            f"{spec.name}: {len(refresh.windows)} bucket(s) hold a cell a fold cannot know (its "
+            "kept extremes ran out): it is refreshed first, a later fold takes the bucket"
+        )
     carried: list[Job] = []
     dropped = _dropped(state.retained_from, ready) if job.corrects else []
     if dropped:
@@ -183,6 +181,8 @@ def run_recompute(
             note = f"{len(waiting)} bucket(s) are frozen or past the watermark and stay pending"
         if dropped:
             note = f"{len(dropped)} bucket(s) dropped by retention; the levels above corrected"
+        if refresh is not None:
+            note = f"{len(refresh.windows)} bucket(s) wait for a refresh of a cell to fold them"
         done = job.next(
             state=JobState.COMPLETED,
             windows_processed=0,

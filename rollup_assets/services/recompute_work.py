@@ -154,12 +154,15 @@ def write_work(
 
 
 def without_unknowable(
-    engine: Engine, spec: RollupSpec, buckets: list[Window]
+    engine: Engine, spec: RollupSpec, job: Job, buckets: list[Window]
 ) -> tuple[list[Window], Job | None]:
-    """A fold's `buckets` less those holding a cell whose rows it cannot know, and the job
-    aggregating those cells again from the source. A fold would aggregate such a cell from the
-    source as it is when it reads, and records no source version: a change the source holds by
-    then whose correction here is still queued would be counted twice."""
+    """A fold's (`job`'s) `buckets` less those holding a cell whose rows it cannot know, and
+    the job aggregating those cells again from the source (other jobs: `buckets`, None). A fold
+    would aggregate such a cell from the source as it is when it reads, and records no source
+    version: a change the source holds by then whose correction here is still queued would be
+    counted twice."""
+    if job.trigger is not Trigger.MAINTENANCE:
+        return buckets, None
     unknown = engine.rollups.unknowable(spec, buckets)
     if not unknown:
         return buckets, None
