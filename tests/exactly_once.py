@@ -202,7 +202,8 @@ def completed_work(
     triggers: tuple[Trigger, ...] = (Trigger.PERIODIC, Trigger.CHAIN),
 ) -> dict[str, Counter]:
     """Per rollup: how many Completed jobs (created at/after `since`, with work done) covered
-    each bucket."""
+    each bucket, per entity scope; a correction's per source commit it applied (two
+    corrections of one bucket, of different commits, each apply their own change once)."""
     out: dict[str, Counter] = {}
     for name, spec in engine.catalog.rollups.items():
         counts: Counter = Counter()
@@ -213,8 +214,10 @@ def completed_work(
                 and job.state is JobState.COMPLETED
                 and job.windows_processed
             ):
+                commits = sorted({c for p in job.parts for c in p.commits}) if job.parts else [None]
                 for w in buckets_in(spec, list(job.windows)):
-                    counts[(pd.Timestamp(w.start), job.entities)] += 1
+                    for commit in commits:
+                        counts[(pd.Timestamp(w.start), job.entities, commit)] += 1
         out[name] = counts
     return out
 
@@ -222,9 +225,10 @@ def completed_work(
 def exactly_once(
     engine: Engine, since: datetime, expected: dict[str, set], watermarks: dict[str, datetime]
 ) -> tuple[list[str], int]:
-    """Every changed closed window was recomputed by exactly one Completed job per entity scope;
-    none was lost. `expected`: rollup -> changed bucket starts (open buckets are skipped: the
-    forward lane owns them). Returns (problems, windows verified)."""
+    """Every changed closed window was recomputed by exactly one Completed job per entity scope
+    (and source commit, for corrections); none was lost. `expected`: rollup -> changed bucket
+    starts (open buckets are skipped: the forward lane owns them). Returns (problems, windows
+    verified)."""
     problems, verified = [], 0
     work = completed_work(engine, since)
     for name, spec in engine.catalog.rollups.items():
@@ -234,7 +238,7 @@ def exactly_once(
             problems.append(
                 f"{name}: window(s) recomputed more than once: {list(twice.items())[:3]}"
             )
-        done = {start for start, _ in counts}
+        done = {start for start, _, _ in counts}
         mark = watermarks.get(name)
         closed = {
             s
