@@ -32,8 +32,8 @@ class Trigger(StrEnum):
     CHAIN = "ChainPropagation"
     MAINTENANCE = "Maintenance"  # buckets rewritten whole to fold their cell pointers
     ROLLBACK = "Rollback"  # an earlier job's cells given back the generation it replaced
-    # Cells a fold could not know exactly (their kept extremes ran out), aggregated again from
-    # their source before the fold takes their buckets.
+    # Cells whose rows a fold cannot know exactly (their kept extremes ran out), aggregated again
+    # from their source before a fold of their buckets, or a run of the level above, reads them.
     REFRESH = "Refresh"
 
     @property
@@ -289,6 +289,14 @@ class LedgerSnapshot:
 
     def active(self, rollup: str) -> list[Job]:
         return [j for j in self.for_rollup(rollup) if j.state.active]
+
+    def refreshing(self, rollup: str) -> bool:
+        """Is a refresh of `rollup` pending or in flight? The levels above wait for it before
+        they read the cells it aggregates again (`Trigger.REFRESH`)."""
+        return any(
+            j.trigger is Trigger.REFRESH and (j.state is JobState.PENDING or j.state.active)
+            for j in self.for_rollup(rollup)
+        )
 
     def last_rollback(self, rollup: str) -> Job | None:
         """The rollup's newest completed rollback, if any."""

@@ -3,12 +3,14 @@
 A read returns one row per cell, in the shape of a base row: each cell's visible rows
 (`visible_rows`) are kept, and its visible difference rows are folded into its base
 (`compute.folding`). A cell the fold cannot know exactly (its kept extremes all left) is
-aggregated again from its source by the `refill` the engine gives the store.
+aggregated again from its source by the `refill` the engine gives the store, given a row that
+tells nothing, or refused (`Unknown`).
 """
 
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +21,7 @@ from pyspark.sql import functions as F
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.compute.folding import CellKey, fold
+from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
@@ -28,7 +31,6 @@ from rollup_assets.resources.rollup_snapshots import RollupSnapshots, Snapshot
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, spark_schema
 from rollup_assets.resources.visible_rows import (
-    delta_pointers,
     live_files,
     resolve_visible_spark,
     visible_mask,
@@ -37,6 +39,35 @@ from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 
 # Threads that read a rollup's files side by side (shared, so a query starts none).
 READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
+
+
+class Unknown(StrEnum):
+    """What a read does with a cell whose rows a fold cannot know exactly
+    (`compute.folding.Unknowable`: its kept extremes ran out)."""
+
+    # Aggregate it again from its source as the source stands now: what a person reads.
+    REFILL = "refill"
+    # A row of its keys holding no value: a comparison with the stored rows counts the cell
+    # changed, whether or not the source still has rows for it.
+    BLANK = "blank"
+    # Raise `CellsUnknowable`. A job records the version of its source it read; a cell aggregated
+    # from the level below that would run ahead of that version, and a change the level below
+    # holds by then but whose correction is still queued would be counted twice.
+    REFUSE = "refuse"
+
+
+class CellsUnknowable(Exception):
+    """A read (`Unknown.REFUSE`) met cells of `rollup` whose rows a fold cannot know: a job
+    refreshes them (aggregates them again from their source) before it reads them."""
+
+    def __init__(self, rollup: str, keys: list[CellKey]) -> None:
+        self.rollup = rollup
+        self.keys = keys
+        entity, start = keys[0]
+        super().__init__(
+            f"'{rollup}': {len(keys)} cell(s) cannot be folded from their rows (their kept "
+            f"extremes ran out), e.g. entity {entity!r} at {start.isoformat()}"
+        )
 
 
 class RollupReads(RollupSnapshots):
@@ -50,10 +81,10 @@ class RollupReads(RollupSnapshots):
         entities: frozenset[str] | None = None,
         snapshot: Snapshot | None = None,
         *,
-        refill: bool = True,
+        unknown: Unknown = Unknown.REFILL,
     ) -> DataFrame:
-        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`; without
-        `refill`, the cells a fold cannot know are left out (see `read_arrow`)."""
+        """Active rows (stored partials + bookkeeping) of buckets starting in `spans`; a cell a
+        fold cannot know is read as `unknown` says."""
         snap = snapshot or self.snapshot(spec)
         read_schema = spark_schema(data_schema(spec))
         if snap.table is None:
@@ -68,7 +99,7 @@ class RollupReads(RollupSnapshots):
         df = spark.read.schema(read_schema).parquet(*uris)
         df = rows_within(df, "bucket_start", spans, entities)
         visible = resolve_visible_spark(spark, df, snap.pointers)
-        return self._folded_spark(spark, spec, visible, snap, refill)
+        return self._folded_spark(spark, spec, visible, snap, unknown)
 
     def _folded_spark(
         self,
@@ -76,7 +107,7 @@ class RollupReads(RollupSnapshots):
         spec: RollupSpec,
         visible: DataFrame,
         snap: Snapshot,
-        refill: bool = True,
+        unknown: Unknown,
     ) -> DataFrame:
         """`visible` rows with each corrected cell's difference rows folded into its base. The
         cells with difference rows are few (maintenance folds them into new bases): their rows
@@ -94,7 +125,7 @@ class RollupReads(RollupSnapshots):
             .drop("__folded")
         )
         rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
-        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap, refill)
+        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap, unknown)
         if folded.num_rows == 0:
             # Every changed cell lost its last source row (Spark cannot build a frame from an
             # Arrow table without chunks).
@@ -129,7 +160,7 @@ class RollupReads(RollupSnapshots):
         cells: Cells | None = None,
         exact: bool = False,
         *,
-        refill: bool = True,
+        unknown: Unknown = Unknown.REFILL,
     ) -> pa.Table:
         """Active rows in `spans` (and `entities`): every stored column, or `columns` (to which
         `generation` is added: the active generation is resolved from it). With `cells`, only
@@ -138,9 +169,9 @@ class RollupReads(RollupSnapshots):
         unless `exact` (`cells` are named cells of this rollup): then each file keeps only the
         rows of those cells, so the driver never holds more than their rows.
 
-        A cell whose rows a fold cannot know exactly (`compute.folding.Unknowable`) is
-        aggregated again from the level below (`refill`); without `refill` it is left out: what
-        its stored rows hold is not known, so a comparison with them must count it changed."""
+        A cell whose rows a fold cannot know exactly (`compute.folding.Unknowable`) is read as
+        `unknown` says: aggregated again from the level below, a row holding no value, or
+        refused."""
         snap = snapshot or self.snapshot(spec)
         schema = data_schema(spec)
         if columns is not None:
@@ -195,38 +226,9 @@ class RollupReads(RollupSnapshots):
         )
         mine = _not_in(rows, cell_keys(named))
         whole = self._cells_rows(spec, snap, named)
-        folded = self._folded_arrow(spec, whole, snap, refill).select(schema.names).cast(schema)
+        folded = self._folded_arrow(spec, whole, snap, unknown).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
         return _requested(out, columns)
-
-    def unknowable(self, spec: RollupSpec, buckets: Sequence[Window]) -> list[CellKey]:
-        """The corrected cells of `buckets` whose visible rows a fold cannot know exactly
-        (`compute.folding.Unknowable`), as (entity, bucket start): a read aggregates them again
-        from their source. Only the corrected cells' rows are read."""
-        snap = self.snapshot(spec)
-        if snap.table is None or not buckets:
-            return []
-        changed = delta_pointers(snap.pointers)
-        changed = changed.filter(in_windows(changed["bucket_start"], merge_windows(list(buckets))))
-        if changed.num_rows == 0:
-            return []
-        by_start = {w.start: w for w in buckets}
-        cells = Cells.collect(
-            (
-                (by_start[start], frozenset([entity]))
-                for start, entity in zip(
-                    changed["bucket_start"].to_pylist(),
-                    changed["entity_id"].to_pylist(),
-                    strict=True,
-                )
-                if start in by_start
-            ),
-            limit=None,
-        )
-        if not cells:
-            return []
-        _, unknown = fold(self._cells_rows(spec, snap, cells).cast(data_schema(spec)), spec)
-        return unknown
 
     def _cells_rows(self, spec: RollupSpec, snap: Snapshot, cells: Cells) -> pa.Table:
         """Every column of the visible rows of named `cells` at `snap`."""
@@ -249,18 +251,31 @@ class RollupReads(RollupSnapshots):
         return rows.filter(visible_mask(rows, snap.pointers))
 
     def _folded_arrow(
-        self, spec: RollupSpec, rows: pa.Table, snap: Snapshot, refill: bool = True
+        self, spec: RollupSpec, rows: pa.Table, snap: Snapshot, unknown: Unknown
     ) -> pa.Table:
         """The visible rows of some cells folded into one base-shaped row each; the cells the
-        fold cannot know are aggregated again from their source (`refill`), or left out."""
-        folded, unknown = fold(rows.cast(data_schema(spec)), spec)
-        if not unknown or not refill:
+        fold cannot know are read as `unknown` says."""
+        folded, keys = fold(rows.cast(data_schema(spec)), spec)
+        if not keys:
             return folded
-        if self.refill is None:
-            raise RuntimeError(f"'{spec.name}': {len(unknown)} cell(s) need a refill, none given")
-        again = self.refill(spec, unknown)
+        if unknown is Unknown.REFUSE:
+            raise CellsUnknowable(spec.name, keys)
+        if unknown is Unknown.BLANK:
+            bucketing = Bucketing.of(spec)
+            ts = rows.schema.field("bucket_start").type
+            again = pa.table(
+                {
+                    ENTITY_COLUMN: pa.array([e for e, _ in keys], pa.string()),
+                    "bucket_start": pa.array([s for _, s in keys], ts),
+                    "bucket_end": pa.array([bucketing.window_of(s).end for _, s in keys], ts),
+                }
+            )
+        elif self.refill is None:
+            raise RuntimeError(f"'{spec.name}': {len(keys)} cell(s) need a refill, none given")
+        else:
+            again = self.refill(spec, keys)
         return pa.concat_tables(
-            [folded, _as_rows_of(again, folded.schema, generation=_newest(rows, unknown))]
+            [folded, _as_rows_of(again, folded.schema, generation=_newest(rows, keys))]
         )
 
 

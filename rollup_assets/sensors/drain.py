@@ -12,6 +12,8 @@ Per rollup, each tick:
     run that writes the rollup's source is still in flight: that run carries the chain to this
     level itself, and a run launched meanwhile would only take the level from it (a new process
     and Spark session per level). When that run ends, whatever it left is launched;
+  * nothing is launched while a refresh of the rollup's source is pending or in flight: the
+    cells it aggregates again are what the waiting jobs read (`Trigger.REFRESH`);
   * the cells of all pending jobs that are ready (below the watermark, not frozen) merge into
     one job, their union per bucket (never the cross product of buckets and entities); the jobs
     it absorbed are recorded as Coalesced, the rest keeps waiting.
@@ -99,6 +101,11 @@ def plan_drain(
             )
         pending = due
         if not pending:
+            continue
+        if spec.source in catalog.rollups and snapshot.refreshing(spec.source):
+            plan.notes.append(
+                f"{spec.name}: {len(pending)} pending job(s) wait for a refresh of {spec.source}"
+            )
             continue
         since = _carried_since(spec, snapshot, runs)
         if since is not None and all(

@@ -1,7 +1,8 @@
 """Forward planning: which rollups have buckets to close or open buckets to refresh.
 
-A rollup gets one forward run per tick at most, and none while a run writing it or any level
-below it is in flight: that run carries its changes up the chain itself (services/chain.py),
+A rollup gets one forward run per tick at most, none while a refresh of its source is pending
+or in flight (`Trigger.REFRESH`), and none while a run writing it or any level below it is in
+flight: that run carries its changes up the chain itself (services/chain.py),
 and whatever it leaves is planned on a later tick. What a forward run does is the model's rule
 (`model.forward.forward_work`: the buckets that may close, and the open buckets its source
 changed in); this planner tells whether the source changed inside an open bucket since the last
@@ -53,6 +54,8 @@ def plan_forward(
         state = states.get(spec.name) or ArchiveState(spec.name)
         if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
+        if spec.source in catalog.rollups and snapshot.refreshing(spec.source):
+            continue  # it reads cells the refresh aggregates again: after it
         changed_in = partial(_source_changed, catalog, spec, snapshot, sources, deleted)
         work = forward_work(catalog, spec, state, now, states, changed_in)
         if work:

@@ -13,6 +13,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.retention import removed_within
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
 
@@ -47,7 +48,7 @@ def compare_with_source(
     buckets = kept
     if not buckets:
         return CheckDiff(0, 0, 0, retained=retained)
-    fresh, _ = engine.partials.on_spark(spark, spec, Cells.of(buckets))
+    fresh, _ = engine.partials.on_spark(spark, spec, Cells.of(buckets), unknown=Unknown.REFILL)
     stored = engine.rollups.read_spark(spark, spec, buckets)
     diff = diff_partials(fresh, stored, spec)
     return CheckDiff(len(buckets), diff.rows, diff.differing, diff.examples, retained)

@@ -28,6 +28,7 @@ from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.fill import Fill
+from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import cell_keys
 from rollup_assets.services.engine import Engine
@@ -100,9 +101,10 @@ def recompute_cells(
             rows, versions = partials.in_tasks(spark, spec, cells, raw_table, below)
         own = engine.rollups.snapshot(spec)
         # Stored as the rows hold it: a cell they cannot tell (a read would aggregate it again
-        # from the source: the fresh value) is left out, so it counts as changed and is written.
+        # from the source: the fresh value) holds no value, so it counts as changed and is
+        # written, or emptied when the source has no row left for it.
         stored = engine.rollups.read_arrow(
-            spec, spans, cells.entities, own, cells=cells, exact=True, refill=False
+            spec, spans, cells.entities, own, cells=cells, exact=True, unknown=Unknown.BLANK
         )
         mine = rows_with_keys(stored, cell_keys(cells), KEYS)
         compared = cell_changes_arrow(rows, mine, spec).to_pylist()
@@ -127,7 +129,9 @@ def recompute_cells(
     fresh = fresh.persist()
     if held:
         own = engine.rollups.snapshot(spec)
-        stored_df = engine.rollups.read_spark(spark, spec, spans, cells.entities, own, refill=False)
+        stored_df = engine.rollups.read_spark(
+            spark, spec, spans, cells.entities, own, unknown=Unknown.BLANK
+        )
         compared_df = cell_changes(fresh, _within(spark, stored_df, cells), spec).persist()
     else:
         # Nothing stored in these buckets yet (a first backfill): no join, every cell is new.

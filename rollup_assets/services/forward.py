@@ -7,8 +7,9 @@ commit, records the job, and then advances the watermark. The open buckets (the 
 `now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
 watermark. The buckets are aggregated on the driver when their source files are small
 (`DRIVER_SOURCE_ROWS`), as they are for a lane that keeps up; on Spark otherwise. Frozen buckets
-are never written. The rollup's surface (`services.surface`) is published by the surface
-publish sensor, off the run's critical path.
+are never written. A source cell whose rows a fold cannot know is refreshed first: the run
+writes nothing and its buckets are planned again after the refresh. The rollup's surface
+(`services.surface`) is published by the surface publish sensor, off the run's critical path.
 """
 
 import logging
@@ -32,7 +33,9 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_reads import CellsUnknowable
 from rollup_assets.services.engine import Engine
+from rollup_assets.services.recompute_work import refresh_first
 from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -146,11 +149,14 @@ def run_forward(
             + f" (the driver takes at most {DRIVER_SOURCE_ROWS:,})"
         )
         say(f"{spec.name}: forward {plan}")
-        frame, versions = (
-            engine.partials.on_driver(spec, cells)
-            if on_driver
-            else engine.partials.on_spark(spark, spec, cells)
-        )
+        try:
+            frame, versions = (
+                engine.partials.on_driver(spec, cells)
+                if on_driver
+                else engine.partials.on_spark(spark, spec, cells)
+            )
+        except CellsUnknowable as unknown:
+            return _wait_for_refresh(engine, spec, job, unknown, claim, run_id, say)
         written = engine.rollups.write_rows(
             frame, spec, generation=0, job_id=job.job_id, run_id=run_id, source_versions=versions
         )
@@ -211,6 +217,27 @@ def run_forward(
     return RunOutcome(
         done, buckets, written.rows, 0, version, versions, duration, propagated=propagated
     )
+
+
+def _wait_for_refresh(
+    engine: Engine,
+    spec: RollupSpec,
+    job: Job,
+    unknown: CellsUnknowable,
+    claim: datetime | None,
+    run_id: str,
+    say: Callable[[str], None],
+) -> RunOutcome:
+    """A forward run whose source holds cells a fold cannot know ends having written nothing,
+    behind a refresh of them (`services.recompute_work.refresh_first`): the forward sensor plans
+    its buckets again once the refresh is done."""
+    refresh, done = refresh_first(engine, job, unknown)
+    engine.ledger.record([refresh, done])
+    if claim is not None:
+        _release_claim(engine, spec, claim, run_id)
+    note = done.plan or ""
+    say(f"{spec.name}: forward {note}")
+    return RunOutcome(done, [], note=note)
 
 
 def _release_claim(engine: Engine, spec: RollupSpec, claim: datetime, run_id: str) -> None:

@@ -4,8 +4,10 @@ Three ways to the same partials: on Spark (a frame, for work of any size), on th
 source row groups that may hold the cells read with delta-rs and aggregated with Arrow), and in
 Spark tasks one storage partition each (`rollup_assets.resources.fill`: no shuffle), which is
 also how a first fill is planned. A raw source is read at a given table version or the current
-one, a rollup source at a given snapshot or its current one. The engine owns one `Partials`
-and gives its `refill` to the rollup store.
+one, a rollup source at a given snapshot or its current one. A job refuses a rollup source's
+cell that a fold cannot know (`Unknown.REFUSE`): it would be aggregated from the level below as
+it stands now, ahead of the version the job records. The engine owns one `Partials` and gives
+its `refill` to the rollup store (what a person reads).
 """
 
 import pyarrow as pa
@@ -30,6 +32,7 @@ from rollup_assets.resources.fill import (
     run_partials,
 )
 from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
@@ -53,18 +56,22 @@ class Partials:
         cells: Cells,
         raw_table: DeltaTable | None = None,
         below: Snapshot | None = None,
+        unknown: Unknown = Unknown.REFUSE,
     ) -> tuple[DataFrame, dict[str, int]]:
         """The partial aggregates of `cells` (with the count of source rows behind each, in
         `SOURCE_ROWS`), and the source versions read (a raw source at `raw_table`'s version
         when given, a rollup source at snapshot `below`). Only the source rows of the cells are
         aggregated; the read itself is pruned to their buckets and (when every bucket names
-        them) their entities."""
+        them) their entities. A rollup source's cell a fold cannot know is read as `unknown`
+        says (a job refuses it: `CellsUnknowable`)."""
         source = self.catalog.archive(spec.source)
         spans = merge_windows(list(cells.windows))
         entities = cells.entities
         if isinstance(source, RollupSpec):
             snap = below or self.rollups.snapshot(source)
-            rows = self.rollups.read_spark(spark, source, spans, entities, snapshot=snap)
+            rows = self.rollups.read_spark(
+                spark, source, spans, entities, snapshot=snap, unknown=unknown
+            )
             versions = snap.lineage(source)
         else:
             rows, version = self.raw.read_spark(spark, source, spans, entities, table=raw_table)
@@ -78,6 +85,7 @@ class Partials:
         cells: Cells,
         raw_table: DeltaTable | None = None,
         below: Snapshot | None = None,
+        unknown: Unknown = Unknown.REFUSE,
     ) -> tuple[pa.Table, dict[str, int]]:
         """`on_spark`, computed on the driver: the row groups that may hold the cells' source
         rows read with delta-rs, aggregated with Arrow (`compute.arrow_partials`)."""
@@ -86,7 +94,9 @@ class Partials:
         entities = cells.entities
         if isinstance(source, RollupSpec):
             snap = below or self.rollups.snapshot(source)
-            rows = self.rollups.read_arrow(source, spans, entities, snapshot=snap, cells=cells)
+            rows = self.rollups.read_arrow(
+                source, spans, entities, snapshot=snap, cells=cells, unknown=unknown
+            )
             versions = snap.lineage(source)
         else:
             rows, version = self.raw.read_rows(source, spans, entities, raw_table, cells)
@@ -126,7 +136,7 @@ class Partials:
         exactly: `compute.folding.Unknowable`), in the shape of stored rows."""
         b = Bucketing.of(spec)
         cells = Cells.collect(((b.window_of(start), frozenset([e])) for e, start in keys), None)
-        rows, _ = self.on_driver(spec, cells)
+        rows, _ = self.on_driver(spec, cells, unknown=Unknown.REFILL)
         return rows.drop_columns([SOURCE_ROWS])
 
     def source_versions(self, spec: RollupSpec) -> dict[str, int]:

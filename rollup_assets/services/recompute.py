@@ -55,10 +55,11 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.rollup_reads import CellsUnknowable
 from rollup_assets.services.correction import SourceChange, shown_again
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.job_failure import failure_reason, permanent_failure, record_failure
-from rollup_assets.services.recompute_work import compute_work, without_unknowable, write_work
+from rollup_assets.services.recompute_work import compute_work, refresh_first, write_work
 from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -153,13 +154,6 @@ def run_recompute(
     events: list[Job] = []
     if waiting:
         events.append(job.again(tuple(sorted(waiting))))
-    ready, refresh = without_unknowable(engine, spec, job, ready)
-    if refresh is not None:
-        events.append(refresh)
-        say(
-            f"{spec.name}: {len(refresh.windows)} bucket(s) hold a cell a fold cannot know (its "
-            "kept extremes ran out): it is refreshed first, a later fold takes the bucket"
-        )
     carried: list[Job] = []
     dropped = _dropped(state.retained_from, ready) if job.corrects else []
     if dropped:
@@ -181,8 +175,6 @@ def run_recompute(
             note = f"{len(waiting)} bucket(s) are frozen or past the watermark and stay pending"
         if dropped:
             note = f"{len(dropped)} bucket(s) dropped by retention; the levels above corrected"
-        if refresh is not None:
-            note = f"{len(refresh.windows)} bucket(s) wait for a refresh of a cell to fold them"
         done = job.next(
             state=JobState.COMPLETED,
             windows_processed=0,
@@ -217,7 +209,14 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
-        work = compute_work(engine, spark, spec, running, cells, below, say)
+        try:
+            work = compute_work(engine, spark, spec, running, cells, below, say)
+        except CellsUnknowable as unknown:
+            refresh, done = refresh_first(engine, running, unknown)
+            engine.ledger.record([refresh, running.again(), done])
+            note = f"{done.plan}; queued again behind it"
+            say(f"{spec.name}: {note}")
+            return RunOutcome(done, [], note=note)
         say(f"{spec.name}: {work.technique}: {work.reason}")
         try:
             written, found = write_work(

@@ -4,20 +4,24 @@ A correction's difference rows, made from its source changes without reading the
 corrects (`services.correction`), while the change feed still holds them; a fold's (maintenance)
 rewrite of its buckets whole from their visible rows; otherwise its cells aggregated again from
 their source and compared with the stored ones (`services.comparison`). The rows are written
-and not committed: the lane commits and flips them.
+and not committed: the lane commits and flips them. A job that meets a cell whose rows a fold
+cannot know, in its source or (a fold) its own rollup, refreshes it first (`refresh_first`).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import Job, Trigger
+from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import merge_windows
 from rollup_assets.resources.commit_changes import ChangeFeedGone
 from rollup_assets.resources.fill import Fill
+from rollup_assets.resources.rollup_reads import CellsUnknowable, Unknown
 from rollup_assets.resources.rollup_table import Written
 from rollup_assets.services.comparison import CellOutcome, Recomputed, filled, recompute_cells
 from rollup_assets.services.correction import (
@@ -88,7 +92,9 @@ def compute_work(
             say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
     if job.trigger is Trigger.MAINTENANCE:
         spans = merge_windows(list(cells.windows))
-        frame = engine.rollups.read_spark(spark, spec, spans, cells.entities)
+        frame = engine.rollups.read_spark(
+            spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
+        )
         return Work(
             FOLD,
             f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
@@ -153,27 +159,35 @@ def write_work(
     return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
 
 
-def without_unknowable(
-    engine: Engine, spec: RollupSpec, job: Job, buckets: list[Window]
-) -> tuple[list[Window], Job | None]:
-    """A fold's (`job`'s) `buckets` less those holding a cell whose rows it cannot know, and
-    the job aggregating those cells again from the source (other jobs: `buckets`, None). A fold
-    would aggregate such a cell from the source as it is when it reads, and records no source
-    version: a change the source holds by then whose correction here is still queued would be
-    counted twice."""
-    if job.trigger is not Trigger.MAINTENANCE:
-        return buckets, None
-    unknown = engine.rollups.unknowable(spec, buckets)
-    if not unknown:
-        return buckets, None
-    by_start = {w.start: w for w in buckets}
-    cells = Cells.collect(((by_start[start], frozenset([e])) for e, start in unknown), limit=None)
-    held = set(cells.windows)
-    refresh = Job(
+def refresh_first(engine: Engine, job: Job, unknown: CellsUnknowable) -> tuple[Job, Job]:
+    """A Refresh of the cells a job's read could not know (`unknown`: `refresh_job`), and the
+    job ended having done nothing (Completed, no bucket processed, its plan saying why). A
+    recompute queues its work again behind the refresh: a fold of its own rollup runs after it
+    (`Job.run_order`), a job reading the level below waits while that level is refreshed (the
+    drain). A forward run's buckets are planned again once the refresh is done."""
+    done = job.next(
+        state=JobState.COMPLETED,
+        windows_processed=0,
+        rows_processed=0,
+        finished_at=datetime.now(UTC),
+        plan=f"waits for a refresh: {unknown}",
+    )
+    return refresh_job(engine, unknown), done
+
+
+def refresh_job(engine: Engine, unknown: CellsUnknowable) -> Job:
+    """A job aggregating again the cells `unknown` names (`Trigger.REFRESH`): it records the
+    version of the source it read, so a correction queued meanwhile is not applied twice, and
+    it writes each cell a base row a fold can know."""
+    spec = engine.catalog.rollup(unknown.rollup)
+    bucketing = Bucketing.of(spec)
+    cells = Cells.collect(
+        ((bucketing.window_of(start), frozenset([e])) for e, start in unknown.keys), limit=None
+    )
+    return Job(
         spec.name,
         Trigger.REFRESH,
-        tuple(sorted(held)),
+        tuple(sorted(cells.windows)),
         entities=cells.entities,
         cells=cells,
     )
-    return [w for w in buckets if w not in held], refresh

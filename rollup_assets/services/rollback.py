@@ -49,6 +49,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.resources.flips import missing_pointers, newer_pointers, restored_pointers
+from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.visible_rows import covered_mask
 from rollup_assets.services.engine import Engine
@@ -174,14 +175,21 @@ def rollback(
     spans = list(cells.windows)
     try:
         then = Snapshot(store.table_at(spec, rows_version), before, None)
-        seen = _cells_rows(store.read_arrow(spec, spans, snapshot=then), flipped)
+        # Which rows are there, not what a cell adds up to: a cell a fold cannot know is not
+        # aggregated again from the level below (`Unknown.BLANK`).
+        seen = _cells_rows(
+            store.read_arrow(spec, spans, snapshot=then, unknown=Unknown.BLANK), flipped
+        )
     except OSError as exc:
         raise RollbackRefusedError(
             f"{what}: the row table as the job found it can no longer be read ({exc}); vacuum "
             f"keeps files for at least the generation retention ({format_duration(retention)})"
         ) from None
     back = _cells_rows(
-        store.read_arrow(spec, spans, snapshot=Snapshot(current.table, restored, None)), flipped
+        store.read_arrow(
+            spec, spans, snapshot=Snapshot(current.table, restored, None), unknown=Unknown.BLANK
+        ),
+        flipped,
     )
     if seen.to_pylist() != back.to_pylist():
         gens = sorted(set(seen["generation"].to_pylist()))

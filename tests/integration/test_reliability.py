@@ -551,9 +551,12 @@ def test_r9_a_forward_run_stopped_by_dagster_records_its_failure_and_releases_it
 # -- Found by the model test ---------------------------------------------------------------------
 
 
-def lowest_voltages(world: World, entity: str, n: int) -> pa.Table:
-    """`entity`'s `n` readings of lowest voltage, raised to its median voltage."""
+def lowest_voltages(world: World, entity: str, n: int, within: Window | None = None) -> pa.Table:
+    """`entity`'s `n` readings of lowest voltage (in `within`, if given), raised to its median
+    voltage there."""
     raw = world.raw()
+    if within is not None:
+        raw = raw[(raw["ts"] >= within.start) & (raw["ts"] < within.end)]
     mine = raw[(raw["entity_id"] == entity) & raw["voltage_v"].notna()]
     low = mine.nsmallest(n, "voltage_v")[["entity_id", "ts", "energy_kwh", "power_kw"]]
     low = low.assign(voltage_v=float(mine["voltage_v"].median()))
@@ -602,12 +605,8 @@ def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
     monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", 1)
     loaded(world)
     day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
-    raw = world.raw()
-    mine = raw[(raw["ts"] >= day) & (raw["ts"] < day + timedelta(days=1))]
-    mine = mine[(mine["entity_id"] == METER) & mine["voltage_v"].notna()]
-    low = mine.nsmallest(SPARES + 2, "voltage_v")[["entity_id", "ts", "energy_kwh", "power_kw"]]
-    raised = low.assign(voltage_v=float(mine["voltage_v"].median()))
-    world.ingest(pa.Table.from_pandas(raised, preserve_index=False), source="Manual")
+    low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
+    world.ingest(low, source="Manual")
     settled(world)
 
     # The days' fold alone (a fold of the hours would hold their slot, which the change needs).
@@ -637,3 +636,92 @@ def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
     assert [(j.entities, j.read_version is not None) for j in refreshed] == [
         (frozenset({METER}), True)
     ]
+
+
+def test_a_recompute_reading_a_cell_below_it_cannot_know_waits_for_its_refresh(
+    world: World,
+) -> None:
+    """A day's cell lost every kept lowest voltage: a read aggregates it again from the hours.
+    A change reaches the hours, and its correction of the day is under way when an operator's
+    recompute of the week reads the day. The week must not take the change from the hours
+    through that cell (ahead of the day's version it records) and then again from the day's
+    correction: it waits for the day's cell to be refreshed. (The months, which read the days
+    too, are disabled meanwhile: their open bucket would refresh the cell first.)"""
+    from rollup_assets import faults
+
+    loaded(world)
+    world.ops.disable("energy_monthly")
+    day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
+    week = datetime(2025, 6, 1, 22, tzinfo=UTC)  # its ISO week
+    low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
+    world.ingest(low, source="Manual")
+    world.tick(NOW)
+    since = datetime.now(UTC)
+    fired: list[bool] = []
+
+    def recompute_the_week(point: str, archive: str | None) -> None:
+        if point == "before_correct" and archive == "energy_daily" and not fired:
+            fired.append(True)
+            world.ops.request_recompute(
+                "energy_weekly", week, week + 7 * 24 * H, frozenset({METER})
+            )
+            tick_until_quiet(world.defs, world.instance, NOW)
+
+    world.ingest(readings(METER, day + 10 * H, 5.0), source="Manual")
+    with faults.hooked(recompute_the_week):
+        tick_until_quiet(world.defs, world.instance, NOW)
+    assert fired
+    world.ops.enable("energy_monthly", now=NOW)
+    settled(world)
+    waited = [
+        j
+        for j in world.engine.ledger.history("energy_weekly")
+        if j.created_at >= since and "waits for a refresh" in (j.plan or "")
+    ]
+    assert [(j.trigger, j.windows_processed) for j in waited] == [(Trigger.MANUAL, 0)]
+    refreshed = [
+        j
+        for j in world.engine.ledger.history("energy_daily")
+        if j.created_at >= since and j.trigger is Trigger.REFRESH
+    ]
+    assert [(j.state, j.entities) for j in refreshed] == [(JobState.COMPLETED, frozenset({METER}))]
+
+
+def test_a_recompute_empties_a_cell_it_cannot_know_whose_source_rows_all_went(
+    world: World,
+) -> None:
+    """A day's cell lost every kept lowest voltage, then every reading of its meter that day is
+    deleted. An operator's recompute of the day runs before the deletion's correction reaches
+    the day: it must empty the cell (its rows cannot say what they hold, the hours hold
+    nothing), not find no cell on either side and change nothing while the correction it
+    claims to hold is skipped; the week would keep the day's old energy."""
+    from rollup_assets import faults
+
+    loaded(world)
+    world.ops.disable("energy_monthly")  # its open bucket would refresh the cell (see above)
+    day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
+    low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
+    world.ingest(low, source="Manual")
+    world.tick(NOW)
+    fired: list[bool] = []
+
+    def recompute_the_day(point: str, archive: str | None) -> None:
+        if point == "after_flip" and archive == HOURLY and not fired:
+            fired.append(True)
+            world.ops.request_recompute("energy_daily", day, day + 24 * H, frozenset({METER}))
+            tick_until_quiet(world.defs, world.instance, NOW)
+
+    world.engine.raw.delete_rows(
+        world.catalog.raw["energy_raw"],
+        Window(day, day + 24 * H),
+        frozenset({METER}),
+        ChangeSource.MANUAL,
+        retention=False,
+    )
+    with faults.hooked(recompute_the_day):
+        tick_until_quiet(world.defs, world.instance, NOW)
+    assert fired
+    manual = [j for j in world.engine.ledger.history("energy_daily") if j.trigger is Trigger.MANUAL]
+    assert [(j.state, j.cells_changed) for j in manual] == [(JobState.COMPLETED, 1)]
+    world.ops.enable("energy_monthly", now=NOW)
+    settled(world)

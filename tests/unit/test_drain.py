@@ -300,6 +300,27 @@ def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(drain: Drain
     assert [lch.rollup for lch in p.launches] == ["energy_daily"]
 
 
+def test_nothing_is_launched_above_a_level_whose_refresh_is_pending_or_running(
+    drain: DrainState,
+) -> None:
+    """A run of the days reads hours a refresh aggregates again: it waits for the refresh
+    (`Trigger.REFRESH`), which runs first; the hours' other work is not held back."""
+    refresh = Job("energy_hourly", Trigger.REFRESH, hours(1), entities=frozenset({"m1"}))
+    above = Job("energy_daily", Trigger.MANUAL, days(0))
+    drain.ledger.record([refresh, above])
+    first = plan(drain)
+    assert [(lch.rollup, lch.trigger) for lch in first.launches] == [
+        ("energy_hourly", Trigger.REFRESH)
+    ]
+    assert any("wait for a refresh of energy_hourly" in n for n in first.notes), first.notes
+    launched = drain.ledger.job(first.launches[0].job_id)
+    assert launched is not None
+    drain.ledger.record([launched.next(state=JobState.RUNNING, run_id="run-1")])
+    assert plan(drain, FakeRuns({"run-1": [("run-1", False)]})).launches == []
+    drain.ledger.record([launched.next(state=JobState.COMPLETED)])
+    assert [lch.rollup for lch in plan(drain).launches] == ["energy_daily"]
+
+
 def test_a_retry_waits_out_its_backoff_then_runs(drain: DrainState) -> None:
     dead = Job("energy_hourly", Trigger.PERIODIC, hours(4), state=JobState.RUNNING)
     drain.ledger.record([dead])
