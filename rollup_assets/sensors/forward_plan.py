@@ -97,6 +97,7 @@ def _source_changed(
         for j in snapshot.for_rollup(spec.name)
         if j.trigger.lane is Lane.FORWARD
         and j.state is JobState.COMPLETED
+        and j.windows_processed  # a run that wrote nothing (waited for a refresh) read nothing
         and any(w.start <= bucket.start < w.end for w in j.windows)
         and (since is None or j.created_at >= since)
     ]

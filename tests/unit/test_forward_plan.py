@@ -276,6 +276,25 @@ def test_a_run_that_read_a_table_deleted_since_does_not_count_as_having_read_it(
     assert plan(states(hourly=W), W + 30 * M, sources, ledger.snapshot(), deleted=earlier) == []
 
 
+def test_a_forward_run_that_wrote_nothing_did_not_read_the_open_bucket() -> None:
+    """The days' forward run met a cell of the hours it cannot know and ended behind its
+    refresh, writing nothing: the open day is still to be read, though no hourly job wrote into
+    it since."""
+    now = datetime(2025, 5, 3, 10, 30, tzinfo=UTC)
+    hour = Window(now - 30 * M, now + 30 * M)
+    ledger = MemoryLedger()
+    ledger.record(
+        [
+            refreshed("energy_hourly", hour, now - 40 * M, source_version=4),
+            refreshed("energy_daily", VIENNA_MAY_3, now - 50 * M),
+            replace(refreshed("energy_daily", VIENNA_MAY_3, now - 20 * M), windows_processed=0),
+        ]
+    )
+    s = states(hourly=hour.start, daily=VIENNA_MAY_3.start)
+    launches = plan(s, now, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
+    assert [(lch.rollup, lch.buckets) for lch in launches] == [("energy_daily", [VIENNA_MAY_3])]
+
+
 def test_a_new_open_bucket_is_refreshed_even_without_new_commits() -> None:
     ledger = MemoryLedger()
     ledger.record([refreshed("energy_hourly", OPEN, W + 10 * M, source_version=4)])
