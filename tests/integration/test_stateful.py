@@ -12,7 +12,8 @@ for the computed column. And the faults and races between them:
   * an operator action (rewind, rollback, freeze, maintenance, retention, disable, a column
     change, an ingest, delete and re-create) run *between* two steps of a running recompute, at
     one of its fault points (one rule per action; `make soak` also runs every action at every
-    point once);
+    point once); and an operator's recompute of the weeks or months (which read the days) run
+    between two steps of a correction of the days;
   * a recompute run started between a rollback's checks and its pointer commit;
   * a transient failure at any point of a recompute or a forward run (the work is retried);
   * a kill at any point of a recompute (recovered by the next tick) and at every intent and
@@ -677,6 +678,35 @@ class Rollups(RuleBasedStateMachine):
     recreate_during_a_job = during_a_job(
         "recreate", lambda self: not self.disabled and not self.recreated
     )
+
+    @precondition(lambda self: not self.disabled and not self.frozen)
+    @rule(
+        point=st.sampled_from(JOB_POINTS),
+        level=st.sampled_from(("energy_weekly", "energy_monthly")),
+        slot=st.integers(0, DAYS * 96 - 1),
+        value=VALUES,
+    )
+    @timed
+    def recompute_above_during_a_job(self, point: str, level: str, slot: int, value: float) -> None:
+        """A late write's correction of the days meets, between two of its steps, an operator's
+        recompute of a level that reads the days (a cell of the days whose kept extremes ran out
+        must not be read ahead of the version the recompute records)."""
+        self.upsert(self.late_rows([(slot, value)]), "late")
+        fired: list[str] = []
+
+        def act(reached: str, archive: str | None) -> None:
+            if reached != point or archive != "energy_daily" or fired:
+                return
+            fired.append(level)
+            self.world.ops.request_recompute(level, START, START + DAYS * D)
+            tick_until_quiet(self.world.defs, self.world.instance, NOW)
+
+        with faults.hooked(act):
+            tick_until_quiet(self.world.defs, self.world.instance, NOW)
+        self.settled = False
+        FIGURES[
+            f"interleave_recompute_above_at_{point}" if fired else "interleave_not_reached"
+        ] += 1
 
     @precondition(lambda self: HOURLY not in self.disabled)
     @rule(point=st.sampled_from((*JOB_POINTS, *FORWARD_POINTS)), value=VALUES)
