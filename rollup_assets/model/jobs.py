@@ -290,13 +290,15 @@ class LedgerSnapshot:
     def active(self, rollup: str) -> list[Job]:
         return [j for j in self.for_rollup(rollup) if j.state.active]
 
-    def refreshing(self, rollup: str) -> bool:
-        """Is a refresh of `rollup` pending or in flight? The levels above wait for it before
-        they read the cells it aggregates again (`Trigger.REFRESH`)."""
-        return any(
-            j.trigger is Trigger.REFRESH and (j.state is JobState.PENDING or j.state.active)
+    def refreshing(self, rollup: str) -> list[Window]:
+        """The buckets of `rollup` a refresh pending or in flight aggregates again
+        (`Trigger.REFRESH`): the levels above wait for it before they read those buckets."""
+        return [
+            w
             for j in self.for_rollup(rollup)
-        )
+            if j.trigger is Trigger.REFRESH and (j.state is JobState.PENDING or j.state.active)
+            for w in j.windows
+        ]
 
     def last_rollback(self, rollup: str) -> Job | None:
         """The rollup's newest completed rollback, if any."""

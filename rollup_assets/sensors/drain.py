@@ -12,8 +12,8 @@ Per rollup, each tick:
     run that writes the rollup's source is still in flight: that run carries the chain to this
     level itself, and a run launched meanwhile would only take the level from it (a new process
     and Spark session per level). When that run ends, whatever it left is launched;
-  * nothing is launched while a refresh of the rollup's source is pending or in flight: the
-    cells it aggregates again are what the waiting jobs read (`Trigger.REFRESH`);
+  * a job over buckets of the rollup's source that a refresh pending or in flight aggregates
+    again waits for it: those cells are what the job reads (`Trigger.REFRESH`);
   * the cells of all pending jobs that are ready (below the watermark, not frozen) merge into
     one job, their union per bucket (never the cross product of buckets and entities); the jobs
     it absorbed are recorded as Coalesced, the rest keeps waiting.
@@ -102,11 +102,15 @@ def plan_drain(
         pending = due
         if not pending:
             continue
-        if spec.source in catalog.rollups and snapshot.refreshing(spec.source):
+        refreshing = snapshot.refreshing(spec.source) if spec.source in catalog.rollups else []
+        held = [j for j in pending if any(w.overlaps(r) for w in j.windows for r in refreshing)]
+        if held:
             plan.notes.append(
-                f"{spec.name}: {len(pending)} pending job(s) wait for a refresh of {spec.source}"
+                f"{spec.name}: {len(held)} pending job(s) wait for a refresh of {spec.source}"
             )
-            continue
+            pending = [j for j in pending if j not in held]
+            if not pending:
+                continue
         since = _carried_since(spec, snapshot, runs)
         if since is not None and all(
             j.trigger is Trigger.CHAIN and j.created_at >= since for j in pending

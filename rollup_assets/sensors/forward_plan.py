@@ -1,14 +1,14 @@
 """Forward planning: which rollups have buckets to close or open buckets to refresh.
 
-A rollup gets one forward run per tick at most, none while a refresh of its source is pending
-or in flight (`Trigger.REFRESH`), and none while a run writing it or any level below it is in
-flight: that run carries its changes up the chain itself (services/chain.py),
-and whatever it leaves is planned on a later tick. What a forward run does is the model's rule
-(`model.forward.forward_work`: the buckets that may close, and the open buckets its source
-changed in); this planner tells whether the source changed inside an open bucket since the last
-forward run that read it (a raw source: the time span each ingest commit records; a rollup
-source: its own completed jobs), or no forward run has read it yet, so an idle chain, or a
-correction far back, costs no refresh.
+A rollup gets one forward run per tick at most, none while a refresh of its source pending or in
+flight aggregates cells its buckets read (`Trigger.REFRESH`), and none while a run writing it or
+any level below it is in flight: that run carries its changes up the chain itself
+(services/chain.py), and whatever it leaves is planned on a later tick. What a forward run does
+is the model's rule (`model.forward.forward_work`: the buckets that may close, and the open
+buckets its source changed in); this planner tells whether the source changed inside an open
+bucket since the last forward run that read it (a raw source: the time span each ingest commit
+records; a rollup source: its own completed jobs), or no forward run has read it yet, so an idle
+chain, or a correction far back, costs no refresh.
 """
 
 from collections.abc import Mapping
@@ -54,10 +54,11 @@ def plan_forward(
         state = states.get(spec.name) or ArchiveState(spec.name)
         if state.status is not ArchiveStatus.ACTIVATED or _busy(catalog, spec, in_flight):
             continue
-        if spec.source in catalog.rollups and snapshot.refreshing(spec.source):
-            continue  # it reads cells the refresh aggregates again: after it
         changed_in = partial(_source_changed, catalog, spec, snapshot, sources, deleted)
         work = forward_work(catalog, spec, state, now, states, changed_in)
+        refreshing = snapshot.refreshing(spec.source) if spec.source in catalog.rollups else []
+        if any(b.overlaps(r) for b in work.buckets for r in refreshing):
+            continue  # it reads cells the refresh aggregates again: after it
         if work:
             launches.append(Launch(spec.name, Lane.FORWARD, work.trigger, work.buckets))
     # A level below that is launched now carries its changes up into the levels above it.

@@ -300,25 +300,27 @@ def test_other_work_on_the_level_is_not_held_back_by_a_carrying_run(drain: Drain
     assert [lch.rollup for lch in p.launches] == ["energy_daily"]
 
 
-def test_nothing_is_launched_above_a_level_whose_refresh_is_pending_or_running(
+def test_a_job_over_buckets_a_refresh_below_aggregates_again_waits_for_it(
     drain: DrainState,
 ) -> None:
-    """A run of the days reads hours a refresh aggregates again: it waits for the refresh
-    (`Trigger.REFRESH`), which runs first; the hours' other work is not held back."""
+    """A run of a day reads hours a refresh aggregates again: it waits for the refresh
+    (`Trigger.REFRESH`), pending or running; a day the refresh does not touch does not wait."""
     refresh = Job("energy_hourly", Trigger.REFRESH, hours(1), entities=frozenset({"m1"}))
     above = Job("energy_daily", Trigger.MANUAL, days(0))
-    drain.ledger.record([refresh, above])
+    elsewhere = Job("energy_daily", Trigger.MANUAL, days(-2))
+    drain.ledger.record([refresh, above, elsewhere])
     first = plan(drain)
-    assert [(lch.rollup, lch.trigger) for lch in first.launches] == [
-        ("energy_hourly", Trigger.REFRESH)
-    ]
-    assert any("wait for a refresh of energy_hourly" in n for n in first.notes), first.notes
-    launched = drain.ledger.job(first.launches[0].job_id)
-    assert launched is not None
-    drain.ledger.record([launched.next(state=JobState.RUNNING, run_id="run-1")])
+    assert sorted((lch.rollup, lch.job_id) for lch in first.launches) == sorted(
+        [("energy_hourly", refresh.job_id), ("energy_daily", elsewhere.job_id)]
+    )
+    assert any("1 pending job(s) wait for a refresh of energy_hourly" in n for n in first.notes)
+    drain.ledger.record([refresh.next(state=JobState.RUNNING, run_id="run-1")])
+    drain.ledger.record([elsewhere.next(state=JobState.COMPLETED)])
     assert plan(drain, FakeRuns({"run-1": [("run-1", False)]})).launches == []
-    drain.ledger.record([launched.next(state=JobState.COMPLETED)])
-    assert [lch.rollup for lch in plan(drain).launches] == ["energy_daily"]
+    drain.ledger.record([refresh.next(state=JobState.COMPLETED)])
+    assert [(lch.rollup, lch.job_id) for lch in plan(drain).launches] == [
+        ("energy_daily", above.job_id)
+    ]
 
 
 def test_a_retry_waits_out_its_backoff_then_runs(drain: DrainState) -> None:

@@ -158,11 +158,16 @@ def test_a_level_is_launched_when_the_level_below_has_nothing_to_do() -> None:
 
 def test_a_level_waits_while_a_refresh_of_the_level_below_is_pending() -> None:
     """The days' forward run would read hours a refresh aggregates again (`Trigger.REFRESH`):
-    it is planned once the refresh is done."""
+    it is planned once the refresh is done. A refresh of hours it does not read holds nothing
+    back."""
     s = states(hourly=NOW - 30 * M, daily=VIENNA_MAY_2.start)
     hour = Window(NOW - 30 * M, NOW + 30 * M)
     ledger = MemoryLedger()
     ledger.record([refreshed("energy_hourly", hour, NOW - 10 * M, source_version=4)])
+    earlier = Job("energy_hourly", Trigger.REFRESH, (Window(NOW - 200 * H, NOW - 199 * H),))
+    ledger.record([earlier])
+    launches = plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
+    assert [lch.rollup for lch in launches] == ["energy_daily"]
     refresh = Job("energy_hourly", Trigger.REFRESH, (Window(NOW - 2 * H, NOW - H),))
     ledger.record([refresh])
     assert plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot()) == []
