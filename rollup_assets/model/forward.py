@@ -11,9 +11,10 @@ closes. A new rollup starts one bucket back: no implicit history scan (history i
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import takewhile
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
-from rollup_assets.model.jobs import Trigger
+from rollup_assets.model.jobs import Trigger, refreshed_first
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.states import ArchiveState
 from rollup_assets.model.windows import Window, as_utc
@@ -99,6 +100,14 @@ class ForwardWork:
 
     def __bool__(self) -> bool:
         return bool(self.closed or self.refresh)
+
+    def without(self, refreshing: list[Window]) -> "ForwardWork":
+        """This work less the buckets that read what a refresh of the source aggregates again
+        (`refreshing`): they wait for it. Buckets close in order, so none closes after the
+        first that waits; an open bucket that reads none of it is refreshed all the same."""
+        closed = list(takewhile(lambda b: not refreshed_first([b], refreshing), self.closed))
+        refresh = [b for b in self.refresh if not refreshed_first([b], refreshing)]
+        return ForwardWork(closed, refresh)
 
 
 def forward_work(

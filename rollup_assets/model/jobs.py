@@ -324,6 +324,13 @@ def cursor_moves(
     return moves
 
 
+def refreshed_first(windows: Iterable[Window], refreshing: Iterable[Window]) -> bool:
+    """Does work over `windows` read buckets a refresh aggregates again (`refreshing`, as
+    `LedgerSnapshot.refreshing` gives them, of the level it reads)? Then it waits for it."""
+    spans = list(refreshing)
+    return any(w.overlaps(r) for w in windows for r in spans)
+
+
 def fold(events: Iterable[Job], moves: Iterable[CursorMove] = ()) -> LedgerSnapshot:
     """The ledger's state after `events` (job snapshots, in recording order) and cursor moves:
     each job is its newest event, except that the first terminal state sticks; a cursor is the

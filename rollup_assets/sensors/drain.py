@@ -13,7 +13,9 @@ Per rollup, each tick:
     level itself, and a run launched meanwhile would only take the level from it (a new process
     and Spark session per level). When that run ends, whatever it left is launched;
   * a job over buckets of the rollup's source that a refresh pending or in flight aggregates
-    again waits for it: those cells are what the job reads (`Trigger.REFRESH`);
+    again waits for it: those cells are what the job reads (`Trigger.REFRESH`); so does a fold
+    over buckets of the rollup's own pending refresh (one waiting out its backoff, say). Work
+    merged with a refresh is recorded as one;
   * the cells of all pending jobs that are ready (below the watermark, not frozen) merge into
     one job, their union per bucket (never the cross product of buckets and entities); the jobs
     it absorbed are recorded as Coalesced, the rest keeps waiting.
@@ -26,7 +28,15 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from rollup_assets.model.cells import Cells
-from rollup_assets.model.jobs import Job, JobState, Lane, LedgerSnapshot, RetryPolicy, Trigger
+from rollup_assets.model.jobs import (
+    Job,
+    JobState,
+    Lane,
+    LedgerSnapshot,
+    RetryPolicy,
+    Trigger,
+    refreshed_first,
+)
 from rollup_assets.model.placement import buckets_in, cells_of, job_scope, place
 from rollup_assets.model.propagation import completed_after_flip
 from rollup_assets.model.specs import Catalog, RollupSpec
@@ -102,12 +112,16 @@ def plan_drain(
         pending = due
         if not pending:
             continue
-        refreshing = snapshot.refreshing(spec.source) if spec.source in catalog.rollups else []
-        held = [j for j in pending if any(w.overlaps(r) for w in j.windows for r in refreshing)]
+        below = snapshot.refreshing(spec.source) if spec.source in catalog.rollups else []
+        own = snapshot.refreshing(spec.name)
+        held = [
+            j
+            for j in pending
+            if refreshed_first(j.windows, below)
+            or (j.trigger is Trigger.MAINTENANCE and refreshed_first(j.windows, own))
+        ]
         if held:
-            plan.notes.append(
-                f"{spec.name}: {len(held)} pending job(s) wait for a refresh of {spec.source}"
-            )
+            plan.notes.append(f"{spec.name}: {len(held)} pending job(s) wait for a refresh")
             pending = [j for j in pending if j not in held]
             if not pending:
                 continue
@@ -261,9 +275,11 @@ def _merge(
     if first.corrects:
         # Each job's changes to its own cells: parts are joined, never crossed.
         parts = tuple(p for j in contributors for p in j.parts_within(ready_by_job[j.job_id]) or ())
+    # A refresh merged into other work stays one: the levels above wait for it.
+    refresh = any(j.trigger is Trigger.REFRESH for j in contributors)
     merged = Job(
         spec.name,
-        first.trigger,
+        Trigger.REFRESH if refresh else first.trigger,
         windows,
         entities=entities,
         cells=exact,

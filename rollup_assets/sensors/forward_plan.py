@@ -1,8 +1,8 @@
 """Forward planning: which rollups have buckets to close or open buckets to refresh.
 
-A rollup gets one forward run per tick at most, none while a refresh of its source pending or in
-flight aggregates cells its buckets read (`Trigger.REFRESH`), and none while a run writing it or
-any level below it is in flight: that run carries its changes up the chain itself
+A rollup gets one forward run per tick at most, without the buckets that read cells a refresh of
+its source pending or in flight aggregates again (`ForwardWork.without`), and none while a run
+writing it or any level below it is in flight: that run carries its changes up the chain itself
 (services/chain.py), and whatever it leaves is planned on a later tick. What a forward run does
 is the model's rule (`model.forward.forward_work`: the buckets that may close, and the open
 buckets its source changed in); this planner tells whether the source changed inside an open
@@ -56,9 +56,9 @@ def plan_forward(
             continue
         changed_in = partial(_source_changed, catalog, spec, snapshot, sources, deleted)
         work = forward_work(catalog, spec, state, now, states, changed_in)
-        refreshing = snapshot.refreshing(spec.source) if spec.source in catalog.rollups else []
-        if any(b.overlaps(r) for b in work.buckets for r in refreshing):
-            continue  # it reads cells the refresh aggregates again: after it
+        if spec.source in catalog.rollups:
+            # What reads cells a refresh of the source aggregates again waits for it.
+            work = work.without(snapshot.refreshing(spec.source))
         if work:
             launches.append(Launch(spec.name, Lane.FORWARD, work.trigger, work.buckets))
     # A level below that is launched now carries its changes up into the levels above it.

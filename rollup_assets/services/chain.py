@@ -9,7 +9,9 @@ interval, so the run carries on itself, level by level up to the top, whenever i
   * it takes the level's pool slot first (the one-writer-per-rollup lock every run writing that
     rollup holds), without waiting: if another run holds it, the level is left to the sensors;
   * a queued job must still be pending and not launched by the sensor meanwhile, the rollup
-    activated, and no forward run of it in flight; otherwise it is left alone.
+    activated, and no forward run of it in flight; otherwise it is left alone. Neither a job
+    nor forward work over buckets that a refresh of the level below aggregates again is run
+    (`Trigger.REFRESH`): the sensors launch it once the refresh is done.
 
 The chain asks the orchestrator about other runs through a `RunGate` (the Dagster one holds the
 level's pool slot and looks up runs by their tags). Whatever is left is drained by the sensors
@@ -29,7 +31,7 @@ from pyspark.sql import SparkSession
 
 from rollup_assets.model.errors import RecomputeAbortedError
 from rollup_assets.model.forward import forward_work
-from rollup_assets.model.jobs import Job, JobState
+from rollup_assets.model.jobs import Job, JobState, refreshed_first
 from rollup_assets.model.progress import Progress
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
@@ -139,6 +141,8 @@ class Chain:
             return None  # coalesced or taken meanwhile
         if self.gate.launched_for(job.job_id):
             return None  # the sensor launched a run for it already
+        if refreshed_first(job.windows, self._refreshing(spec)):
+            return None  # it reads cells a refresh below aggregates again: the sensors wait
         self.say(f"{spec.name}: chain propagation continues in this run (job {job.job_id})")
         try:
             return run_recompute(
@@ -154,6 +158,12 @@ class Chain:
         except RecomputeAbortedError as exc:
             self.say(f"{spec.name}: {exc}")
             return None
+
+    def _refreshing(self, spec: RollupSpec) -> list[Window]:
+        """The buckets of `spec`'s source a refresh pending or in flight aggregates again."""
+        if spec.source not in self.engine.catalog.rollups:
+            return []
+        return self.engine.ledger.snapshot().refreshing(spec.source)
 
     def _forward(
         self, spec: RollupSpec, changed: list[Window], states: dict[str, ArchiveState]
@@ -171,6 +181,7 @@ class Chain:
             states,
             lambda bucket: any(w.overlaps(bucket) for w in changed),
         )
+        work = work.without(self._refreshing(spec))
         if not work:
             return None
         return run_forward(

@@ -35,7 +35,7 @@ from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.rollup_reads import CellsUnknowable
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.recompute_work import refresh_first
+from rollup_assets.services.recompute_work import refresh_job, waited
 from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -229,10 +229,10 @@ def _wait_for_refresh(
     say: Callable[[str], None],
 ) -> RunOutcome:
     """A forward run whose source holds cells a fold cannot know ends having written nothing,
-    behind a refresh of them (`services.recompute_work.refresh_first`): the forward sensor plans
+    behind a refresh of them (`services.recompute_work.refresh_job`): the forward sensor plans
     its buckets again once the refresh is done."""
-    refresh, done = refresh_first(engine, job, unknown)
-    engine.ledger.record([refresh, done])
+    done = waited(job, unknown)
+    engine.ledger.record([refresh_job(engine, unknown), done])
     if claim is not None:
         _release_claim(engine, spec, claim, run_id)
     note = done.plan or ""

@@ -212,9 +212,10 @@ def run_recompute(
         try:
             work = compute_work(engine, spark, spec, running, cells, below, say)
         except CellsUnknowable as unknown:
-            refresh, done = refresh_first(engine, running, unknown)
-            engine.ledger.record([refresh, running.again(), done])
-            note = f"{done.plan}; queued again behind it"
+            events = refresh_first(engine, running, unknown)
+            engine.ledger.record(events)
+            done = events[-1]
+            note = done.plan or done.error or ""
             say(f"{spec.name}: {note}")
             return RunOutcome(done, [], note=note)
         say(f"{spec.name}: {work.technique}: {work.reason}")

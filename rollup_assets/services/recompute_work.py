@@ -8,6 +8,7 @@ and not committed: the lane commits and flips them. A job that meets a cell whos
 cannot know, in its source or (a fold) its own rollup, refreshes it first (`refresh_first`).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,20 +160,36 @@ def write_work(
     return engine.rollups.write_rows(result.rows, spec, **stamp), found  # type: ignore[arg-type]
 
 
-def refresh_first(engine: Engine, job: Job, unknown: CellsUnknowable) -> tuple[Job, Job]:
-    """A Refresh of the cells a job's read could not know (`unknown`: `refresh_job`), and the
-    job ended having done nothing (Completed, no bucket processed, its plan saying why). A
-    recompute queues its work again behind the refresh: a fold of its own rollup runs after it
-    (`Job.run_order`), a job reading the level below waits while that level is refreshed (the
-    drain). A forward run's buckets are planned again once the refresh is done."""
-    done = job.next(
+def refresh_first(engine: Engine, running: Job, unknown: CellsUnknowable) -> list[Job]:
+    """The events of a recompute (`running`) whose read met cells it cannot know (`unknown`):
+    a Refresh of them (`refresh_job`), the job's work queued again behind it as its next
+    attempt (a fold of its own rollup runs after it, `Job.run_order`; a job reading the level
+    below waits while that level is refreshed: the drain), and the job ended having done
+    nothing (`waited`). After its last attempt (the cells stay unknowable however often they
+    are refreshed: their source rows are gone, say) it ends Failed for good instead."""
+    if running.attempt >= engine.retry.attempts:
+        failed = running.next(
+            state=JobState.FAILED,
+            error=f"gave up after {running.attempt} attempt(s): {unknown}, and refreshing "
+            "them did not make them known",
+            finished_at=datetime.now(UTC),
+            gave_up=True,
+        )
+        return [failed]
+    again = dataclasses.replace(running.again(), attempt=running.attempt + 1)
+    return [refresh_job(engine, unknown), again, waited(running, unknown)]
+
+
+def waited(job: Job, unknown: CellsUnknowable) -> Job:
+    """`job` ended having done nothing, behind a refresh of the cells it could not know
+    (Completed, no bucket processed, its plan saying why)."""
+    return job.next(
         state=JobState.COMPLETED,
         windows_processed=0,
         rows_processed=0,
         finished_at=datetime.now(UTC),
         plan=f"waits for a refresh: {unknown}",
     )
-    return refresh_job(engine, unknown), done
 
 
 def refresh_job(engine: Engine, unknown: CellsUnknowable) -> Job:

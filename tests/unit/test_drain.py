@@ -10,7 +10,7 @@ from rollup_assets.model.jobs import Job, JobState, Lane, RetryPolicy, Trigger
 from rollup_assets.model.placement import cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.sensors.drain import DrainPlan, plan_drain
 from tests.unit.planning import MemoryLedger, activated, update
 
@@ -313,7 +313,7 @@ def test_a_job_over_buckets_a_refresh_below_aggregates_again_waits_for_it(
     assert sorted((lch.rollup, lch.job_id) for lch in first.launches) == sorted(
         [("energy_hourly", refresh.job_id), ("energy_daily", elsewhere.job_id)]
     )
-    assert any("1 pending job(s) wait for a refresh of energy_hourly" in n for n in first.notes)
+    assert "energy_daily: 1 pending job(s) wait for a refresh" in first.notes
     drain.ledger.record([refresh.next(state=JobState.RUNNING, run_id="run-1")])
     drain.ledger.record([elsewhere.next(state=JobState.COMPLETED)])
     assert plan(drain, FakeRuns({"run-1": [("run-1", False)]})).launches == []
@@ -321,6 +321,33 @@ def test_a_job_over_buckets_a_refresh_below_aggregates_again_waits_for_it(
     assert [(lch.rollup, lch.job_id) for lch in plan(drain).launches] == [
         ("energy_daily", above.job_id)
     ]
+
+
+def test_work_merged_with_a_refresh_is_a_refresh(drain: DrainState) -> None:
+    """A refresh merged into older work of its rollup still holds back what reads its cells:
+    the merged job is a refresh too."""
+    older = Job("energy_hourly", Trigger.CHAIN, hours(1, 2))
+    refresh = Job("energy_hourly", Trigger.REFRESH, hours(2), entities=frozenset({"m1"}))
+    drain.ledger.record([older, refresh])
+    [launch] = plan(drain).launches
+    assert launch.trigger is Trigger.REFRESH
+    held = drain.ledger.snapshot().refreshing("energy_hourly")
+    assert merge_windows(held) == merge_windows(list(hours(1, 2)))
+
+
+def test_a_fold_waits_for_a_refresh_of_its_rollup_in_its_backoff(drain: DrainState) -> None:
+    """A fold over a cell whose refresh failed and waits out its backoff would meet the cell
+    again and queue another refresh, without a backoff: it waits."""
+    now = datetime.now(UTC)
+    refresh = Job(
+        "energy_hourly", Trigger.REFRESH, hours(1), attempt=2, not_before=now + timedelta(hours=1)
+    )
+    fold = Job("energy_hourly", Trigger.MAINTENANCE, hours(1, 2))
+    elsewhere = Job("energy_hourly", Trigger.MAINTENANCE, hours(5))
+    drain.ledger.record([refresh, fold, elsewhere])
+    p = plan(drain, now=now)
+    assert [lch.job_id for lch in p.launches] == [elsewhere.job_id]
+    assert "energy_hourly: 1 pending job(s) wait for a refresh" in p.notes
 
 
 def test_a_retry_waits_out_its_backoff_then_runs(drain: DrainState) -> None:

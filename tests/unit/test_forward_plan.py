@@ -158,8 +158,8 @@ def test_a_level_is_launched_when_the_level_below_has_nothing_to_do() -> None:
 
 def test_a_level_waits_while_a_refresh_of_the_level_below_is_pending() -> None:
     """The days' forward run would read hours a refresh aggregates again (`Trigger.REFRESH`):
-    it is planned once the refresh is done. A refresh of hours it does not read holds nothing
-    back."""
+    the days reading them wait for the refresh, the others do not. A refresh of hours it does
+    not read holds nothing back."""
     s = states(hourly=NOW - 30 * M, daily=VIENNA_MAY_2.start)
     hour = Window(NOW - 30 * M, NOW + 30 * M)
     ledger = MemoryLedger()
@@ -168,9 +168,18 @@ def test_a_level_waits_while_a_refresh_of_the_level_below_is_pending() -> None:
     ledger.record([earlier])
     launches = plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
     assert [lch.rollup for lch in launches] == ["energy_daily"]
+    # An hour of May 3 (Vienna): May 2 closes, May 3 (open) waits.
     refresh = Job("energy_hourly", Trigger.REFRESH, (Window(NOW - 2 * H, NOW - H),))
     ledger.record([refresh])
-    assert plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot()) == []
+    launches = plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
+    assert [(lch.rollup, lch.buckets) for lch in launches] == [("energy_daily", [VIENNA_MAY_2])]
+    # An hour of May 2: May 2 waits, and nothing closes after it; the open May 3 is refreshed.
+    ledger.record([refresh.next(state=JobState.COMPLETED)])
+    ledger.record([Job("energy_hourly", Trigger.REFRESH, (Window(NOW - 20 * H, NOW - 19 * H),))])
+    launches = plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
+    assert [(lch.trigger, lch.buckets) for lch in launches] == [
+        (Trigger.OPEN_BUCKET, [VIENNA_MAY_3])
+    ]
     ledger.record([refresh.next(state=JobState.COMPLETED)])
     launches = plan(s, NOW, FakeSourceLog({"energy_raw": 4}), ledger.snapshot())
     assert [lch.rollup for lch in launches] == ["energy_daily"]
