@@ -87,21 +87,17 @@ def start_job(
     entities: frozenset[str] | None,
     trigger: Trigger,
 ) -> Job | None:
-    """The job this run executes: the sensor's pending job, or a new one for a manual launch.
-
-    Returns None when the job was already finished (e.g. coalesced into another).
-    """
+    """The job this run executes: the sensor's pending job (None when it already ended, e.g.
+    coalesced into another), or a new one for a manual launch, refused at once over a range
+    retention removed (`RawRowsRetainedError`), held back or not, as a requested one is."""
     if job_id:
         job = engine.ledger.job(job_id)
         if job is None:
             raise RollupsError(f"job {job_id} of '{spec.name}' is not in the ledger")
         return None if job.state.terminal else job
-    return Job(
-        rollup=spec.name,
-        trigger=trigger,
-        windows=tuple(buckets_in(spec, requested)),
-        entities=entities,
-    )
+    windows = tuple(buckets_in(spec, requested))
+    engine.require_source_rows(spec, list(windows))
+    return Job(rollup=spec.name, trigger=trigger, windows=windows, entities=entities)
 
 
 def run_recompute(

@@ -90,6 +90,15 @@ def test_retention_keeps_every_level_and_refuses_first_level_work_over_dropped_d
     assert not run.success and "retention removed" in (run.error or ""), run.error
     assert world.engine.rollups.snapshot(hourly).version == version
     assert every_level(world) == before
+    # Refused at once even when a freeze holds those buckets back: nothing is left pending to
+    # fail once the freeze is lifted.
+    world.ops.freeze("energy_hourly", until=gone.end)
+    run = world.materialize("energy_hourly", keys.start, keys.end)
+    assert not run.success and "retention removed" in (run.error or ""), run.error
+    assert len(world.engine.ledger.snapshot().jobs) == jobs
+    world.ops.unfreeze("energy_hourly")
+    world.tick(NOW)  # fails on any failed run
+    assert every_level(world) == before
 
     # The level above recomputes the same range from the stored level below.
     daily = world.ops.request_recompute("energy_daily", gone.start, gone.end)
