@@ -70,7 +70,9 @@ def stored(engine: Engine, spec: RollupSpec, rows: pa.Table, buckets: list[Windo
     """`rows` as the rollup's generation-0 rows (a forward commit)."""
     store = engine.rollups
     written = store.write_rows(rows, spec, generation=0, job_id="f", run_id="b", source_versions={})
-    store.replace_forward(spec, written, buckets, {"rollups.operation": "Forward"})
+    store.replace_forward(
+        spec, written, buckets, {"rollups.operation": "Forward"}, store.identity(spec)
+    )
 
 
 def flip_one_cell(engine: Engine, spec: RollupSpec, meter: str, bucket: Window) -> None:
@@ -81,7 +83,9 @@ def flip_one_cell(engine: Engine, spec: RollupSpec, meter: str, bucket: Window) 
     written = store.write_rows(
         row, spec, generation=g, job_id=f"j{g}", run_id="b", source_versions={}
     )
-    store.commit_generation(spec, written, {"rollups.operation": "recompute"})
+    store.commit_generation(
+        spec, written, {"rollups.operation": "recompute"}, store.identity(spec)
+    )
     cell = Cells(((bucket, frozenset({meter})),))
     store.flip(spec, cell, g, job_id=f"j{g}", run_id="b", fence=store.fence(spec))
 

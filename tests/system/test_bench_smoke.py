@@ -118,3 +118,17 @@ def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The work directory (warehouse, Dagster home, Parquet) is cleaned up.
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(600)
+def test_the_surface_scenario_runs_on_its_own_rows(tmp_path: Path) -> None:
+    # It writes its own rows through the rollup store's commits: a change of their signatures
+    # must not leave `make bench` failing at its end.
+    out = tmp_path / "results.json"
+    cmd = [sys.executable, "-m", "bench", "--size=small", "--meters=10", "--repeats=1"]
+    cmd += ["--scenarios=surface", f"--out={out}", f"--work={tmp_path / 'work'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    surface = json.loads(out.read_text())["scenarios"]["surface"]
+    assert numbers(surface) and all(math.isfinite(n) and n >= 0 for n in numbers(surface))
