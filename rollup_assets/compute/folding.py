@@ -8,12 +8,13 @@ level: a source row's value is a value of one cell at each level.
 
 A read *folds* each cell's visible rows: its base row (the cell's state: partials and their
 companions) and the difference rows flipped after it, in generation order, into one row of the
-base's shape (`fold`), by the rules of `model.partials`. A cell whose kept extremes all left
-while values remain (exhausted), or whose finite sum overflowed, cannot be folded exactly: it is
-reported, for the caller to aggregate again from its source.
+base's shape (`fold_cell`, by the rules of `model.partials`; `fold_tables.fold` does it for a
+whole table at once). A cell whose kept extremes all left while values remain (exhausted), or
+whose finite sum overflowed, cannot be folded exactly: it is reported, for the caller to
+aggregate again from its source.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.aggregates import DELTA_KINDS, AggregateFunction, Companion
+from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.partials import (
     DELTA_COLUMN,
     EXTREMES,
@@ -35,7 +37,7 @@ from rollup_assets.model.partials import (
     SumState,
 )
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import micros
 
 # What a folded row says of the rows it folds: the newest's generation and run.
 STAMPS = (GENERATION, *WRITTEN_BY)
@@ -46,103 +48,68 @@ ENTERING = frozenset({"insert", "update_postimage"})
 CellKey = tuple[str, datetime]
 
 
+def bucket_bounds(
+    times: pa.ChunkedArray | pa.Array, bucketing: Bucketing
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per time of `times` (instants, not null), the start and end of its bucket in
+    microseconds: each distinct instant is made a datetime once, each bucket worked out once."""
+    instants = times.cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    distinct, index = np.unique(instants, return_inverse=True)
+    windows = bucketing.windows_of(pa.array(distinct, pa.int64()).cast(TS).to_pylist())
+    starts = np.array([micros(w.start) for w in windows], dtype=np.int64)
+    ends = np.array([micros(w.end) for w in windows], dtype=np.int64)
+    return starts[index], ends[index]
+
+
 def difference_rows(
     changes: pa.Table,
     spec: RollupSpec,
     time_column: str,
     change_type: str,
-    bucket_of: Callable[[datetime], Window],
+    bucketing: Bucketing,
 ) -> pa.Table:
     """One difference row per cell of `spec` that `changes` (source rows with their change
-    type in `change_type`, their time in `time_column`) touch: entity_id, bucket_start,
-    bucket_end, `delta` true, and per aggregated column the values entering and leaving the
-    cell (its companions of kinds `in` and `out`). `bucket_of` maps a time to its bucket."""
-    kinds = changes[change_type].to_pylist()
-    times = changes[time_column].to_pylist()
-    entities = changes[ENTITY_COLUMN].to_pylist()
-    columns = spec.aggregated_columns
-    values = {c: changes[c].to_pylist() for c in columns}
-    cells: dict[CellKey, tuple[Window, dict[str, tuple[list, list]]]] = {}
-    buckets: dict[datetime, Window] = {}
-    for i, (kind, t, entity) in enumerate(zip(kinds, times, entities, strict=True)):
-        if kind not in LEAVING and kind not in ENTERING:
-            continue
-        w = buckets.get(t)
-        if w is None:
-            w = buckets[t] = bucket_of(t)
-        key = (entity, w.start)
-        if key not in cells:
-            cells[key] = (w, {c: ([], []) for c in columns})
-        side = 0 if kind in ENTERING else 1
-        for c in columns:
-            cells[key][1][c][side].append(values[c][i])
-    ordered = sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    type in `change_type`, their time in `time_column`) touch, ordered by bucket then entity:
+    entity_id, bucket_start, bucket_end, `delta` true, and per aggregated column the values
+    entering and leaving the cell (its companions of kinds `in` and `out`), in the order of
+    `changes`. `bucketing` is the level's."""
+    kinds = changes[change_type]
+    entering = pc.fill_null(pc.is_in(kinds, pa.array(sorted(ENTERING))), False)
+    leaving = pc.fill_null(pc.is_in(kinds, pa.array(sorted(LEAVING))), False)
+    rows = changes.filter(pc.or_(entering, leaving))
+    side = pc.is_in(rows[change_type], pa.array(sorted(ENTERING))).to_numpy(zero_copy_only=False)
+    starts, ends = (
+        bucket_bounds(rows[time_column], bucketing)
+        if rows.num_rows
+        else (
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+        )
+    )
+    names = pc.dictionary_encode(rows[ENTITY_COLUMN]).combine_chunks()
+    rank = np.argsort(np.argsort(names.dictionary.to_numpy(zero_copy_only=False)))
+    entity = rank[names.indices.to_numpy(zero_copy_only=False)].astype(np.int64)
+    order = np.lexsort((entity, starts))  # stable: a cell's values keep their order
+    s, e = starts[order], entity[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (s[1:] != s[:-1]) | (e[1:] != e[:-1])
+    cell = np.cumsum(new) - 1
+    first = order[new]
+    count = len(first)
     out: dict[str, Any] = {
-        ENTITY_COLUMN: pa.array([k[0] for k, _ in ordered], pa.string()),
-        "bucket_start": pa.array([w.start for _, (w, _) in ordered], TS),
-        "bucket_end": pa.array([w.end for _, (w, _) in ordered], TS),
-        DELTA_COLUMN: pa.array([True] * len(ordered), pa.bool_()),
+        ENTITY_COLUMN: rows[ENTITY_COLUMN].take(pa.array(first, pa.int64())).cast(pa.string()),
+        "bucket_start": pa.array(starts[first], pa.int64()).cast(TS),
+        "bucket_end": pa.array(ends[first], pa.int64()).cast(TS),
+        DELTA_COLUMN: pa.array(np.ones(count, dtype=bool)),
     }
     for fold in FoldPlan.of(spec).columns:
-        c = fold.column
-        typ = pa.list_(changes.schema.field(c).type)
-        out[fold.entering] = pa.array([v[c][0] for _, (_, v) in ordered], typ)
-        out[fold.leaving] = pa.array([v[c][1] for _, (_, v) in ordered], typ)
+        values = rows[fold.column].combine_chunks()
+        for name, mine in ((fold.entering, side[order]), (fold.leaving, ~side[order])):
+            offsets = np.zeros(count + 1, dtype=np.int32)
+            np.cumsum(np.bincount(cell[mine], minlength=count), out=offsets[1:])
+            picked = values.take(pa.array(order[mine], pa.int64()))
+            out[name] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), picked)
     return pa.table(out)
-
-
-def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
-    """The visible rows of some cells (each cell's base row and the difference rows after it;
-    `generation` and `delta` columns present) folded into one base-shaped row per cell, and the
-    cells that cannot be folded exactly (left out of the result: aggregate them again)."""
-    if rows.num_rows == 0 or DELTA_COLUMN not in rows.column_names:
-        return rows, []
-    is_delta = pc.fill_null(rows[DELTA_COLUMN], False)
-    if not pc.any(is_delta).as_py():
-        return rows, []
-    keys = _keys(rows)
-    touched = {keys[i] for i in np.flatnonzero(is_delta.to_numpy(zero_copy_only=False))}
-    in_touched = np.fromiter((k in touched for k in keys), dtype=bool, count=len(keys))
-    plain = rows.filter(pa.array(~in_touched))
-    deltas = rows.filter(pa.array(in_touched))
-    folded, exhausted = _fold_cells(deltas, spec)
-    base_shape = plain.schema
-    if folded:
-        made = pa.Table.from_pylist(folded, schema=base_shape)
-        plain = pa.concat_tables([plain, made])
-    return plain, exhausted
-
-
-def _keys(rows: pa.Table) -> list[CellKey]:
-    return list(zip(rows[ENTITY_COLUMN].to_pylist(), rows["bucket_start"].to_pylist(), strict=True))
-
-
-def _fold_cells(rows: pa.Table, spec: RollupSpec) -> tuple[list[dict], list[CellKey]]:
-    """Fold the cells whose rows (base and differences) are `rows`, cell by cell."""
-    records = rows.to_pylist()
-    by_cell: dict[CellKey, list[dict]] = {}
-    for r in records:
-        by_cell.setdefault((r[ENTITY_COLUMN], r["bucket_start"]), []).append(r)
-    plan = FoldPlan.of(spec)
-    folded, exhausted = [], []
-    for key, group in by_cell.items():
-        group.sort(key=lambda r: r[GENERATION])
-        bases = [r for r in group if not r.get(DELTA_COLUMN)]
-        base = bases[-1] if bases else None
-        changes = [r for r in group if r.get(DELTA_COLUMN)]
-        try:
-            row = fold_cell(base, changes, spec, plan=plan)
-        except Unknowable:
-            exhausted.append(key)
-            continue
-        if row is not None:
-            # The folded state is the newest row's: its generation, job, run and source versions.
-            newest = group[-1]
-            for stamp in STAMPS:
-                if stamp in newest:
-                    row[stamp] = newest[stamp]
-            folded.append(row)
-    return folded, exhausted
 
 
 class Unknowable(Exception):

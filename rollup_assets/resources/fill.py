@@ -31,7 +31,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import fold
+from rollup_assets.compute.fold_tables import fold
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.partials import WRITTEN_BY
 from rollup_assets.model.specs import ENTITY_COLUMN, ArchiveSpec, RollupSpec

@@ -20,7 +20,8 @@ from pyspark.sql import functions as F
 
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
-from rollup_assets.compute.folding import CellKey, fold
+from rollup_assets.compute.fold_tables import fold
+from rollup_assets.compute.folding import CellKey
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec

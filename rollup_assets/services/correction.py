@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import difference_rows
+from rollup_assets.compute.folding import bucket_bounds, difference_rows
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
@@ -119,7 +119,7 @@ def correct(
         Absorbed.of(engine.ledger.snapshot(), spec, engine.states.deleted_at().get(spec.name)),
     )
     kept = _within(kept, ready, mine, time_column)
-    differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine.window_of)
+    differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine)
     changed = Cells.collect(
         (
             (Window(b, e), frozenset([x]))
@@ -202,17 +202,21 @@ def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[
 
 
 def _windows(times: pa.ChunkedArray, bucketing: Bucketing) -> list[Window]:
-    """The bucket of each of `times` (non-null instants): each distinct instant is made a
-    datetime once, each bucket worked out once."""
-    micros = times.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
-    distinct, index = np.unique(micros, return_inverse=True)
-    instants = pa.array(distinct, pa.int64()).cast(TS).to_pylist()
-    windows = bucketing.windows_of(instants)
-    return [windows[i] for i in index.tolist()]
+    """The bucket of each of `times` (non-null instants)."""
+    starts, ends = bucket_bounds(times, bucketing)
+    return [
+        Window(s, e)
+        for s, e in zip(
+            pa.array(starts, pa.int64()).cast(TS).to_pylist(),
+            pa.array(ends, pa.int64()).cast(TS).to_pylist(),
+            strict=True,
+        )
+    ]
 
 
 def _starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
-    return [w.start for w in _windows(times, bucketing)]
+    starts, _ = bucket_bounds(times, bucketing)
+    return pa.array(starts, pa.int64()).cast(TS).to_pylist()
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def _level(
             pa.bool_(),
         )
     )
-    differences = difference_rows(mine, spec, source.time_column, CHANGE_TYPE, b.window_of)
+    differences = difference_rows(mine, spec, source.time_column, CHANGE_TYPE, b)
     stored = engine.rollups.read_arrow(spec, list(named.windows), named.entities, cells=named)
     by_cell = {(r[ENTITY_COLUMN], r["bucket_start"]): r for r in stored.to_pylist()}
     held = changed = 0

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import Unknowable, difference_rows, fold, fold_cell
+from rollup_assets.compute.fold_tables import fold
+from rollup_assets.compute.folding import Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.partials import DELTA_COLUMN, GENERATION, SPARES, is_nan
 from rollup_assets.model.spec_loader import load_catalog
@@ -144,7 +145,7 @@ def folded(spec, base: pa.Table, feeds: list[pa.Table]) -> tuple[pa.Table, list]
     b = Bucketing.of(spec)
     parts = [base]
     for g, feed in enumerate(feeds, start=2):
-        d = difference_rows(feed, spec, "ts", "kind", b.window_of)
+        d = difference_rows(feed, spec, "ts", "kind", b)
         parts.append(d.append_column(GENERATION, pa.array([g] * d.num_rows, pa.int64())))
     rows = pa.concat_tables(parts, promote_options="default")
     return fold(rows, spec)
@@ -206,9 +207,9 @@ def test_more_retractions_of_a_cells_minimum_than_it_keeps_spares_is_refused_not
         [
             hourly,
             *(
-                difference_rows(
-                    f, HOURLY, "ts", "kind", Bucketing.of(HOURLY).window_of
-                ).append_column(GENERATION, pa.array([g], pa.int64()))
+                difference_rows(f, HOURLY, "ts", "kind", Bucketing.of(HOURLY)).append_column(
+                    GENERATION, pa.array([g], pa.int64())
+                )
                 for g, f in enumerate(feeds, start=2)
             ),
         ],

@@ -107,7 +107,7 @@ def test_a_difference_row_holds_the_cell_and_the_values_entering_and_leaving_it(
     changes = readings(2).append_column(
         "kind", pa.array(["insert", "insert", "update_preimage", "update_postimage"])
     )
-    diff = difference_rows(changes, hourly, "ts", "kind", Bucketing.of(hourly).window_of)
+    diff = difference_rows(changes, hourly, "ts", "kind", Bucketing.of(hourly))
     entering_leaving = [c.name for c in hourly.companions if c.kind in DELTA_KINDS]
     assert diff.column_names == [*CELL_COLUMNS, DELTA_COLUMN, *entering_leaving]
     stored = data_schema(hourly)
