@@ -83,9 +83,7 @@ def flip_one_cell(engine: Engine, spec: RollupSpec, meter: str, bucket: Window) 
     written = store.write_rows(
         row, spec, generation=g, job_id=f"j{g}", run_id="b", source_versions={}
     )
-    store.commit_generation(
-        spec, written, {"rollups.operation": "recompute"}, store.identity(spec)
-    )
+    store.commit_generation(spec, written, {"rollups.operation": "recompute"}, store.identity(spec))
     cell = Cells(((bucket, frozenset({meter})),))
     store.flip(spec, cell, g, job_id=f"j{g}", run_id="b", fence=store.fence(spec))
 
