@@ -32,13 +32,6 @@ FOLD_MIN_POINTERS = 8
 DEFAULT_BUCKET_ENTITY_LIMIT = DetectionLimits().entity_scope_limit
 
 
-def _join(a: Scope, b: Scope, limit: int | None) -> Scope:
-    if a is None or b is None:
-        return None
-    union = a | b
-    return None if limit is not None and len(union) > limit else union
-
-
 @dataclass(frozen=True)
 class Cells:
     """A set of cells: per bucket (in order, each once), the entities covered."""
@@ -115,10 +108,27 @@ class Cells:
     ) -> "Cells":
         """The union of (bucket, scope) items: per bucket the union of their scopes (every
         entity past `limit`; None: no limit)."""
-        merged: dict[Window, Scope] = {}
+        first: dict[Window, Scope] = {}
+        grown: dict[Window, set[str] | None] = {}  # a bucket joined more than once, in place
         for w, scope in items:
-            merged[w] = _join(merged[w], scope, limit) if w in merged else scope
-        return Cells(tuple(sorted(merged.items(), key=lambda item: item[0])))
+            if w not in first:
+                first[w] = scope
+                continue
+            if w not in grown:
+                have = first[w]
+                grown[w] = None if have is None else set(have)
+            union = grown[w]
+            if union is None:
+                continue
+            if scope is None:
+                grown[w] = None
+                continue
+            union |= scope
+            if limit is not None and len(union) > limit:
+                grown[w] = None
+        merged = {w: (frozenset(u) if u is not None else None) for w, u in grown.items()}
+        out = {**first, **merged}
+        return Cells(tuple(sorted(out.items(), key=lambda item: item[0])))
 
     def union(self, other: "Cells", limit: int = DEFAULT_BUCKET_ENTITY_LIMIT) -> "Cells":
         return Cells.collect([*self.by_window, *other.by_window], limit)

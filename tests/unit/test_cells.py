@@ -219,3 +219,33 @@ def test_the_last_representable_partitions_end_at_the_last_instant() -> None:
     for name in ("energy_hourly", "energy_daily", "energy_yearly"):
         part = storage_partition(catalog.rollup(name), datetime(9999, 12, 31, 23, tzinfo=UTC))
         assert part.end == last and part.start.year == 9999
+
+
+def collect_by_join(items, limit):
+    """The reference for `Cells.collect`: each scope joined to its bucket's union in turn."""
+    merged: dict = {}
+    for w, scope in items:
+        if w not in merged:
+            merged[w] = scope
+        elif merged[w] is None or scope is None:
+            merged[w] = None
+        else:
+            union = merged[w] | scope
+            merged[w] = None if limit is not None and len(union) > limit else union
+    return Cells(tuple(sorted(merged.items(), key=lambda item: item[0])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.one_of(st.none(), st.frozensets(st.sampled_from("abcdefg"), max_size=5)),
+        ),
+        max_size=20,
+    ),
+    limit=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_collect_grows_each_buckets_union_as_joining_in_turn_would(items, limit) -> None:
+    pairs = [(Window(T0 + i * H, T0 + (i + 1) * H), scope) for i, scope in items]
+    assert Cells.collect(pairs, limit) == collect_by_join(pairs, limit)
