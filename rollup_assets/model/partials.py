@@ -221,12 +221,17 @@ class ExtremeState:
         values entering first, so an update's new value can stand in for its old one)."""
         prefix = list(self.prefix)
         n = self.n
-        for v in (x for x in entering if x is not None):
-            # A complete prefix takes every value; an incomplete one those ranking inside it
-            # (every unknown value ranks after its last).
-            if len(prefix) == n or (prefix and self._inside(prefix, v)):
-                prefix = self._ordered([*prefix, v])
-            n += 1
+        joining = [x for x in entering if x is not None]
+        # A complete prefix takes every value; an incomplete one those ranking inside it (every
+        # unknown value ranks after its last, which what joins never moves). One stable sort
+        # places them as inserting them one by one would.
+        if len(prefix) == n:
+            admitted = joining
+        else:
+            admitted = [v for v in joining if prefix and self._inside(prefix, v)]
+        if admitted:
+            prefix = self._ordered([*prefix, *admitted])
+        n += len(joining)
         for v in (x for x in leaving if x is not None):
             if len(prefix) == n or (prefix and self._inside(prefix, v)):
                 at = next((i for i, p in enumerate(prefix) if _same(p, v)), None)

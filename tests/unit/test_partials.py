@@ -184,3 +184,35 @@ def test_a_maximum_orders_nan_above_every_number_as_spark_does() -> None:
     assert is_nan(state.value)
     assert ExtremeState.of([1.0, math.nan, 3.0], largest=False).value == 1.0
     assert state.apply([], [math.nan]).value == 3.0
+
+
+def apply_one_by_one(state: ExtremeState, entering: list, leaving: list, k: int) -> ExtremeState:
+    """The reference for `apply`'s entering values: each inserted and the prefix sorted again."""
+    prefix, n = list(state.prefix), state.n
+    for v in (x for x in entering if x is not None):
+        if len(prefix) == n or (prefix and state._inside(prefix, v)):
+            prefix = sorted([*prefix, v], key=_key, reverse=state.largest)
+        n += 1
+    rest = ExtremeState(state.largest, tuple(prefix), n).apply([], leaving, k=len(prefix) + 1)
+    return ExtremeState(state.largest, rest.prefix[:k], rest.n)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    known=st.lists(FLOATS, max_size=10),
+    unknown=st.integers(0, 5),
+    entering=st.lists(FLOATS, max_size=10),
+    leaving=st.lists(FLOATS, max_size=4),
+    largest=st.booleans(),
+    k=st.integers(1, 8),
+)
+def test_values_joining_a_prefix_at_once_land_as_joining_one_by_one(
+    known, unknown, entering, leaving, largest, k
+) -> None:
+    prefix = tuple(prefix_of(known, largest))
+    state = ExtremeState(largest, prefix, len(prefix) + (unknown if prefix else 0))
+    got = state.apply(entering, leaving, k)
+    want = apply_one_by_one(state, entering, leaving, k)
+    assert got.n == want.n
+    # Bit for bit: -0.0 and 0.0 keep the order they joined in.
+    assert [repr(v) for v in got.prefix] == [repr(v) for v in want.prefix]
