@@ -3,9 +3,11 @@
 
 Values entering a cell join its prefix in one grouped, stable sort: a complete prefix takes
 every value, an incomplete one those ranking at or before its last value (`ends`), exactly as
-`ExtremeState.apply` takes them one by one. A cell that a value *left* is folded by
-`ExtremeState.apply` itself (the reference): which of its values stay known depends on the
-order of what left. Its result is spliced into the same sort.
+`ExtremeState.apply` takes them one by one. A value leaving takes out the first known value
+equal to it when it ranks inside the prefix, and one of the unknown values when it ranks after
+it (`_removed`). Where the order of what left could matter (the prefix lacks a value said to
+leave inside it, or more values leave after it than are unknown) the cell is folded by
+`ExtremeState.apply` itself, the reference, and its result spliced in.
 """
 
 from collections.abc import Sequence
@@ -70,6 +72,48 @@ def ends(prefix: Side, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out_nan, out_value
 
 
+def _inside(side: Side, last: tuple[np.ndarray, np.ndarray], largest: bool) -> np.ndarray:
+    """Which values of `side` rank at or before the last value of their cell's prefix."""
+    nan, value = _keys(side.values)
+    last_nan, last_value = last[0][side.cell], last[1][side.cell]
+    if largest:
+        return (nan > last_nan) | ((nan == last_nan) & (value >= last_value))
+    return (nan < last_nan) | ((nan == last_nan) & (value <= last_value))
+
+
+def _ordered(side: Side, largest: bool) -> Side:
+    """`side` sorted by cell, then in the extreme's order; stable, as `ExtremeState` sorts."""
+    nan, value = _keys(side.values)
+    if largest:
+        nan = -nan
+        value = -value if value.dtype.kind == "f" else ~value
+    order = np.lexsort((value, nan, side.cell))
+    return Side(side.values.take(pa.array(order, pa.int64())), side.cell[order])
+
+
+def _removed(known: Side, leaving: Side) -> tuple[np.ndarray, np.ndarray]:
+    """Which values of `known` (ordered) the `leaving` ones take out, each the first value
+    equal to it, as `ExtremeState.apply` does; and per leaving value, whether its cell held
+    fewer values equal to it than left (the cell is then folded by the reference)."""
+    nan, value = _keys(pa.concat_arrays([known.values, leaving.values.cast(known.values.type)]))
+    cell = np.concatenate([known.cell, leaving.cell])
+    tag = np.concatenate([np.zeros(len(known.cell), np.int8), np.ones(len(leaving.cell), np.int8)])
+    order = np.lexsort((tag, value, nan, cell))  # a run of equal values: the known ones first
+    c, n, v = cell[order], nan[order], value[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (c[1:] != c[:-1]) | (n[1:] != n[:-1]) | (v[1:] != v[:-1])
+    run = np.cumsum(new) - 1
+    held = np.bincount(run, weights=tag[order] == 0).astype(np.int64)
+    left = np.bincount(run, weights=tag[order] == 1).astype(np.int64)
+    start = np.flatnonzero(new)[run]
+    rank = np.arange(len(order)) - start
+    drop = np.zeros(len(order), bool)
+    drop[order] = (tag[order] == 0) & (rank < left[run])
+    short = np.zeros(len(order), bool)
+    short[order] = (tag[order] == 1) & (left[run] > held[run])
+    return drop[: len(known.cell)], short[len(known.cell) :]
+
+
 def fold_extreme(
     prefix: Side,
     lengths: np.ndarray,
@@ -85,43 +129,43 @@ def fold_extreme(
     left."""
     cells = len(lengths)
     typ = prefix.values.type
-    slow = leaving.count(cells) > 0
-    slow_exhausted = np.zeros(cells, bool)
-    parts = [prefix.pick(~slow[prefix.cell])]
-    last_nan, last_value = ends(prefix, lengths)
+    # What joins: every value a complete prefix, those ranking inside an incomplete one.
     complete = lengths == base_n
-    fast_in = entering.pick(~slow[entering.cell])
-    nan, value = _keys(fast_in.values)
-    c = fast_in.cell
-    if largest:
-        ranks_inside = (nan > last_nan[c]) | ((nan == last_nan[c]) & (value >= last_value[c]))
-    else:
-        ranks_inside = (nan < last_nan[c]) | ((nan == last_nan[c]) & (value <= last_value[c]))
-    parts.append(fast_in.pick(complete[c] | ((lengths[c] > 0) & ranks_inside)))
+    joins = complete[entering.cell] | (
+        (lengths[entering.cell] > 0) & _inside(entering, ends(prefix, lengths), largest)
+    )
+    known = _ordered(Side.concat([prefix, entering.pick(joins)], typ), largest)
+    counts = np.bincount(known.cell, minlength=cells)
+    unknown = base_n + entering.count(cells) - counts
+    # What leaves: a value ranking inside the prefix takes out the first value equal to it; one
+    # ranking after it leaves the unknown values. Exactly so whatever the order they leave in
+    # when the prefix holds every value inside it that leaves and there are at least as many
+    # unknown values as values leaving after it; any other cell is folded by the reference.
+    inside = _inside(leaving, ends(known, counts), largest)
+    drop, short = _removed(known, leaving.pick(inside))
+    after = np.bincount(leaving.cell[~inside], minlength=cells)
+    slow = (after > unknown) | (np.bincount(leaving.cell[inside][short], minlength=cells) > 0)
+    keep = known.pick(~drop & ~slow[known.cell])
+    slow_exhausted = np.zeros(cells, bool)
     if slow.any():
         spliced, slow_exhausted = _by_reference(prefix, base_n, entering, leaving, slow, largest, k)
-        parts.append(spliced)
-    joined = Side.concat(parts, typ)
-    nan, value = _keys(joined.values)
-    if largest:
-        nan = -nan
-        value = -value if value.dtype.kind == "f" else ~value
-    order = np.lexsort((value, nan, joined.cell))  # stable: the prefix first, then in order
-    cell = joined.cell[order]
-    counts = np.bincount(cell, minlength=cells)
-    starts = np.cumsum(counts) - counts
+        keep = Side.concat([keep, spliced], typ)
+    # Per cell, its first k values (each part is in order; a stable sort by cell joins them).
+    order = np.argsort(keep.cell, kind="stable")
+    cell = keep.cell[order]
+    held = np.bincount(cell, minlength=cells)
+    starts = np.cumsum(held) - held
     rank = np.arange(len(cell)) - starts[cell]
-    keep = order[rank < k]
-    kept = np.minimum(counts, k)
+    kept = np.minimum(held, k)
     offsets = np.zeros(cells + 1, np.int32)
     np.cumsum(kept, out=offsets[1:])
-    values = joined.values.take(pa.array(keep, pa.int64()))
+    values = keep.values.take(pa.array(order[rank < k], pa.int64()))
     listed = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
     exhausted = np.where(slow, slow_exhausted, (n > 0) & (kept == 0))
     first = np.where(kept > 0, offsets[:-1], 0)
-    known = (n > 0) & ~exhausted & (kept > 0)
+    shown = (n > 0) & ~exhausted & (kept > 0)
     head = values.take(pa.array(first, pa.int64())) if len(values) else pa.nulls(cells, typ)
-    value_out = pc.if_else(pa.array(known), head, pa.nulls(cells, typ))
+    value_out = pc.if_else(pa.array(shown), head, pa.nulls(cells, typ))
     return Folded(listed, exhausted, value_out)
 
 

@@ -7,6 +7,7 @@ level up, over a local midnight; and an integer sum leaving 64 bits is refused b
 import math
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.fold_extremes import Side, fold_extreme
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.folding import (
     ENTERING,
@@ -26,7 +28,14 @@ from rollup_assets.compute.folding import (
     fold_cell,
 )
 from rollup_assets.model.bucketing import Bucketing
-from rollup_assets.model.partials import DELTA_COLUMN, GENERATION, RAW_ROWS
+from rollup_assets.model.partials import (
+    DELTA_COLUMN,
+    GENERATION,
+    RAW_ROWS,
+    SPARES,
+    ExtremeState,
+    _key,
+)
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.resources.schemas import data_schema
 
@@ -308,3 +317,55 @@ def test_a_finite_sum_that_overflows_is_a_cell_to_aggregate_again_not_an_error()
     got, unknown = fold(visible(HOURLY, bases(HOURLY, raw(start), RAW), feeds), HOURLY)
     assert [e for e, _ in unknown] == ["a"]
     assert got.column("entity_id").to_pylist() == ["b"]
+
+
+SMALL = st.sampled_from([0.0, -0.0, 1.0, 2.0, 2.5, -3.0, math.nan, math.inf, -math.inf])
+CELL = st.tuples(
+    st.lists(SMALL, max_size=10),  # the cell's values
+    st.integers(0, 10),  # how many of them its prefix keeps
+    st.lists(SMALL, max_size=5),  # values entering
+    st.lists(st.one_of(st.integers(0, 9), SMALL), max_size=5),  # leaving: a value's index, or any
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cells=st.lists(CELL, min_size=1, max_size=8), largest=st.booleans(), k=st.integers(1, 8))
+def test_kept_extremes_fold_as_each_cell_applies_its_changes_even_inconsistent_ones(
+    cells, largest, k
+) -> None:
+    # Leaving values that are not the cell's (a change feed out of step with the base) must
+    # come out as the reference says too: exhausted, never a wrong prefix.
+    prefixes, lengths, base_n, entering, leaving, states = [], [], [], [], [], []
+    for c, (values, kept, joining, left) in enumerate(cells):
+        ordered = sorted(values, key=_key, reverse=largest)
+        prefix = ordered[: min(kept, SPARES)]
+        gone = [ordered[x % len(ordered)] if isinstance(x, int) and ordered else x for x in left]
+        gone = [v for v in gone if not isinstance(v, int)]
+        prefixes += [(c, v) for v in prefix]
+        lengths.append(len(prefix))
+        base_n.append(len(values))
+        entering += [(c, v) for v in joining]
+        leaving += [(c, v) for v in gone]
+        states.append(ExtremeState(largest, tuple(prefix), len(values)).apply(joining, gone, k))
+
+    def side(pairs: list) -> Side:
+        return Side(
+            pa.array([v for _, v in pairs], pa.float64()), np.array([c for c, _ in pairs], np.int64)
+        )
+
+    n = np.array(base_n) + np.bincount([c for c, _ in entering], minlength=len(cells))
+    n -= np.bincount([c for c, _ in leaving], minlength=len(cells))
+    got = fold_extreme(
+        side(prefixes),
+        np.array(lengths),
+        np.array(base_n),
+        side(entering),
+        side(leaving),
+        n,
+        largest,
+        k,
+    )
+    for c, state in enumerate(states):
+        assert bool(got.exhausted[c]) == state.exhausted, c
+        if not state.exhausted:
+            assert [repr(v) for v in got.prefix[c].as_py()] == [repr(v) for v in state.prefix], c
