@@ -39,7 +39,13 @@ from rollup_assets.model.partials import (
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.resources.schemas import data_schema
 
-FUNCTIONS = ["Sum", "Min", "Max", "Avg", "Count"]
+# Every function over a double and a long column, at two levels.
+AGGREGATIONS = [
+    {"column": c, "function": f, "target": f"{c}_{f.lower()}"}
+    for c in ("x", "k")
+    for f in ["Sum", "Min", "Max", "Avg", "Count"]
+]
+ZONE = {"reference_time_zone": "Europe/Vienna", "aggregations": AGGREGATIONS}
 CATALOG = parse_catalog(
     {
         "raw_archives": {"m_raw": {"columns": {"x": "double", "k": "long"}}},
@@ -49,23 +55,9 @@ CATALOG = parse_catalog(
                 "alignment": "FixedSize",
                 "size": "1h",
                 "start": "2025-01-01",
-                "reference_time_zone": "Europe/Vienna",
-                "aggregations": [
-                    {"column": c, "function": f, "target": f"{c}_{f.lower()}"}
-                    for c in ("x", "k")
-                    for f in FUNCTIONS
-                ],
+                **ZONE,
             },
-            "m_daily": {
-                "source": "m_hourly",
-                "alignment": "CalendarDay",
-                "reference_time_zone": "Europe/Vienna",
-                "aggregations": [
-                    {"column": c, "function": f, "target": f"{c}_{f.lower()}"}
-                    for c in ("x", "k")
-                    for f in FUNCTIONS
-                ],
-            },
+            "m_daily": {"source": "m_hourly", "alignment": "CalendarDay", **ZONE},
         },
     }
 )
