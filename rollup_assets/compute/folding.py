@@ -61,6 +61,19 @@ def bucket_bounds(
     return starts[index], ends[index]
 
 
+def bucket_starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
+    """The start of the bucket of each of `times`, each start made a datetime once."""
+    starts, _ = bucket_bounds(times, bucketing)
+    distinct, index = np.unique(starts, return_inverse=True)
+    made = instants(distinct)
+    return [made[i] for i in index.tolist()]
+
+
+def instants(micros: np.ndarray) -> list[datetime]:
+    """Microseconds since the epoch as UTC datetimes."""
+    return pa.array(micros, pa.int64()).cast(TS).to_pylist()
+
+
 def difference_rows(
     changes: pa.Table,
     spec: RollupSpec,

@@ -29,7 +29,12 @@ import numpy as np
 import pyarrow as pa
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import bucket_bounds, difference_rows
+from rollup_assets.compute.folding import (
+    bucket_bounds,
+    bucket_starts,
+    difference_rows,
+    instants,
+)
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
@@ -170,7 +175,7 @@ def _rows_of(
     if rows.num_rows == 0:
         return rows, np.zeros(0, dtype=np.int64)
     b = Bucketing.of(root)
-    starts = _starts(rows[time_column], b)
+    starts = bucket_starts(rows[time_column], b)
     entities = rows[ENTITY_COLUMN].to_pylist()
     commits = rows[COMMIT_VERSION].to_pylist()
     keep = np.zeros(rows.num_rows, dtype=bool)
@@ -199,24 +204,6 @@ def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[
             else:
                 named.update((w.start, e) for e in scope)
     return whole, named
-
-
-def _windows(times: pa.ChunkedArray, bucketing: Bucketing) -> list[Window]:
-    """The bucket of each of `times` (non-null instants)."""
-    starts, ends = bucket_bounds(times, bucketing)
-    return [
-        Window(s, e)
-        for s, e in zip(
-            pa.array(starts, pa.int64()).cast(TS).to_pylist(),
-            pa.array(ends, pa.int64()).cast(TS).to_pylist(),
-            strict=True,
-        )
-    ]
-
-
-def _starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
-    starts, _ = bucket_bounds(times, bucketing)
-    return pa.array(starts, pa.int64()).cast(TS).to_pylist()
 
 
 @dataclass(frozen=True)
@@ -269,7 +256,7 @@ def _not_absorbed(
     how many were skipped."""
     if rows.num_rows == 0 or (not absorbed.buckets and not absorbed.cells):
         return rows, 0
-    starts = _starts(rows[time_column], Bucketing.of(spec))
+    starts = bucket_starts(rows[time_column], Bucketing.of(spec))
     entities = rows[ENTITY_COLUMN].to_pylist()
     keep = np.array(
         [
@@ -286,7 +273,7 @@ def _within(rows: pa.Table, ready: Cells, b: Bucketing, time_column: str) -> pa.
     if rows.num_rows == 0:
         return rows
     scopes = {w.start: scope for w, scope in ready}
-    starts = _starts(rows[time_column], b)
+    starts = bucket_starts(rows[time_column], b)
     entities = rows[ENTITY_COLUMN].to_pylist()
     keep = [
         s in scopes and (scopes[s] is None or e in scopes[s])  # type: ignore[operator]
@@ -299,15 +286,36 @@ def _parts_of(rows: pa.Table, root: RollupSpec, time_column: str) -> tuple[Chang
     """The parts naming `rows`: per commit, the first-level cells of its rows."""
     if rows.num_rows == 0:
         return ()
-    b = Bucketing.of(root)
+    starts, ends = bucket_bounds(rows[time_column], Bucketing.of(root))
+    cells = (
+        pa.table(
+            {
+                "commit": rows[COMMIT_VERSION],
+                "start": pa.array(starts, pa.int64()),
+                "end": pa.array(ends, pa.int64()),
+                ENTITY_COLUMN: rows[ENTITY_COLUMN],
+            }
+        )
+        .group_by(["commit", "start", "end"])
+        .aggregate([(ENTITY_COLUMN, "distinct")])
+    )
+    windows = {
+        s: Window(a, b)
+        for s, a, b in zip(
+            cells["start"].to_pylist(),
+            instants(cells["start"].to_numpy()),
+            instants(cells["end"].to_numpy()),
+            strict=True,
+        )
+    }
     by_commit: dict[int, list[tuple[Window, frozenset[str]]]] = {}
-    for w, e, c in zip(
-        _windows(rows[time_column], b),
-        rows[ENTITY_COLUMN].to_pylist(),
-        rows[COMMIT_VERSION].to_pylist(),
+    for c, s, entities in zip(
+        cells["commit"].to_pylist(),
+        cells["start"].to_pylist(),
+        cells[f"{ENTITY_COLUMN}_distinct"].to_pylist(),
         strict=True,
     ):
-        by_commit.setdefault(c, []).append((w, frozenset([e])))
+        by_commit.setdefault(c, []).append((windows[s], frozenset(entities)))
     return tuple(
         ChangePart((c,), Cells.collect(items, limit=None)) for c, items in sorted(by_commit.items())
     )

@@ -3,6 +3,13 @@ buckets a run takes, kept through the ledger, and handed up the chain."""
 
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.folding import bucket_starts
+from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, Trigger
 from rollup_assets.model.placement import buckets_in
@@ -10,8 +17,9 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.commit_changes import COMMIT_VERSION
 from rollup_assets.resources.ledger import _decoded_parts, _encoded_parts
-from rollup_assets.services.correction import _keys
+from rollup_assets.services.correction import _keys, _parts_of
 
 CATALOG = load_catalog()
 HOURLY = CATALOG.rollup("energy_hourly")
@@ -84,3 +92,37 @@ def test_a_correction_goes_up_the_chain_as_a_correction_of_the_same_changes() ->
     # A level that aggregated again: the levels above aggregate again too.
     [again] = propagation_jobs(CATALOG, HOURLY, changed, 40, states)
     assert not again.corrects
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["m1", "m2", "m3"]),
+            st.integers(0, 3 * 24 * 60),
+            st.sampled_from([4, 7, 9]),
+        ),
+        max_size=40,
+    )
+)
+def test_the_parts_of_change_rows_are_their_commits_first_level_cells(rows) -> None:
+    # From a night before the autumn DST switch in Vienna: hours of 23 and 25 h days alike.
+    t0 = datetime(2025, 10, 25, 20, tzinfo=UTC)
+    table = pa.table(
+        {
+            "entity_id": pa.array([e for e, _, _ in rows], pa.string()),
+            "ts": pa.array([t0 + timedelta(minutes=m) for _, m, _ in rows], TS),
+            COMMIT_VERSION: pa.array([c for _, _, c in rows], pa.int64()),
+        }
+    )
+    b = Bucketing.of(HOURLY)
+    by_commit: dict = {}
+    for e, m, c in rows:
+        by_commit.setdefault(c, []).append((b.window_of(t0 + timedelta(minutes=m)), frozenset([e])))
+    want = tuple(
+        ChangePart((c,), Cells.collect(items, limit=None)) for c, items in sorted(by_commit.items())
+    )
+    assert _parts_of(table, HOURLY, "ts") == want
+    assert bucket_starts(table["ts"], b) == [
+        b.window_of(t0 + timedelta(minutes=m)).start for _, m, _ in rows
+    ]
