@@ -68,10 +68,10 @@ class CellRows:
     def cells(self) -> int:
         return len(self.starts)
 
-    def per_cell(self, values: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
-        """The int64 sum per cell of `values`, one per row (or per row index in `at`)."""
+    def per_cell(self, values: np.ndarray) -> np.ndarray:
+        """The int64 sum per cell of `values`, one per row."""
         out = np.zeros(self.cells, dtype=np.int64)
-        np.add.at(out, self.cell if at is None else self.cell[at], values)
+        np.add.at(out, self.cell, values)
         return out
 
     def bases(self) -> np.ndarray:
