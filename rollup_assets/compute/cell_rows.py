@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.folding import CellKey
+from rollup_assets.compute.folding import CellKey, entity_ranks
 from rollup_assets.model.partials import DELTA_COLUMN, GENERATION
 from rollup_assets.model.specs import ENTITY_COLUMN
 
@@ -22,10 +22,7 @@ def cell_ids(rows: pa.Table) -> np.ndarray:
     order)."""
     if rows.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    entities = pc.dictionary_encode(rows[ENTITY_COLUMN]).combine_chunks()
-    # Rank the dictionary so that cell numbers follow the entities' order.
-    rank = np.argsort(np.argsort(entities.dictionary.to_numpy(zero_copy_only=False)))
-    entity = rank[entities.indices.to_numpy(zero_copy_only=False)]
+    entity = entity_ranks(rows[ENTITY_COLUMN])
     start = rows["bucket_start"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     order = np.lexsort((start, entity))
     e, s = entity[order], start[order]

@@ -74,6 +74,15 @@ def instants(micros: np.ndarray) -> list[datetime]:
     return pa.array(micros, pa.int64()).cast(TS).to_pylist()
 
 
+def entity_ranks(entities: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Per row, its entity's rank among the distinct entities in their order (an int64 key
+    that sorts as the names do)."""
+    names = pc.dictionary_encode(entities)
+    names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    rank = np.argsort(np.argsort(names.dictionary.to_numpy(zero_copy_only=False)))
+    return rank[names.indices.to_numpy(zero_copy_only=False)].astype(np.int64)
+
+
 def difference_rows(
     changes: pa.Table,
     spec: RollupSpec,
@@ -99,9 +108,7 @@ def difference_rows(
             np.zeros(0, np.int64),
         )
     )
-    names = pc.dictionary_encode(rows[ENTITY_COLUMN]).combine_chunks()
-    rank = np.argsort(np.argsort(names.dictionary.to_numpy(zero_copy_only=False)))
-    entity = rank[names.indices.to_numpy(zero_copy_only=False)].astype(np.int64)
+    entity = entity_ranks(rows[ENTITY_COLUMN])
     order = np.lexsort((entity, starts))  # stable: a cell's values keep their order
     s, e = starts[order], entity[order]
     new = np.ones(len(order), dtype=bool)
