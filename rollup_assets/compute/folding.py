@@ -14,7 +14,7 @@ whose finite sum overflowed, cannot be folded exactly: it is reported, for the c
 aggregate again from its source.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,12 +61,34 @@ def bucket_bounds(
     return starts[index], ends[index]
 
 
-def bucket_starts(times: pa.ChunkedArray, bucketing: Bucketing) -> list[datetime]:
-    """The start of the bucket of each of `times`, each start made a datetime once."""
-    starts, _ = bucket_bounds(times, bucketing)
-    distinct, index = np.unique(starts, return_inverse=True)
-    made = instants(distinct)
-    return [made[i] for i in index.tolist()]
+@dataclass(frozen=True)
+class RowCells:
+    """The distinct cells (bucket start, entity) that some rows fall in at one bucketing, and
+    each row's cell (an index into `cells`): a question about a row's cell is asked once per
+    cell, however many rows it holds."""
+
+    cells: list[tuple[datetime, str]]
+    index: np.ndarray
+
+    @classmethod
+    def of(cls, rows: pa.Table, time_column: str, bucketing: Bucketing) -> "RowCells":
+        """The cells of `rows` (times in `time_column`, not null; entities in ENTITY_COLUMN)."""
+        if rows.num_rows == 0:
+            return cls([], np.zeros(0, dtype=np.int64))
+        starts, _ = bucket_bounds(rows[time_column], bucketing)
+        names = pc.dictionary_encode(rows[ENTITY_COLUMN])
+        names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+        codes = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        distinct, index = np.unique(np.stack([starts, codes], axis=1), axis=0, return_inverse=True)
+        made = instants(distinct[:, 0])
+        dictionary = names.dictionary.to_pylist()
+        cells = [(made[i], dictionary[c]) for i, c in enumerate(distinct[:, 1].tolist())]
+        return cls(cells, index.reshape(-1))
+
+    def each(self, answer: Callable[[datetime, str], Any], dtype: Any) -> np.ndarray:
+        """Per row, `answer(bucket_start, entity)` for its cell."""
+        per_cell = np.fromiter((answer(s, e) for s, e in self.cells), dtype, len(self.cells))
+        return per_cell[self.index]
 
 
 def instants(micros: np.ndarray) -> list[datetime]:

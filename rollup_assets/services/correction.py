@@ -21,7 +21,7 @@ pointer table below, from which a change showed there).
 """
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import (
+    RowCells,
     bucket_bounds,
-    bucket_starts,
     difference_rows,
     instants,
 )
@@ -174,22 +174,26 @@ def _rows_of(
     at the first level, the part's `seen_at` up the chain."""
     if rows.num_rows == 0:
         return rows, np.zeros(0, dtype=np.int64)
-    b = Bucketing.of(root)
-    starts = bucket_starts(rows[time_column], b)
-    entities = rows[ENTITY_COLUMN].to_pylist()
-    commits = rows[COMMIT_VERSION].to_pylist()
+    cells = RowCells.of(rows, time_column, Bucketing.of(root))
+    commits = rows[COMMIT_VERSION].to_numpy(zero_copy_only=False).astype(np.int64)
     keep = np.zeros(rows.num_rows, dtype=bool)
     seen = np.zeros(rows.num_rows, dtype=np.int64)
     for part in parts:
-        wanted = set(part.commits)
         whole, named = _keys(part, root)
-        for i, (start, entity, commit) in enumerate(zip(starts, entities, commits, strict=True)):
-            if keep[i] or commit not in wanted:
-                continue
-            if start in whole or (start, entity) in named:
-                keep[i] = True
-                seen[i] = commit if part.seen_at is None else part.seen_at
+        mine = ~keep & np.isin(commits, np.array(part.commits, dtype=np.int64))
+        if not mine.any():
+            continue
+        mine &= cells.each(_in_cells(whole, named), bool)
+        keep |= mine
+        seen[mine] = commits[mine] if part.seen_at is None else part.seen_at
     return rows.filter(pa.array(keep)), seen[keep]
+
+
+def _in_cells(
+    whole: set[datetime], named: set[tuple[datetime, str]]
+) -> Callable[[datetime, str], bool]:
+    """Whether a cell (bucket start, entity) is among those `_keys` gave."""
+    return lambda start, entity: start in whole or (start, entity) in named
 
 
 def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[datetime, str]]]:
@@ -256,15 +260,8 @@ def _not_absorbed(
     how many were skipped."""
     if rows.num_rows == 0 or (not absorbed.buckets and not absorbed.cells):
         return rows, 0
-    starts = bucket_starts(rows[time_column], Bucketing.of(spec))
-    entities = rows[ENTITY_COLUMN].to_pylist()
-    keep = np.array(
-        [
-            seen[i] > absorbed.version(start, entity)
-            for i, (start, entity) in enumerate(zip(starts, entities, strict=True))
-        ],
-        dtype=bool,
-    )
+    cells = RowCells.of(rows, time_column, Bucketing.of(spec))
+    keep = seen > cells.each(absorbed.version, np.int64)
     return rows.filter(pa.array(keep)), int((~keep).sum())
 
 
@@ -273,13 +270,11 @@ def _within(rows: pa.Table, ready: Cells, b: Bucketing, time_column: str) -> pa.
     if rows.num_rows == 0:
         return rows
     scopes = {w.start: scope for w, scope in ready}
-    starts = bucket_starts(rows[time_column], b)
-    entities = rows[ENTITY_COLUMN].to_pylist()
-    keep = [
-        s in scopes and (scopes[s] is None or e in scopes[s])  # type: ignore[operator]
-        for s, e in zip(starts, entities, strict=True)
-    ]
-    return rows.filter(pa.array(keep, pa.bool_()))
+    keep = RowCells.of(rows, time_column, b).each(
+        lambda s, e: s in scopes and (scopes[s] is None or e in scopes[s]),  # type: ignore[operator]
+        bool,
+    )
+    return rows.filter(pa.array(keep))
 
 
 def _parts_of(rows: pa.Table, root: RollupSpec, time_column: str) -> tuple[ChangePart, ...]:

@@ -3,12 +3,13 @@ buckets a run takes, kept through the ledger, and handed up the chain."""
 
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import bucket_starts
+from rollup_assets.compute.folding import RowCells
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, Trigger
@@ -19,7 +20,14 @@ from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.commit_changes import COMMIT_VERSION
 from rollup_assets.resources.ledger import _decoded_parts, _encoded_parts
-from rollup_assets.services.correction import _keys, _parts_of
+from rollup_assets.services.correction import (
+    Absorbed,
+    _keys,
+    _not_absorbed,
+    _parts_of,
+    _rows_of,
+    _within,
+)
 
 CATALOG = load_catalog()
 HOURLY = CATALOG.rollup("energy_hourly")
@@ -123,6 +131,135 @@ def test_the_parts_of_change_rows_are_their_commits_first_level_cells(rows) -> N
         ChangePart((c,), Cells.collect(items, limit=None)) for c, items in sorted(by_commit.items())
     )
     assert _parts_of(table, HOURLY, "ts") == want
-    assert bucket_starts(table["ts"], b) == [
-        b.window_of(t0 + timedelta(minutes=m)).start for _, m, _ in rows
+    cells = RowCells.of(table, "ts", b)
+    assert [cells.cells[i] for i in cells.index.tolist()] == [
+        (b.window_of(t0 + timedelta(minutes=m)).start, e) for e, m, _ in rows
     ]
+
+
+# The grouped questions a correction asks of its change rows (which part a row belongs to,
+# whether a newer aggregation holds it, whether its cell is ready) against the same questions
+# asked row by row.
+DST_NIGHT = datetime(2025, 10, 25, 20, tzinfo=UTC)  # before the autumn switch in Vienna
+ENTITIES = ["m1", "m2", "m3"]
+
+
+def change_rows(rows: list[tuple[str, int, int]]) -> pa.Table:
+    return pa.table(
+        {
+            "entity_id": pa.array([e for e, _, _ in rows], pa.string()),
+            "ts": pa.array([DST_NIGHT + timedelta(minutes=m) for _, m, _ in rows], TS),
+            COMMIT_VERSION: pa.array([c for _, _, c in rows], pa.int64()),
+        }
+    )
+
+
+def scoped_cells(picks: list[tuple[int, int | None]], level) -> Cells:
+    """Cells of `level` from (bucket number from DST_NIGHT's, entity index or None: all)."""
+    b = Bucketing.of(level)
+    windows = [b.window_of(DST_NIGHT)]
+    while windows[-1].end <= DST_NIGHT + timedelta(days=3):  # the rows' span
+        windows.append(b.window_of(windows[-1].end))
+    out = []
+    for n, e in picks:
+        out.append((windows[n % len(windows)], None if e is None else frozenset([ENTITIES[e]])))
+    return Cells.collect(out, limit=None)
+
+
+row_lists = st.lists(
+    st.tuples(st.sampled_from(ENTITIES), st.integers(0, 3 * 24 * 60), st.sampled_from([4, 7, 9])),
+    max_size=40,
+)
+cell_picks = st.lists(st.tuples(st.integers(0, 79), st.one_of(st.none(), st.integers(0, 2))))
+
+
+def rows_of_row_by_row(table: pa.Table, parts, root) -> tuple[list[int], list[int]]:
+    b = Bucketing.of(root)
+    kept, seen = [], []
+    columns = (table["entity_id"], table["ts"], table[COMMIT_VERSION])
+    for i, (e, t, c) in enumerate(zip(*(x.to_pylist() for x in columns), strict=True)):
+        start = b.window_of(t).start
+        for p in parts:
+            whole, named = _keys(p, root)
+            if c in p.commits and (start in whole or (start, e) in named):
+                kept.append(i)
+                seen.append(c if p.seen_at is None else p.seen_at)
+                break
+    return kept, seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=row_lists,
+    parts=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from([4, 7, 9]), min_size=1, max_size=2),
+            cell_picks,
+            st.one_of(st.none(), st.integers(10, 20)),
+        ),
+        max_size=3,
+    ),
+)
+def test_the_rows_of_parts_grouped_are_the_rows_of_parts_row_by_row(rows, parts) -> None:
+    table = change_rows(rows).append_column("n", pa.array(range(len(rows)), pa.int64()))
+    made = [ChangePart(tuple(c), scoped_cells(p, HOURLY), seen) for c, p, seen in parts]
+    # A row in two parts counts from the first (as the row-by-row reference does).
+    made.append(ChangePart((4, 9), scoped_cells([(n, None) for n in range(80)], HOURLY), 30))
+    made.insert(0, ChangePart((4, 7, 9), scoped_cells([(3, None), (40, 1)], HOURLY), 31))
+    kept, seen = _rows_of(table, made, HOURLY, "ts")
+    want_kept, want_seen = rows_of_row_by_row(table, made, HOURLY)
+    assert kept["n"].to_pylist() == want_kept
+    assert seen.tolist() == want_seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=row_lists,
+    buckets=st.lists(st.tuples(st.integers(0, 79), st.sampled_from([0, 4, 5, 7, 9, 12]))),
+    cells=st.lists(
+        st.tuples(st.integers(0, 79), st.integers(0, 2), st.sampled_from([0, 4, 5, 7, 9, 12]))
+    ),
+    level=st.sampled_from(["energy_hourly", "energy_daily"]),
+)
+def test_what_a_newer_aggregation_holds_grouped_is_what_it_holds_row_by_row(
+    rows, buckets, cells, level
+) -> None:
+    spec = CATALOG.rollup(level)
+    b = Bucketing.of(spec)
+    at = scoped_cells([(n, None) for n, _ in buckets], spec).windows
+    absorbed = Absorbed(
+        {w.start: v for w, (_, v) in zip(at, buckets, strict=False)},
+        {
+            (w.start, ENTITIES[e]): v
+            for (n, e, v) in cells
+            for w in scoped_cells([(n, None)], spec).windows
+        },
+    )
+    table = change_rows(rows).append_column("n", pa.array(range(len(rows)), pa.int64()))
+    seen = np.array([c for _, _, c in rows], dtype=np.int64)
+    kept, skipped = _not_absorbed(table, seen, spec, "ts", absorbed)
+    want = [
+        i
+        for i, (e, t) in enumerate(
+            zip(table["entity_id"].to_pylist(), table["ts"].to_pylist(), strict=True)
+        )
+        if seen[i] > absorbed.version(b.window_of(t).start, e)
+    ]
+    assert kept["n"].to_pylist() == want
+    assert skipped == len(rows) - len(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=row_lists, picks=cell_picks, level=st.sampled_from(["energy_hourly", "energy_daily"]))
+def test_the_rows_in_ready_cells_grouped_are_those_row_by_row(rows, picks, level) -> None:
+    spec = CATALOG.rollup(level)
+    b = Bucketing.of(spec)
+    ready = scoped_cells(picks, spec)
+    table = change_rows(rows).append_column("n", pa.array(range(len(rows)), pa.int64()))
+    want = []
+    pairs = zip(table["entity_id"].to_pylist(), table["ts"].to_pylist(), strict=True)
+    for i, (e, t) in enumerate(pairs):
+        w = b.window_of(t)
+        if any(x.start == w.start and (scope is None or e in scope) for x, scope in ready):
+            want.append(i)
+    assert _within(table, ready, b, "ts")["n"].to_pylist() == want
