@@ -37,6 +37,21 @@ from rollup_assets.resources.batch_conversion import BatchConverter
 from rollup_assets.resources.batch_sources import BatchSource, FileSource
 from rollup_assets.resources.schemas import archive_schema
 
+# A batch's (UTC day, entity) cells are listed one by one up to this many; beyond, each day
+# keeps only the range of its entities.
+LISTED_CELLS = 20_000
+
+
+@dataclass(frozen=True)
+class DayEntities:
+    """The entities of a batch's rows on one UTC day (`DAY_COLUMN`): each of them (`listed`),
+    or, when the batch holds too many cells to list, only their range [lowest, highest]."""
+
+    day: dt.date
+    lowest: str
+    highest: str
+    listed: tuple[str, ...] | None
+
 
 @dataclass(frozen=True)
 class BatchSummary:
@@ -45,6 +60,7 @@ class BatchSummary:
     max_ts: dt.datetime
     days: list[dt.date]
     entities: int
+    cells: tuple[DayEntities, ...] = ()
 
 
 class BatchReader:
@@ -96,7 +112,8 @@ class BatchReader:
         if first is not None:
             raise self._duplicate(first)
         entities = len(pc.unique(allkeys[ENTITY_COLUMN]))
-        return BatchSummary(offset, lo, hi, sorted(days), entities)
+        cells = day_entities(allkeys, LISTED_CELLS)
+        return BatchSummary(offset, lo, hi, sorted(days), entities, cells)
 
     def _require_retained(
         self, t: pa.Table, offset: int, keys: list[pa.Table], not_before: dt.datetime
@@ -122,7 +139,7 @@ class BatchReader:
 
     def _keys(self, t: pa.Table, offset: int) -> pa.Table:
         rows = pa.array(range(offset, offset + t.num_rows), pa.int64())
-        return t.select(key_columns(self.spec)).append_column("__row", rows)
+        return t.select([*key_columns(self.spec), DAY_COLUMN]).append_column("__row", rows)
 
     def _duplicate(self, row: int) -> IngestValidationError:
         key = ", ".join(key_columns(self.spec))
@@ -176,3 +193,33 @@ def _first_duplicate(keys: pa.Table, names: list[str]) -> int | None:
     if same is None or not pc.any(same).as_py():
         return None
     return pc.min(pc.filter(ordered["__row"].slice(1), same)).as_py()
+
+
+def day_entities(rows: pa.Table, listed_at_most: int) -> tuple[DayEntities, ...]:
+    """Per UTC day of `rows` (with `DAY_COLUMN` and `ENTITY_COLUMN`), its entities: listed
+    while the rows hold at most `listed_at_most` (day, entity) cells, else their range."""
+    cells = rows.group_by([DAY_COLUMN, ENTITY_COLUMN]).aggregate([])
+    if cells.num_rows <= listed_at_most:
+        days = cells.group_by(DAY_COLUMN).aggregate([(ENTITY_COLUMN, "list")])
+        return tuple(
+            DayEntities(d, min(names), max(names), tuple(sorted(names)))
+            for d, names in sorted(
+                zip(
+                    days[DAY_COLUMN].to_pylist(),
+                    days[f"{ENTITY_COLUMN}_list"].to_pylist(),
+                    strict=True,
+                )
+            )
+        )
+    days = cells.group_by(DAY_COLUMN).aggregate([(ENTITY_COLUMN, "min"), (ENTITY_COLUMN, "max")])
+    return tuple(
+        DayEntities(d, lo, hi, None)
+        for d, lo, hi in sorted(
+            zip(
+                days[DAY_COLUMN].to_pylist(),
+                days[f"{ENTITY_COLUMN}_min"].to_pylist(),
+                days[f"{ENTITY_COLUMN}_max"].to_pylist(),
+                strict=True,
+            )
+        )
+    )

@@ -122,7 +122,7 @@ def _upsert(
     values and would not be corrected from the raw rows).
     """
     reader, summary = validated(spec, source, not_before, progress)
-    clauses = upsert_clauses(spec, summary.days)
+    clauses = upsert_clauses(spec, summary.days, summary.cells)
     predicate, updates, differs = clauses.predicate, clauses.updates, clauses.differs
     operands = stored_operands(spec)
     metadata = ingest_metadata(
