@@ -16,7 +16,7 @@ aggregate again from its source.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from rollup_assets.model.partials import (
     SumState,
 )
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
-from rollup_assets.model.windows import micros
+from rollup_assets.model.windows import EPOCH, micros
 
 # What a folded row says of the rows it folds: the newest's generation and run.
 STAMPS = (GENERATION, *WRITTEN_BY)
@@ -52,12 +52,18 @@ def bucket_bounds(
     times: pa.ChunkedArray | pa.Array, bucketing: Bucketing
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per time of `times` (instants, not null), the start and end of its bucket in
-    microseconds: each distinct instant is made a datetime once, each bucket worked out once."""
-    instants = times.cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    distinct, index = np.unique(instants, return_inverse=True)
-    windows = bucketing.windows_of(pa.array(distinct, pa.int64()).cast(TS).to_pylist())
-    starts = np.array([micros(w.start) for w in windows], dtype=np.int64)
-    ends = np.array([micros(w.end) for w in windows], dtype=np.int64)
+    microseconds: each bucket is worked out once, from the first of its distinct instants in
+    order, and holds every instant before its end."""
+    at = times.cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    distinct, index = np.unique(at, return_inverse=True)
+    starts = np.empty(len(distinct), dtype=np.int64)
+    ends = np.empty(len(distinct), dtype=np.int64)
+    i = 0
+    while i < len(distinct):
+        w = bucketing.window_of(EPOCH + timedelta(microseconds=int(distinct[i])))
+        j = int(np.searchsorted(distinct, micros(w.end), side="left"))
+        starts[i:j], ends[i:j] = micros(w.start), micros(w.end)
+        i = j
     return starts[index], ends[index]
 
 
@@ -79,10 +85,14 @@ class RowCells:
         names = pc.dictionary_encode(rows[ENTITY_COLUMN])
         names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
         codes = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        distinct, index = np.unique(np.stack([starts, codes], axis=1), axis=0, return_inverse=True)
-        made = instants(distinct[:, 0])
         dictionary = names.dictionary.to_pylist()
-        cells = [(made[i], dictionary[c]) for i, c in enumerate(distinct[:, 1].tolist())]
+        buckets, bucket = np.unique(starts, return_inverse=True)
+        # One key per (bucket, entity), ordered by bucket then entity code.
+        distinct, index = np.unique(bucket * len(dictionary) + codes, return_inverse=True)
+        made = instants(buckets)
+        cells = [
+            (made[k // len(dictionary)], dictionary[k % len(dictionary)]) for k in distinct.tolist()
+        ]
         return cls(cells, index.reshape(-1))
 
     def each(self, answer: Callable[[datetime, str], Any], dtype: Any) -> np.ndarray:

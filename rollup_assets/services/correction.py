@@ -116,14 +116,13 @@ def correct(
     read = rows.num_rows
     rows, seen = _rows_of(rows, parts, root, time_column)
     mine = Bucketing.of(spec)
-    kept, skipped = _not_absorbed(
-        rows,
-        seen,
-        spec,
-        time_column,
-        Absorbed.of(engine.ledger.snapshot(), spec, engine.states.deleted_at().get(spec.name)),
+    cells = RowCells.of(rows, time_column, mine)
+    absorbed = Absorbed.of(
+        engine.ledger.snapshot(), spec, engine.states.deleted_at().get(spec.name)
     )
-    kept = _within(kept, ready, mine, time_column)
+    new = _not_absorbed(cells, seen, absorbed)
+    skipped = int((~new).sum())
+    kept = rows.filter(pa.array(new & _within(cells, ready)))
     differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine)
     changed = Cells.collect(
         (
@@ -249,32 +248,22 @@ class Absorbed:
         return max(self.buckets.get(start, -1), self.cells.get((start, entity), -1))
 
 
-def _not_absorbed(
-    rows: pa.Table,
-    seen: np.ndarray,
-    spec: RollupSpec,
-    time_column: str,
-    absorbed: Absorbed,
-) -> tuple[pa.Table, int]:
-    """The rows whose change a newer aggregation of their cell at `spec` does not hold yet, and
-    how many were skipped."""
-    if rows.num_rows == 0 or (not absorbed.buckets and not absorbed.cells):
-        return rows, 0
-    cells = RowCells.of(rows, time_column, Bucketing.of(spec))
-    keep = seen > cells.each(absorbed.version, np.int64)
-    return rows.filter(pa.array(keep)), int((~keep).sum())
+def _not_absorbed(cells: RowCells, seen: np.ndarray, absorbed: Absorbed) -> np.ndarray:
+    """Per row (its cell of this level in `cells`, the version its change counts from in
+    `seen`), whether a newer aggregation of its cell does not hold its change yet."""
+    if not absorbed.buckets and not absorbed.cells:
+        return np.ones(len(seen), dtype=bool)
+    return seen > cells.each(absorbed.version, np.int64)
 
 
-def _within(rows: pa.Table, ready: Cells, b: Bucketing, time_column: str) -> pa.Table:
-    """The rows in one of the `ready` cells of this level."""
-    if rows.num_rows == 0:
-        return rows
+def _within(cells: RowCells, ready: Cells) -> np.ndarray:
+    """Per row (its cell of this level in `cells`), whether it is in one of the `ready`
+    cells."""
     scopes = {w.start: scope for w, scope in ready}
-    keep = RowCells.of(rows, time_column, b).each(
+    return cells.each(
         lambda s, e: s in scopes and (scopes[s] is None or e in scopes[s]),  # type: ignore[operator]
         bool,
     )
-    return rows.filter(pa.array(keep))
 
 
 def _parts_of(rows: pa.Table, root: RollupSpec, time_column: str) -> tuple[ChangePart, ...]:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.compute.folding import RowCells
+from rollup_assets.compute.folding import RowCells, bucket_bounds
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, Trigger
@@ -17,7 +17,7 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, micros
 from rollup_assets.resources.commit_changes import COMMIT_VERSION
 from rollup_assets.resources.ledger import _decoded_parts, _encoded_parts
 from rollup_assets.services.correction import (
@@ -237,7 +237,8 @@ def test_what_a_newer_aggregation_holds_grouped_is_what_it_holds_row_by_row(
     )
     table = change_rows(rows).append_column("n", pa.array(range(len(rows)), pa.int64()))
     seen = np.array([c for _, _, c in rows], dtype=np.int64)
-    kept, skipped = _not_absorbed(table, seen, spec, "ts", absorbed)
+    new = _not_absorbed(RowCells.of(table, "ts", b), seen, absorbed)
+    kept, skipped = table.filter(pa.array(new)), int((~new).sum())
     want = [
         i
         for i, (e, t) in enumerate(
@@ -262,4 +263,20 @@ def test_the_rows_in_ready_cells_grouped_are_those_row_by_row(rows, picks, level
         w = b.window_of(t)
         if any(x.start == w.start and (scope is None or e in scope) for x, scope in ready):
             want.append(i)
-    assert _within(table, ready, b, "ts")["n"].to_pylist() == want
+    within = _within(RowCells.of(table, "ts", b), ready)
+    assert table.filter(pa.array(within))["n"].to_pylist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    minutes=st.lists(st.integers(-3 * 24 * 60, 400 * 24 * 60), max_size=30),
+    level=st.sampled_from(["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"]),
+)
+def test_bucket_bounds_are_each_instants_window(minutes, level) -> None:
+    # Instants on and between bucket boundaries, over both DST switches and a year end.
+    b = Bucketing.of(CATALOG.rollup(level))
+    times = [DST_NIGHT + timedelta(minutes=15 * (m // 15)) for m in minutes]
+    starts, ends = bucket_bounds(pa.array(times, TS), b)
+    windows = [b.window_of(t) for t in times]
+    assert starts.tolist() == [micros(w.start) for w in windows]
+    assert ends.tolist() == [micros(w.end) for w in windows]
