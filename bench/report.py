@@ -34,19 +34,35 @@ GOALS = {
 }
 
 
-def ours_peak_mb(results: dict) -> float | None:
-    """The driver's peak RSS (MiB) while our code ran, baselines and oracle excluded."""
-    sc = results["scenarios"]
-    peaks = []
-    if b := sc.get("backfill"):
-        ours = b["ours"]
-        peaks += [ours[k]["driver_peak_mb"] for k in ("ingest", "first_level", "chain", "forward")]
-    if c := sc.get("correction"):
-        peaks += [case["tick_loop"]["driver_peak_mb"] for case in c["cases"]]
-        peaks += [case["ingest"]["driver_peak_mb"] for case in c["cases"] if "ingest" in case]
-    if r := sc.get("read"):
-        peaks += [v["driver_peak_mb"] for v in r.values()]
-    return max(peaks) if peaks else None
+# Results keys of the alternatives a step of ours is compared with: their memory is not ours.
+BASELINES = frozenset({"bare_spark_hourly", "duckdb_hourly", "bare_spark_chain", "lookback"})
+
+
+def ours_peaks(results: dict) -> dict[str, float]:
+    """The driver's peak RSS (MiB) of every step of ours that measured it (ingests, backfill,
+    corrections, publishes, reads, folds), by where it is in the results; baselines excluded."""
+    out: dict[str, float] = {}
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in BASELINES:
+                    continue
+                if key == "driver_peak_mb" and isinstance(value, int | float):
+                    out[where] = float(value)
+                else:
+                    walk(value, f"{where}/{key}" if where else str(key))
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                label = (
+                    f"{item['readings']:,} readings"
+                    if isinstance(item, dict) and "readings" in item
+                    else i
+                )
+                walk(item, f"{where}[{label}]")
+
+    walk(results["scenarios"], "")
+    return out
 
 
 def judge(results: dict) -> list[dict]:
@@ -199,9 +215,12 @@ def judge(results: dict) -> list[dict]:
             f"{one['surface']['written']['bytes']:,} bytes written); with the daemon add up to "
             "half of ROLLUPS_SURFACE_MAX_LAG_SECONDS and a sensor interval",
         )
+    peaks = ours_peaks(results)
+    top = max(peaks, key=peaks.__getitem__) if peaks else None
     values["peak_driver_memory_mb"] = (
-        ours_peak_mb(results),
-        f"max driver RSS over our steps (ingest, backfill, corrections, reads); whole process "
+        peaks[top] if top is not None else None,
+        f"max driver RSS over every step of ours (ingests, backfill, corrections, publishes, "
+        f"reads, folds), at {top}; whole process "
         f"incl. DuckDB/oracle {results['peak_driver_rss_mb']:.0f} MiB, Spark JVM "
         f"{results['peak_jvm_rss_mb']:.0f} MiB; goal stated for SIZE=default, this run: "
         f"{results['meta']['size']}",
