@@ -30,6 +30,7 @@ from rollup_assets.resources import (
     upsert_preview,
 )
 from rollup_assets.resources.batch_sources import BatchSource
+from rollup_assets.resources.delta_commits import table_identity
 from rollup_assets.resources.delta_tables import commit_history, with_user_metadata
 from rollup_assets.resources.raw_deletes import DroppedDays
 from rollup_assets.resources.raw_ingest import IngestResult
@@ -44,8 +45,9 @@ class RawStore(RawTables):
 
     def __init__(self, warehouse: Warehouse) -> None:
         super().__init__(warehouse)
-        # Per table: the version read up to, and the retention commits' spans up to it.
-        self._retained: dict[str, tuple[int, list[Window]]] = {}
+        # Per table location: the table read (its identity), the version read up to, and the
+        # retention commits' spans up to it.
+        self._retained: dict[str, tuple[str, int, list[Window]]] = {}
 
     def table_at(self, spec: SourceSpec, at: dt.datetime) -> DeltaTable:
         """The archive's table as a reader saw it at `at` (Delta time travel by commit time);
@@ -86,9 +88,9 @@ class RawStore(RawTables):
         table = self.table(spec)
         if table is None:
             return []
-        uri, version = self.uri(spec), table.version()
-        known_version, known = self._retained.get(uri, (-1, []))
-        if version < known_version:  # a table created again under this name
+        uri, version, identity = self.uri(spec), table.version(), table_identity(table)
+        known_identity, known_version, known = self._retained.get(uri, ("", -1, []))
+        if identity != known_identity:  # a table created again under this name
             known_version, known = -1, []
         if version > known_version:
             commits = [with_user_metadata(c) for c in table.history(limit=version - known_version)]
@@ -99,7 +101,7 @@ class RawStore(RawTables):
                 and commit.get(OPERATION_KEY) == Operation.RETENTION
                 for span in [_recorded_span(commit)]
             ]
-            self._retained[uri] = (version, known)
+            self._retained[uri] = (identity, version, known)
         return list(known)
 
     def ensure_table(self, spec: SourceSpec) -> int:
