@@ -1,6 +1,9 @@
 """The Dagster resources of the code location: the Spark session, the warehouse (which
 provides the engine), and the clock of the forward lane."""
 
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -154,6 +157,37 @@ class SparkResource(dg.ConfigurableResource):
         return f"{self._where} (ready in {lazy.start_seconds or 0:.1f} s)"
 
 
+class _Engines:
+    """The engines of this process, one per catalog and warehouse configuration.
+
+    Dagster makes a resource anew for every sensor tick and every run, so an engine held by the
+    resource lived one tick: each tick read every control table whole and decoded the ledger
+    again. An engine's caches are checked against each table's latest commit (a table created
+    again under its name included), so one engine serves every tick and run of the process."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self._keep = keep
+        self._by_key: OrderedDict[tuple, Engine] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, catalog: Catalog, make: Callable[[], Engine]) -> Engine:
+        with self._lock:
+            engine = self._by_key.get(key)
+            if engine is not None and engine.catalog is catalog:
+                self._by_key.move_to_end(key)
+                return engine
+        engine = make()
+        with self._lock:
+            self._by_key[key] = engine
+            self._by_key.move_to_end(key)
+            while len(self._by_key) > self._keep:
+                self._by_key.popitem(last=False)
+        return engine
+
+
+_ENGINES = _Engines()
+
+
 class WarehouseResource(dg.ConfigurableResource):
     """Where the Delta tables live; provides the engine over them."""
 
@@ -179,8 +213,6 @@ class WarehouseResource(dg.ConfigurableResource):
         description="Seconds a retry of failed work waits (each next retry three times longer).",
     )
 
-    _engines: dict[int, Engine] = PrivateAttr(default_factory=dict)
-
     @classmethod
     def from_settings(cls, settings: Settings, root: str | None = None) -> "WarehouseResource":
         """The warehouse resource of a process configured by `settings` (at `root`, when the
@@ -196,10 +228,21 @@ class WarehouseResource(dg.ConfigurableResource):
         return Warehouse(self.root, dict(self.storage_options))
 
     def engine(self, catalog: Catalog) -> Engine:
-        """The engine over this warehouse for `catalog` (one per resource instance)."""
-        engine = self._engines.get(id(catalog))
-        if engine is None or engine.catalog is not catalog or engine.warehouse != self.get():
-            engine = self._engines[id(catalog)] = Engine(
+        """The engine over this warehouse for `catalog`: one per process and configuration
+        (see `_Engines`), so its caches outlive the resource, which Dagster makes anew for
+        every tick and run."""
+        key = (
+            id(catalog),
+            self.root,
+            tuple(sorted(self.storage_options.items())),
+            self.generation_retention_hours,
+            self.retry_attempts,
+            self.retry_backoff_seconds,
+        )
+        return _ENGINES.get(
+            key,
+            catalog,
+            lambda: Engine(
                 catalog,
                 self.get(),
                 generation_retention=timedelta(hours=self.generation_retention_hours),
@@ -207,8 +250,8 @@ class WarehouseResource(dg.ConfigurableResource):
                     attempts=self.retry_attempts,
                     backoff=timedelta(seconds=self.retry_backoff_seconds),
                 ),
-            )
-        return engine
+            ),
+        )
 
 
 class ClockResource(dg.ConfigurableResource):
