@@ -331,19 +331,22 @@ def refreshed_first(windows: Iterable[Window], refreshing: Iterable[Window]) -> 
     return any(w.overlaps(r) for w in windows for r in spans)
 
 
-def fold(events: Iterable[Job], moves: Iterable[CursorMove] = ()) -> LedgerSnapshot:
+def fold(
+    events: Iterable[Job], moves: Iterable[CursorMove] = (), onto: LedgerSnapshot | None = None
+) -> LedgerSnapshot:
     """The ledger's state after `events` (job snapshots, in recording order) and cursor moves:
     each job is its newest event, except that the first terminal state sticks; a cursor is the
     furthest version recorded for its source since it was last forgotten or moved to another
-    table."""
-    jobs: dict[str, Job] = {}
+    table. With `onto`, the state after the events that made `onto` and then these (`onto` is
+    left as it was)."""
+    jobs: dict[str, Job] = dict(onto.jobs) if onto else {}
     for job in events:
         prev = jobs.get(job.job_id)
         if prev is not None and prev.state.terminal:
             continue
         jobs[job.job_id] = job
-    cursors: dict[str, int] = {}
-    tables: dict[str, str | None] = {}
+    cursors: dict[str, int] = dict(onto.cursors) if onto else {}
+    tables: dict[str, str | None] = dict(onto.tables) if onto else {}
     for move in moves:
         if move.version is None:
             cursors.pop(move.source, None)

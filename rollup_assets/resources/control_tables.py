@@ -5,7 +5,9 @@ Control rows are tiny and written by the driver (sensor, run, CLI), so they go t
 snapshot, and `app_id`/`version` turns an append into a compare-and-set.
 """
 
+import collections
 import logging
+import threading
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -33,12 +35,12 @@ class ControlTable:
         # Sensors, runs and queries read control tables far more often than anything writes
         # them: a whole read of an unchanged table is served from memory.
         # Appends (most commits: job records, state changes) are read by their new files alone.
-        self._latest = LatestCache(
-            lambda t: self._conform(t.to_pyarrow_table()),
-            extend=lambda rows, added: (
-                pa.concat_tables([rows, self._conform(added)]) if added.num_rows else rows
-            ),
+        self._latest = LatestCache(self._derive, extend=self._extend)
+        # The latest reads that extended an earlier one: (rows, the rows they extend, added).
+        self._grown: collections.deque[tuple[pa.Table, pa.Table, pa.Table]] = collections.deque(
+            maxlen=32
         )
+        self._grown_lock = threading.Lock()
 
     def read(self) -> pa.Table:
         """The table's rows at its latest version.
@@ -48,6 +50,34 @@ class ControlTable:
         """
         latest = self._latest.get(self.uri, self.storage_options)
         return self.schema.empty_table() if latest is None else latest[0]
+
+    def appended_since(self, rows: pa.Table, earlier: pa.Table) -> pa.Table | None:
+        """The rows `rows` adds to `earlier`, when this object read `rows` as `earlier` followed
+        by what appends added (both as `read` returned them); None when it cannot tell."""
+        with self._grown_lock:
+            grown = list(self._grown)
+        parts: list[pa.Table] = []
+        while rows is not earlier:
+            step = next((g for g in reversed(grown) if g[0] is rows), None)
+            if step is None:
+                return None
+            rows, added = step[1], step[2]
+            parts.append(added)
+        return pa.concat_tables(parts[::-1]) if parts else self.schema.empty_table()
+
+    def _derive(self, table: DeltaTable) -> pa.Table:
+        with self._grown_lock:
+            self._grown.clear()  # nothing read from now on extends what was read before
+        return self._conform(table.to_pyarrow_table())
+
+    def _extend(self, rows: pa.Table, added: pa.Table) -> pa.Table:
+        if not added.num_rows:
+            return rows
+        added = self._conform(added)
+        extended = pa.concat_tables([rows, added])
+        with self._grown_lock:
+            self._grown.append((extended, rows, added))
+        return extended
 
     def _conform(self, data: pa.Table) -> pa.Table:
         """`data` in this table's schema; a column added since the rows were written is null."""

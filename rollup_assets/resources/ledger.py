@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rollup_assets import metrics
 from rollup_assets.compute.arrow_types import TS
@@ -243,6 +244,15 @@ def _decoded_parts(text: str | None) -> tuple[ChangePart, ...] | None:
     return tuple(out)
 
 
+def _in_order(rows: pa.Table) -> list[dict]:
+    """Ledger rows in recording order."""
+    return rows.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
+
+
+def _newest(rows: pa.Table) -> datetime | None:
+    return pc.max(rows["recorded_at"]).as_py() if rows.num_rows else None
+
+
 def _copy(snapshot: LedgerSnapshot) -> LedgerSnapshot:
     return LedgerSnapshot(dict(snapshot.jobs), dict(snapshot.cursors), dict(snapshot.tables))
 
@@ -252,7 +262,8 @@ class Ledger:
         self.table = ControlTable(
             warehouse.control_path("ledger"), LEDGER_SCHEMA, warehouse.storage_options
         )
-        self._parsed: tuple[pa.Table, LedgerSnapshot] | None = None
+        # The rows last folded, their snapshot and the newest `recorded_at` among them.
+        self._parsed: tuple[pa.Table, LedgerSnapshot, datetime | None] | None = None
         self._decoded: dict[tuple, Job] = {}
 
     def snapshot(self) -> LedgerSnapshot:
@@ -260,29 +271,47 @@ class Ledger:
         parsed = self._parsed
         if parsed is not None and parsed[0] is data:  # the same table version as last time
             return _copy(parsed[1])
-        rows = data.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist()
+        if parsed is not None:
+            # Rows appended since the last fold, all recorded after every row folded then, fold
+            # onto that snapshot: the fold is the same as over every row in recording order.
+            added = self.table.appended_since(data, parsed[0])
+            newest = parsed[2]
+            if added is not None and (
+                newest is None
+                or not added.num_rows
+                or pc.min(added["recorded_at"]).as_py() > newest
+            ):
+                snapshot = self._fold(_in_order(added), onto=parsed[1])
+                self._parsed = (data, snapshot, _newest(added) or newest)
+                return _copy(snapshot)
         # A job event is decoded once (its cells can name thousands of windows): a row already
         # seen, field for field, maps to the same immutable Job.
-        known, decoded = self._decoded, {}
+        self._decoded, known = {}, self._decoded
+        snapshot = self._fold(_in_order(data), known=known)
+        self._parsed = (data, snapshot, _newest(data))
+        return _copy(snapshot)
+
+    def _fold(
+        self,
+        rows: list[dict],
+        onto: LedgerSnapshot | None = None,
+        known: dict[tuple, Job] | None = None,
+    ) -> LedgerSnapshot:
+        known = self._decoded if known is None else known
         events = []
         for r in rows:
             if r["kind"] == "cursor":
                 continue
             key = tuple(r.values())
             job = known.get(key) or _job_from_row(r)
-            decoded[key] = job
+            self._decoded[key] = job
             events.append(job)
-        self._decoded = decoded
-        snapshot = fold(
-            events,
-            (
-                CursorMove(r["source_archive"], r["source_version"], r["table_id"])
-                for r in rows
-                if r["kind"] == "cursor"
-            ),
+        moves = (
+            CursorMove(r["source_archive"], r["source_version"], r["table_id"])
+            for r in rows
+            if r["kind"] == "cursor"
         )
-        self._parsed = (data, snapshot)
-        return _copy(snapshot)
+        return fold(events, moves, onto=onto)
 
     def record(
         self,
