@@ -150,6 +150,7 @@ def world_of(
     monkeypatch: pytest.MonkeyPatch,
     catalog: Catalog,
     retention_hours: int = 0,
+    retry_attempts: int = 5,
 ) -> Iterator[World]:
     """An isolated installation of `catalog` (the `world` fixture's, for other spec files)."""
     wh = tmp_path / "warehouse"
@@ -161,7 +162,10 @@ def world_of(
     # generation retention build their own world with one (`world_of(..., retention_hours=...)`).
     # Failed work is retried at once (the backoff has tests of its own).
     resource = WarehouseResource(
-        root=str(wh), generation_retention_hours=retention_hours, retry_backoff_seconds=0
+        root=str(wh),
+        generation_retention_hours=retention_hours,
+        retry_attempts=retry_attempts,
+        retry_backoff_seconds=0,
     )
     defs = build_definitions(catalog, resource, settings=Settings.from_env())
     retention = timedelta(hours=retention_hours)
@@ -171,7 +175,7 @@ def world_of(
             catalog,
             Warehouse(str(wh)),
             generation_retention=retention,
-            retry=RetryPolicy(backoff=timedelta(0)),
+            retry=RetryPolicy(attempts=retry_attempts, backoff=timedelta(0)),
         )
         yield World(tmp_path, catalog, engine, defs, instance)
 

@@ -209,6 +209,7 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
         if outcome.note:
             say(outcome.note)
         yield from _own_materializations(context, spec, outcome, spark, scope)
+        given_up = [outcome.job] if outcome.job.gave_up else []
         if outcome.buckets and config.propagate_in_run:
             gate = DagsterRunGate(context.instance, run_id, scope)
             chain = Chain(
@@ -216,7 +217,17 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
             )
             for above, result in chain.run(spec, outcome):
                 yield from _materializations(above, result, spark, scope)
+                given_up += [result.job] if result.job.gave_up else []
         say(f"Spark: {spark.describe_use()}")
+        if given_up:
+            # A job can end Failed for good without raising (the cells it must read stayed
+            # unknowable after its last attempt): its run fails too, so the UI and alerts see it.
+            raise dg.Failure(
+                description="; ".join(
+                    f"{j.rollup}: job {j.job_id} ended Failed for good: {j.error}" for j in given_up
+                ),
+                metadata={"jobs": ", ".join(j.job_id for j in given_up)},
+            )
 
     return _rollup
 

@@ -687,6 +687,55 @@ def test_a_recompute_reading_a_cell_below_it_cannot_know_waits_for_its_refresh(
     assert [(j.state, j.entities) for j in refreshed] == [(JobState.COMPLETED, frozenset({METER}))]
 
 
+@pytest.fixture
+def one_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark):
+    """A world whose work gets one attempt: a job that cannot finish ends Failed at once."""
+    from rollup_assets.model.spec_loader import load_catalog
+
+    yield from world_of(tmp_path, monkeypatch, load_catalog(), retry_attempts=1)
+
+
+def test_a_job_that_gives_up_behind_a_refresh_fails_its_dagster_run(one_attempt: World) -> None:
+    """The scenario above with one attempt: the week's job meets the day's cell it cannot know
+    and, its attempts spent, ends Failed for good without raising. Its Dagster run must fail
+    too, naming the job and why, not read as a success in the UI and to alerts."""
+    from rollup_assets import faults
+
+    world = one_attempt
+    loaded(world)
+    world.ops.disable("energy_monthly")
+    day = datetime(2025, 6, 2, 22, tzinfo=UTC)
+    week = datetime(2025, 6, 1, 22, tzinfo=UTC)
+    low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
+    world.ingest(low, source="Manual")
+    world.tick(NOW)
+    since = datetime.now(UTC)
+    reports: list = []
+
+    def recompute_the_week(point: str, archive: str | None) -> None:
+        if point == "before_correct" and archive == "energy_daily" and not reports:
+            world.ops.request_recompute(
+                "energy_weekly", week, week + 7 * 24 * H, frozenset({METER})
+            )
+            reports.extend(tick_until_quiet(world.defs, world.instance, NOW))
+
+    world.ingest(readings(METER, day + 10 * H, 5.0), source="Manual")
+    with faults.hooked(recompute_the_week):
+        tick_until_quiet(world.defs, world.instance, NOW)
+    assert reports
+    [given_up] = [
+        j
+        for j in world.engine.ledger.history("energy_weekly")
+        if j.created_at >= since and j.gave_up
+    ]
+    assert (given_up.error or "").startswith("gave up after 1 attempt(s)")
+    failures = failed_runs(reports)
+    assert any(
+        given_up.job_id in f and "ended Failed for good: gave up after 1 attempt(s)" in f
+        for f in failures
+    ), failures
+
+
 def test_a_recompute_empties_a_cell_it_cannot_know_whose_source_rows_all_went(
     world: World,
 ) -> None:
