@@ -352,6 +352,7 @@ def build_surface_sensor(
             now,
             timedelta(seconds=max_lag_seconds),
             prefix=scope.name(""),
+            working=any(not j.state.terminal for j in engine.ledger.snapshot().jobs.values()),
         )
         for note in plan.notes:
             context.log.info(note)

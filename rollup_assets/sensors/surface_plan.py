@@ -3,9 +3,13 @@ publish run brings up to date now, so that a stream of flips coalesces into few 
 surface lags more than its bound after the last flip.
 
 A rollup whose surface lags (`SurfaceLag.needs_publish`) is published when no publish of it is
-in flight and its last one was launched at least `spacing(max_lag)` ago (half the bound). An
-isolated correction is so published at the next tick; during a stream of corrections each
-rollup is published once per spacing, every publish taking all the flips since the last. The
+in flight and its last one was launched at least `spacing(max_lag)` ago (half the bound). While
+work is queued or running on the rollups (a correction carried up the chain flips one level
+after another), a surface whose oldest unpublished change is younger than the spacing waits
+for it, so that the publish run neither competes with that work nor misses the levels it is
+about to flip. An isolated correction is so published at the first tick after its chain is
+done; during a stream of corrections each rollup is published once per spacing, every publish
+taking all the flips since the last. The
 lag after the last flip is then at most the spacing, plus a sensor interval, plus the publish
 run itself, within the bound for publishes shorter than the other half. Every rollup due at one
 tick is published by ONE run (a chain's levels flip within seconds of each other).
@@ -58,11 +62,12 @@ def plan_publish(
     now: datetime,
     max_lag: timedelta,
     prefix: str = "",
+    working: bool = False,
 ) -> PublishPlan:
     """The rollups of `lags` to publish in one run at `now` (see the module docstring);
     `in_flight` names the rollups unfinished publish runs publish (`*`: every rollup),
     `launched` and `attempts` are what the previous plans recorded, `prefix` keeps run keys of
-    different tenants apart."""
+    different tenants apart, `working` says whether work is queued or running on the rollups."""
     every = spacing(max_lag).total_seconds()
     at = now.timestamp()
     due, notes = [], []
@@ -71,6 +76,13 @@ def plan_publish(
             continue
         if lag.rollup in in_flight or "*" in in_flight:
             notes.append(f"{lag.rollup}: a publish is in flight")
+            continue
+        age = lag.seconds(now)
+        if working and age is not None and lag.since is not None and age < every:
+            notes.append(
+                f"{lag.rollup}: waits for the work queued or running on the rollups "
+                f"(lagging {age:.0f} s, spacing {every:.0f} s)"
+            )
             continue
         last = launched.get(lag.rollup)
         if last is not None and at - last < every:

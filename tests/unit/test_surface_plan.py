@@ -77,3 +77,21 @@ def test_a_missing_surface_or_one_far_behind_by_neutral_commits_is_published() -
     assert neutral.needs_publish and neutral.seconds(NOW) == 0.0
     assert not SurfaceLag("daily", Reflected(1, 1), None, behind=NEUTRAL_SLACK).needs_publish
     assert lag("weekly", 12.5).seconds(NOW) == 12.5
+
+
+def test_a_surface_waits_for_the_work_under_way_within_the_spacing() -> None:
+    """A correction carried up the chain flips one level after another: while work is queued or
+    running, a publish waits for it (coalescing the levels it is about to flip, and leaving the
+    machine to it) until the oldest unpublished change is as old as the spacing."""
+    young, old = lag("hourly", 5.0), lag("daily", 30.0)
+    waiting = plan_publish([young, old], set(), {}, {}, NOW, MAX_LAG, working=True)
+    assert waiting.rollups == ("daily",)
+    assert "hourly: waits for the work queued or running on the rollups" in waiting.notes[0]
+    assert plan_publish([young], set(), {}, {}, NOW, MAX_LAG, working=False).rollups == ("hourly",)
+    # A surface whose recorded versions are gone has no change time to wait on.
+    unknown = SurfaceLag("weekly", None, None, unknown=True)
+    assert plan_publish([unknown], set(), {}, {}, NOW, MAX_LAG, working=True).rollups == ("weekly",)
+    # With no bound to keep there is no spacing to wait within.
+    assert plan_publish([young], set(), {}, {}, NOW, timedelta(0), working=True).rollups == (
+        "hourly",
+    )
