@@ -1,6 +1,8 @@
 """Shared fixtures: one Spark session per test session, and an isolated warehouse + Dagster home."""
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +45,43 @@ os.environ.setdefault("ROLLUPS_SURFACE_MAX_LAG_SECONDS", "0")
 # Dagster's settings for range runs, as the CLI, the demo and the benchmark set them before the
 # runs they execute in their own process.
 use_range_event_settings(os.environ)
+# Every JVM the tests start (the session's driver, and those of the CLI, daemon, server and
+# cluster processes the system tests start) compiles with C1 only: a test's JVM lives minutes and
+# runs many small, different queries, where C2's compiling costs more CPU than its code saves
+# (about a third of the JVM's CPU on the integration tests). The product's JVMs keep the default.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+# Where tests keep their warehouses and Dagster homes when no --basetemp is given: a memory-backed
+# file system when one has room, since SQLite and Delta commits wait on fsync, which there costs
+# nothing (a quarter of an integration test's time on a virtual disk). Only failed tests keep
+# their directories (`tmp_path_retention_policy`), so the space held stays that of running tests.
+SHM = Path("/dev/shm")
+SHM_MIN_FREE = 8 << 30
+_SHM_BASE = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Before pytest builds its temporary-path factory, on the controller only: xdist's workers
+    # are given a directory under the controller's.
+    if config.option.basetemp is not None or hasattr(config, "workerinput"):
+        return
+    if not (SHM.is_dir() and os.access(SHM, os.W_OK)) or shutil.disk_usage(SHM).free < SHM_MIN_FREE:
+        return
+    base = Path(tempfile.mkdtemp(prefix="rollups-tests-", dir=SHM))
+    config.option.basetemp = str(base)
+    config.stash[_SHM_BASE] = base
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The memory-backed directory goes when every test passed; after a failure it stays (it
+    then holds only the failed tests' directories), and is named."""
+    base = session.config.stash.get(_SHM_BASE, None)
+    if base is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"\nthe failed tests' directories are under {base}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
