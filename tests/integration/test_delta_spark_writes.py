@@ -142,8 +142,9 @@ def test_racing_delta_rs_ingests_and_delta_spark_merges_lose_no_commit(
     merged: list[str] = []
     conflicts: list[str] = []
     errors: list[BaseException] = []
-    merging = threading.Event()  # a MERGE has just started
     spark_done = threading.Event()
+    signals = tmp_path / "signals"
+    signals.mkdir()
 
     def batch(entity: str, day: int) -> pa.Table:
         rows = days_[day]
@@ -153,28 +154,59 @@ def test_racing_delta_rs_ingests_and_delta_spark_merges_lose_no_commit(
         read = RsTable(uri).to_pyarrow_table(columns=["entity_id"])
         return entity in set(read["entity_id"].to_pylist())
 
+    def ingest_one(i: int, day: int) -> None:
+        path = tmp_path / f"rs-{i}.parquet"
+        pq.write_table(batch(f"rs-{i}", day), path)
+        done = store.ingest(spec, path, ChangeSource.PIPELINE)  # type: ignore[arg-type]
+        ingested.append((done.version, f"rs-{i}"))
+
     def ingest() -> None:  # delta-rs, as `rollups ingest`, for as long as the MERGEs run
         try:
-            i = 0
+            i, last = 0, 0.0
             while not spark_done.is_set() and i < 200:
-                # Into the other day's partition, except once while each MERGE runs: into its
-                # own (a conflict for one of the two writers).
-                day = 0 if merging.is_set() else 1
-                merging.clear()
-                path = tmp_path / f"rs-{i}.parquet"
-                pq.write_table(batch(f"rs-{i}", day), path)
-                done = store.ingest(spec, path, ChangeSource.PIPELINE)  # type: ignore[arg-type]
-                ingested.append((done.version, f"rs-{i}"))
+                # Into the MERGE's own partition when a MERGE, having read its snapshot, asks for
+                # it: the race each MERGE then loses, every run. Into the other day's partition,
+                # racing freely, every half second.
+                asked = sorted(
+                    p for p in signals.glob("*.asked") if not p.with_suffix(".done").exists()
+                )
+                if asked:
+                    ingest_one(i, 0)
+                    asked[0].with_suffix(".done").touch()
+                elif time.monotonic() - last >= 0.5:
+                    ingest_one(i, 1)
+                    last = time.monotonic()
+                else:
+                    time.sleep(0.02)
+                    continue
                 i += 1
-                time.sleep(0.5)
         except BaseException as exc:
             errors.append(exc)
+
+    def meeting_an_ingest(rows: DataFrame, name: str) -> DataFrame:
+        """`rows`, evaluated inside the MERGE's transaction: the first task to evaluate them
+        asks for an ingest into the MERGE's partition and waits until it is committed."""
+        asked, done = signals / f"{name}.asked", signals / f"{name}.done"
+
+        def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            try:
+                asked.open("x").close()
+            except FileExistsError:
+                pass  # another task or a retry: the ingest has been asked for
+            else:
+                deadline = time.monotonic() + 120
+                while not done.exists():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no ingest answered {asked}")
+                    time.sleep(0.02)
+            yield from batches
+
+        return rows.mapInArrow(hold, rows.schema)
 
     def merge() -> None:  # an upstream Spark job, which retries a MERGE that conflicted
         try:
             for i in range(merges):
-                rows = as_raw_rows(spark, batch(f"spark-{i}", 0))
-                merging.set()
+                rows = meeting_an_ingest(as_raw_rows(spark, batch(f"spark-{i}", 0)), f"merge-{i}")
                 for attempt in range(10):
                     try:
                         spark_merge(spark, uri, rows, day="2025-02-27")
@@ -196,8 +228,9 @@ def test_racing_delta_rs_ingests_and_delta_spark_merges_lose_no_commit(
     for t in threads:
         t.join(300)
     assert not errors, errors
-    assert len(merged) == merges and len(ingested) >= 2
-    assert conflicts  # the writers did meet: a MERGE lost a race to an ingest and was retried
+    assert len(merged) == merges and len(ingested) >= merges
+    # The writers met: each MERGE lost its race to the ingest it asked for and was retried.
+    assert len(conflicts) == merges, conflicts
     history = sorted(RsTable(uri).history(), key=lambda c: c["version"])
     writers = [
         "rs" if c.get("rollups.operation") == "ingest" else "spark"
