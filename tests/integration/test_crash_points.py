@@ -101,9 +101,10 @@ SENSOR_TICK = (
 )
 
 
-def open_world(root: Path) -> World:
+def open_world(root: Path, retention_hours: int = 0, retry_attempts: int = 5) -> World:
     """A World on `root/warehouse` and a persistent Dagster home `root/home`, which a `rollups`
-    subprocess opens too (DAGSTER_HOME)."""
+    subprocess opens too (DAGSTER_HOME). Superseded generations stay `retention_hours`; failed
+    work gets `retry_attempts` runs in all."""
     home, wh = root / "home", root / "warehouse"
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
@@ -111,17 +112,20 @@ def open_world(root: Path) -> World:
     catalog = load_catalog()
     instance = dg.DagsterInstance.from_config(str(home))
     ensure_pools(instance, catalog)
-    # Superseded generations are swept at once (what these tests check after each crash).
-    # A killed job's work is queued again with no backoff, so the next tick recovers it.
+    # By default superseded generations are swept at once (what these tests check after each
+    # crash). A killed job's work is queued again with no backoff, so the next tick recovers it.
     resource = WarehouseResource(
-        root=str(wh), generation_retention_hours=0, retry_backoff_seconds=0
+        root=str(wh),
+        generation_retention_hours=retention_hours,
+        retry_attempts=retry_attempts,
+        retry_backoff_seconds=0,
     )
     defs = build_definitions(catalog, resource, settings=Settings.from_env())
     engine = Engine(
         catalog,
         Warehouse(str(wh)),
-        generation_retention=timedelta(0),
-        retry=RetryPolicy(backoff=timedelta(0)),
+        generation_retention=timedelta(hours=retention_hours),
+        retry=RetryPolicy(attempts=retry_attempts, backoff=timedelta(0)),
     )
     return World(root, catalog, engine, defs, instance)
 
@@ -169,13 +173,19 @@ def template_root(
     return root
 
 
-def world_copy(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    """A world over a fresh copy of `template`'s home and warehouse."""
+def world_copy(
+    template: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    retention_hours: int = 0,
+    retry_attempts: int = 5,
+) -> Iterator[World]:
+    """A world over a fresh copy of `template`'s home and warehouse (`open_world`'s settings)."""
     for part in ("home", "warehouse"):
         shutil.copytree(template / part, tmp_path / part)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ROLLUPS_WAREHOUSE", str(tmp_path / "warehouse"))
-    world = open_world(tmp_path)
+    world = open_world(tmp_path, retention_hours, retry_attempts)
     yield world
     world.instance.dispose()
 

@@ -2,12 +2,13 @@
 correction (R1-R9 of the reliability review): each ordering is forced deterministically, by
 running the other action at a point the first one reaches, never by timing.
 
-A chain of three meters over three days is backfilled once per test; corrections land on
-meter-0001. After each scenario the sensors run until quiet and every level is compared with
-the pandas oracle of the raw data; no pointer may name a generation without rows for a cell the
-raw data gives a value.
+A chain of three meters over three days is backfilled once per module and copied per test;
+corrections land on meter-0001. After each scenario the sensors run until quiet and every level
+is compared with the pandas oracle of the raw data; no pointer may name a generation without
+rows for a cell the raw data gives a value.
 """
 
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -42,8 +43,9 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import fold_jobs, maintain
 from rollup_assets.services.retention import apply_retention
 from rollup_assets.settings import DEFAULT_SPECS
-from tests.conftest import World, days, world_of
+from tests.conftest import World, days
 from tests.exactly_once import dangling_pointers
+from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 6, 10, 12, 0, tzinfo=UTC)
@@ -68,6 +70,25 @@ def loaded(world: World) -> None:
     world.backfill([Window(start, start + timedelta(days=DAYS))])
     world.tick(NOW)
     assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+def build_loaded(root: Path) -> None:
+    world = open_world(root)
+    try:
+        loaded(world)
+    finally:
+        world.instance.dispose()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
+    return template_root(tmp_path_factory, "reliability-template", build_loaded)
+
+
+@pytest.fixture
+def chain(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A copy of the backfilled chain."""
+    yield from world_copy(template, tmp_path, monkeypatch)
 
 
 def readings(entity: str, hour: datetime, value: float) -> pa.Table:
@@ -124,9 +145,9 @@ def once(action):
 
 
 def test_r1_a_rewind_between_a_recompute_check_and_its_flip_fails_the_flip(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded(world)
+    world = chain
     before_point, after_point = midnight(FIRST) + 10 * H, midnight(FIRST) + 34 * H
     rewind_to = midnight(FIRST + timedelta(days=1))  # between the two corrected hours
     world.ingest(
@@ -157,12 +178,12 @@ def test_r1_a_rewind_between_a_recompute_check_and_its_flip_fails_the_flip(
 
 
 def test_r1_a_new_formulas_recompute_stopped_by_a_rewind_is_queued_again_before_the_point(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new formula's recompute names every closed bucket as one range: stopped by a rewind
     inside that range, its buckets before the rewind point are queued again (the forward lane
     aggregates the rest), not dropped with the range."""
-    loaded(world)
+    world = chain
     doc = yaml.safe_load(DEFAULT_SPECS.read_text())
     doc["raw_archives"]["energy_raw"]["columns"]["current_a"]["formula"] = (
         "power_kw * 1000 / voltage_v * 2"
@@ -189,13 +210,13 @@ def test_r1_a_new_formulas_recompute_stopped_by_a_rewind_is_queued_again_before_
 
 
 def test_r1_a_rollup_deleted_and_created_again_during_a_recompute_gets_none_of_its_rows(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every level is deleted and created again (activated, not yet filled) between a
     recompute's file writes and its commit: the commit must not land in the new table (its files
     were deleted with the old one, so every read of the new table would fail), and the flip must
     not install pointers there. Filled again, every level equals the oracle."""
-    loaded(world)
+    world = chain
     world.ingest(readings(METER, midnight(FIRST) + 10 * H, 3.0), source="Manual")
     names = [*reversed(list(world.catalog.rollups)), "energy_raw"]
 
@@ -223,9 +244,9 @@ def test_r1_a_rollup_deleted_and_created_again_during_a_recompute_gets_none_of_i
 
 
 def test_r2_a_failed_recompute_is_retried_until_the_correction_lands(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded(world)
+    world = chain
     hour = midnight(FIRST) + 30 * H
     world.ingest(readings(METER, hour, 2.0), source="Manual")
 
@@ -246,11 +267,10 @@ def test_r2_a_failed_recompute_is_retried_until_the_correction_lands(
 
 
 @pytest.fixture
-def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark):
-    """A world that keeps superseded generations for a week (rollbacks are possible)."""
-    from rollup_assets.model.spec_loader import load_catalog
-
-    yield from world_of(tmp_path, monkeypatch, load_catalog(), retention_hours=168)
+def kept(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A copy of the backfilled chain that keeps superseded generations for a week (rollbacks
+    are possible)."""
+    yield from world_copy(template, tmp_path, monkeypatch, retention_hours=168)
 
 
 def correction_job(world: World, entity: str, hour: datetime, value: float):
@@ -279,7 +299,6 @@ def test_r3_a_reclaim_keeps_what_a_newer_flip_superseded_for_its_rollback(
     kept: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = kept
-    loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)  # job A: the cell's first correction
     second = correction_job(world, METER, hour, 6.0)  # job B
@@ -299,7 +318,6 @@ def test_r4_a_reclaim_between_a_rollback_check_and_its_commit_keeps_its_rows(
     kept: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = kept
-    loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)
     second = correction_job(world, METER, hour, 6.0)
@@ -327,7 +345,6 @@ def test_r5_a_rollback_whose_record_was_lost_is_completed_by_running_it_again(
     kept: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = kept
-    loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)
     raw_after_a = world.raw()
@@ -361,7 +378,6 @@ def test_r5_an_interrupted_rollback_is_recovered_by_the_sensor(
     from rollup_assets.model.intents import STALE_AFTER
 
     world = kept
-    loaded(world)
     hour = midnight(FIRST) + 20 * H
     correction_job(world, METER, hour, 1.0)
     raw_after_a = world.raw()
@@ -388,9 +404,9 @@ def test_r5_an_interrupted_rollback_is_recovered_by_the_sensor(
 
 
 def test_r6_an_ingest_racing_retention_is_refused_not_counted_twice(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded(world)
+    world = chain
     hour = midnight(FIRST) + 10 * H
     world.ingest(readings(METER, hour, 1.0), source="Manual")
     world.tick(NOW)
@@ -417,12 +433,12 @@ def test_r6_an_ingest_racing_retention_is_refused_not_counted_twice(
 
 
 def test_r6_a_spark_ingest_checks_retention_on_the_snapshot_it_merges_into(
-    world: World, monkeypatch: pytest.MonkeyPatch, spark
+    chain: World, monkeypatch: pytest.MonkeyPatch, spark
 ) -> None:
     """The Spark ingest's counterpart: a retention pass that commits after the batch was
     validated (against the boundary its caller read) and before the MERGE reads the table; the
     batch is refused on the snapshot it would merge into, and nothing is written."""
-    loaded(world)
+    world = chain
     hour = midnight(FIRST) + 10 * H
     world.tick(NOW)
     retention = world.catalog.raw["energy_raw"].retention
@@ -461,14 +477,14 @@ def test_r6_a_spark_ingest_checks_retention_on_the_snapshot_it_merges_into(
 
 
 def test_r7_a_column_change_killed_after_its_switch_is_recomputed_and_finished(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The sensors finish an intent left longer than a minute; on a slow machine the ticks
     # below outlast that, and this test is about the command run again, so the intent is never
     # stale here (the sensor finishing one: test_r5_an_interrupted_rollback_is_recovered_by_the_
     # sensor, and the stateful test's kills).
     monkeypatch.setattr("rollup_assets.model.intents.STALE_AFTER", timedelta(days=1))
-    loaded(world)
+    world = chain
     before = world.query("energy_daily")["current_a_max"].to_pylist()
     doc = yaml.safe_load(DEFAULT_SPECS.read_text())
     doc["raw_archives"]["energy_raw"]["columns"]["current_a"]["formula"] = (
@@ -501,9 +517,9 @@ def test_r7_a_column_change_killed_after_its_switch_is_recomputed_and_finished(
 
 
 def test_r8_maintenance_goes_on_past_a_compaction_that_keeps_losing_its_race(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded(world)
+    world = chain
     compact = TableOptimizer.compact
 
     def losing(self, *args, **kwargs):
@@ -568,14 +584,14 @@ def lowest_voltages(world: World, entity: str, n: int, within: Window | None = N
     return pa.Table.from_pandas(low, preserve_index=False)
 
 
-def test_a_recompute_rewrites_a_cell_whose_kept_extremes_all_left(world: World) -> None:
+def test_a_recompute_rewrites_a_cell_whose_kept_extremes_all_left(chain: World) -> None:
     """The lowest voltages a week's cell keeps all left it (raised by corrections): a read of
     the cell aggregates it again from the level below. A reading then changed reaches that
     level through recomputes (an operator's, before the sensors' correction): the week's
     recompute must write the cell, though a read of it already shows the new value. It
     compared with that read, found nothing changed and kept rows without the change, which a
     new lowest reading (the minimum known again) then brought to light."""
-    loaded(world)
+    world = chain
     world.ingest(lowest_voltages(world, METER, SPARES + 2), source="Manual")
     settled(world)
 
@@ -599,7 +615,7 @@ def test_a_recompute_rewrites_a_cell_whose_kept_extremes_all_left(world: World) 
 
 
 def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fold rewrites a day whose cell lost every kept lowest voltage: a read aggregates that
     cell again from the hours. A change reaches the hours while the fold runs, and its
@@ -608,7 +624,7 @@ def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
     from rollup_assets import faults
 
     monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", 1)
-    loaded(world)
+    world = chain
     day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
     low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
     world.ingest(low, source="Manual")
@@ -644,7 +660,7 @@ def test_a_fold_meeting_a_cell_it_cannot_know_does_not_count_a_change_twice(
 
 
 def test_a_recompute_reading_a_cell_below_it_cannot_know_waits_for_its_refresh(
-    world: World,
+    chain: World,
 ) -> None:
     """A day's cell lost every kept lowest voltage: a read aggregates it again from the hours.
     A change reaches the hours, and its correction of the day is under way when an operator's
@@ -654,7 +670,7 @@ def test_a_recompute_reading_a_cell_below_it_cannot_know_waits_for_its_refresh(
     too, are disabled meanwhile: their open bucket would refresh the cell first.)"""
     from rollup_assets import faults
 
-    loaded(world)
+    world = chain
     world.ops.disable("energy_monthly")
     day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
     week = datetime(2025, 6, 1, 22, tzinfo=UTC)  # its ISO week
@@ -693,11 +709,10 @@ def test_a_recompute_reading_a_cell_below_it_cannot_know_waits_for_its_refresh(
 
 
 @pytest.fixture
-def one_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark):
-    """A world whose work gets one attempt: a job that cannot finish ends Failed at once."""
-    from rollup_assets.model.spec_loader import load_catalog
-
-    yield from world_of(tmp_path, monkeypatch, load_catalog(), retry_attempts=1)
+def one_attempt(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A copy of the backfilled chain whose work gets one attempt: a job that cannot finish ends
+    Failed at once."""
+    yield from world_copy(template, tmp_path, monkeypatch, retry_attempts=1)
 
 
 def test_a_job_that_gives_up_behind_a_refresh_fails_its_dagster_run(one_attempt: World) -> None:
@@ -707,7 +722,6 @@ def test_a_job_that_gives_up_behind_a_refresh_fails_its_dagster_run(one_attempt:
     from rollup_assets import faults
 
     world = one_attempt
-    loaded(world)
     world.ops.disable("energy_monthly")
     day = datetime(2025, 6, 2, 22, tzinfo=UTC)
     week = datetime(2025, 6, 1, 22, tzinfo=UTC)
@@ -742,7 +756,7 @@ def test_a_job_that_gives_up_behind_a_refresh_fails_its_dagster_run(one_attempt:
 
 
 def test_a_recompute_empties_a_cell_it_cannot_know_whose_source_rows_all_went(
-    world: World,
+    chain: World,
 ) -> None:
     """A day's cell lost every kept lowest voltage, then every reading of its meter that day is
     deleted. An operator's recompute of the day runs before the deletion's correction reaches
@@ -751,7 +765,7 @@ def test_a_recompute_empties_a_cell_it_cannot_know_whose_source_rows_all_went(
     claims to hold is skipped; the week would keep the day's old energy."""
     from rollup_assets import faults
 
-    loaded(world)
+    world = chain
     world.ops.disable("energy_monthly")  # its open bucket would refresh the cell (see above)
     day = datetime(2025, 6, 2, 22, tzinfo=UTC)  # the Vienna day 2025-06-03
     low = lowest_voltages(world, METER, SPARES + 2, Window(day, day + 24 * H))
