@@ -995,7 +995,7 @@ def test_random_operation_sequences_keep_every_invariant(
     tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fold_early(monkeypatch)
-    run_machine(tmp_path, examples=3, steps=10, seed=20251103)
+    run_machine(tmp_path, examples=2, steps=10, seed=20251103)
 
 
 @pytest.mark.soak
