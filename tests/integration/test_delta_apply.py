@@ -28,8 +28,8 @@ from tests.conftest import World, days
 from tests.oracle import compare_all
 
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
-FIRST = date(2025, 10, 20)
-DAYS = 80
+FIRST = date(2025, 10, 20)  # a Monday: ISO week 2025-W43, with the DST day, is whole
+DAYS = 73  # to 2025-12-31, the day of 2025's last quarter hour (local)
 METERS = 3
 HELD_BACK = 6  # base readings kept out of the first ingest, to arrive late
 

@@ -6,9 +6,14 @@ rows (base and differences), under one bucket pointer. It fails here at each poi
 recompute: before anything is written, after its files are written, after its commit (rows
 there, pointers not flipped), and after its flip (the job not yet recorded completed). Readers
 see the old layout or the new one, never a mix, and the values never change.
+
+The corrected chain (its hour's difference pointers not yet folded) is built once per module and
+copied per fault point.
 """
 
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +26,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick
 from rollup_assets.services.maintenance import maintain
 from tests.conftest import World, days
+from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
@@ -37,34 +43,60 @@ def cell_pointers(world: World, start: datetime) -> int:
     return sum(1 for e in rows["entity_id"].to_pylist() if e is not None)
 
 
+def build_corrected(root: Path) -> None:
+    """Nine days backfilled and ticked, then every meter's readings of one hour corrected: a
+    difference pointer per meter, not yet folded."""
+    world = open_world(root)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
+            world.ops.activate("energy_raw", now=NOW)
+            world.ingest(pa.concat_tables([day_batch(d, METERS, seed=5) for d in days(FIRST, 9)]))
+            world.activate_all(NOW)
+            world.backfill(
+                [Window(datetime(2025, 6, 2, tzinfo=UTC), datetime(2025, 6, 11, tzinfo=UTC))]
+            )
+            world.tick(NOW)
+            # Every meter's readings of one hour corrected: a difference pointer per meter.
+            stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+            ts = stored["ts"]
+            rows = stored.filter(
+                pc.and_(
+                    pc.greater_equal(ts, pa.scalar(HOUR, ts.type)),
+                    pc.less(ts, pa.scalar(HOUR + timedelta(hours=1), ts.type)),
+                )
+            ).select(["entity_id", "ts", "energy_kwh"])
+            world.ingest(
+                rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)),
+                "energy_raw",
+                "Manual",
+            )
+            world.tick(NOW)
+            assert cell_pointers(world, HOUR) == METERS
+            assert compare_all(world.query, world.raw(), world.catalog) == []
+    finally:
+        world.instance.dispose()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory, spark) -> Path:
+    return template_root(tmp_path_factory, "fold-template", build_corrected)
+
+
+@pytest.fixture
+def corrected(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A copy of the corrected chain, its hour's difference pointers not yet folded."""
+    yield from world_copy(template, tmp_path, monkeypatch)
+
+
 @pytest.mark.parametrize("point", ["before_correct", "after_write", "after_commit", "after_flip"])
 def test_a_fold_failing_at_any_point_changes_no_value_and_is_done_later(
-    world: World, monkeypatch: pytest.MonkeyPatch, point: str
+    corrected: World, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
+    world = corrected
     monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
-    world.ops.activate("energy_raw", now=NOW)
-    world.ingest(pa.concat_tables([day_batch(d, METERS, seed=5) for d in days(FIRST, 9)]))
-    world.activate_all(NOW)
-    world.backfill([Window(datetime(2025, 6, 2, tzinfo=UTC), datetime(2025, 6, 11, tzinfo=UTC))])
-    world.tick(NOW)
-    # Every meter's readings of one hour corrected: a difference pointer per meter.
-    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
-    ts = stored["ts"]
-    rows = stored.filter(
-        pc.and_(
-            pc.greater_equal(ts, pa.scalar(HOUR, ts.type)),
-            pc.less(ts, pa.scalar(HOUR + timedelta(hours=1), ts.type)),
-        )
-    ).select(["entity_id", "ts", "energy_kwh"])
-    world.ingest(
-        rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)),
-        "energy_raw",
-        "Manual",
-    )
-    world.tick(NOW)
     assert cell_pointers(world, HOUR) == METERS
     truth = world.raw()
-    assert compare_all(world.query, truth, world.catalog) == []
 
     maintain(world.engine, now=NOW)  # queues the fold
     [fold] = [
