@@ -226,13 +226,13 @@ def test_the_checkpoints_maintenance_writes_are_read(
     kind from its checkpoint: the archives, the control tables, and one rollup's rows, pointers
     and surface (the other levels' tables are written by the same code)."""
     wh, catalog = built.world.engine.warehouse, built.world.catalog
-    first = catalog.rollup(next(iter(catalog.rollups)))
+    first = next(iter(catalog.rollups))
     levels = {
         n: (wh.rollup_path(n), wh.genmap_path(n), wh.surface_path(n)) for n in catalog.rollups
     }
-    other_levels = {u for n, paths in levels.items() if n != first.name for u in paths}
+    other_levels = {u for n, paths in levels.items() if n != first for u in paths}
     uris = tables(built)
-    assert set(levels[first.name]) <= set(uris)  # its pointer table too: it was recomputed
+    assert set(levels[first]) <= set(uris)  # its pointer table too: it was recomputed
     for uri in uris:
         log = Path(uri) / "_delta_log"
         checkpoint = json.loads((log / "_last_checkpoint").read_text())["version"]
