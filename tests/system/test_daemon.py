@@ -117,6 +117,9 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
 
         wait_for(corrected, 600, interval=5, what="every level to equal the raw data")
         done = datetime.now(UTC)
+        # Stop only once no run is in flight: a run cut off by the stop would stay STARTING in
+        # one read of the run storage and move on in the next.
+        wait_for(lambda: settled(world.instance), 300, what="the daemon to go idle again")
     # The jobs that wrote after the correction's commit, up to the moment every level was seen
     # equal to the raw data (later ones, e.g. the next hour closing, are not the correction's).
     jobs = [
