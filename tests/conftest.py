@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from rollup_assets import faults
 from rollup_assets.assembly import build_definitions
@@ -24,7 +25,11 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools, use_range_event_settings
+from rollup_assets.orchestration.instance import (
+    ensure_pools,
+    sqlite_event_log_yaml,
+    use_range_event_settings,
+)
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import execute, tick_until_quiet
@@ -184,6 +189,16 @@ class World:
         return raw_frame(self.engine.raw.read_arrow(spec), spec)
 
 
+@contextmanager
+def instance_in(home: Path, catalog: Catalog) -> Iterator[dg.DagsterInstance]:
+    """A test's Dagster instance in `home`: the event log a home `rollups setup` writes (a range
+    run's materializations stored in one transaction), and every rollup's pool."""
+    overrides = yaml.safe_load(sqlite_event_log_yaml(home))
+    with dg.instance_for_test(temp_dir=str(home), overrides=overrides) as instance:
+        ensure_pools(instance, catalog)
+        yield instance
+
+
 def world_of(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -208,8 +223,7 @@ def world_of(
     )
     defs = build_definitions(catalog, resource, settings=Settings.from_env())
     retention = timedelta(hours=retention_hours)
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        ensure_pools(instance, catalog)
+    with instance_in(home, catalog) as instance:
         engine = Engine(
             catalog,
             Warehouse(str(wh)),

@@ -5,7 +5,6 @@ follows it."""
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -14,14 +13,13 @@ from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.backup import backup, restore
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_arrow
 from rollup_assets.settings import Settings
-from tests.conftest import World, days
+from tests.conftest import World, days, instance_in
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 11, 15, 12, 0, tzinfo=UTC)
@@ -61,8 +59,7 @@ def test_a_restored_warehouse_reads_the_same_and_follows_a_later_correction(
     defs = build_definitions(
         world.catalog, WarehouseResource(root=str(root)), settings=Settings.from_env()
     )
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        ensure_pools(instance, world.catalog)
+    with instance_in(home, world.catalog) as instance:
         engine = Engine(world.catalog, Warehouse(str(root)))
         restore(engine, str(tmp_path / "backup"))
         restored = World(tmp_path, world.catalog, engine, defs, instance)

@@ -19,10 +19,9 @@ import yaml
 from rollup_assets.component import RollupChain
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
-from tests.conftest import World
+from tests.conftest import World, instance_in
 from tests.oracle import compare_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "existing_project"
@@ -66,8 +65,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> World:
     defs = load_defs()
     doc = yaml.safe_load((EXAMPLE / "existing_project/defs/meters/defs.yaml").read_text())
     catalog = RollupChain(**doc["attributes"]).catalog()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        ensure_pools(instance, catalog)
+    with instance_in(home, catalog) as instance:
         engine = Engine(catalog, Warehouse(str(tmp_path / "warehouse")))
         yield World(tmp_path, catalog, engine, defs, instance)
 

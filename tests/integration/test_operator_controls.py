@@ -38,7 +38,6 @@ from rollup_assets.model.spec_loader import load_catalog, parse_catalog
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.genmap import read_pointers
 from rollup_assets.resources.warehouse import Warehouse
@@ -47,7 +46,7 @@ from rollup_assets.services.health import health
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
 from rollup_assets.settings import DEFAULT_SPECS, Settings
-from tests.conftest import World
+from tests.conftest import World, instance_in
 from tests.oracle import compare, compare_all, oracle
 from tests.unit.test_progress import Terminal
 
@@ -548,8 +547,7 @@ def _module_world(root: Path) -> Iterator[World]:
         defs = build_definitions(
             catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env()
         )
-        with dg.instance_for_test(temp_dir=str(home)) as instance:
-            ensure_pools(instance, catalog)
+        with instance_in(home, catalog) as instance:
             yield World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import dagster as dg
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -33,12 +32,11 @@ from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import SCHEMA, day_batch, meter_ids
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.settings import Settings
-from tests.conftest import World, days
+from tests.conftest import World, days, instance_in
 from tests.oracle import compare_all, oracle
 
 NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
@@ -141,8 +139,7 @@ def fresh_world(root: Path) -> Iterator[World]:
         defs = build_definitions(
             catalog, WarehouseResource(root=str(wh)), settings=Settings.from_env()
         )
-        with dg.instance_for_test(temp_dir=str(home)) as instance:
-            ensure_pools(instance, catalog)
+        with instance_in(home, catalog) as instance:
             yield World(root, catalog, Engine(catalog, Warehouse(str(wh))), defs, instance)
     finally:
         for k, v in saved.items():

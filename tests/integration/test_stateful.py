@@ -81,7 +81,6 @@ from rollup_assets.model.specs import Catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.dagster_internals import fail_dead_run
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import tick_until_quiet
 from rollup_assets.resources.genmap import read_pointers
@@ -93,7 +92,7 @@ from rollup_assets.services.operations import Operations
 from rollup_assets.services.recovery import recover
 from rollup_assets.services.retention import apply_retention
 from rollup_assets.settings import DEFAULT_SPECS, Settings
-from tests.conftest import REPO_ARTIFACTS, World
+from tests.conftest import REPO_ARTIFACTS, World, instance_in
 from tests.exactly_once import dangling_pointers
 from tests.oracle import compare_all
 
@@ -201,8 +200,7 @@ def opened(root: Path) -> Iterator[World]:
         resource = WarehouseResource(root=str(wh), retry_backoff_seconds=0)
         defs = build_definitions(catalog, resource, settings=Settings.from_env())
         engine = Engine(catalog, Warehouse(str(wh)), retry=RetryPolicy(backoff=timedelta(0)))
-        with dg.instance_for_test(temp_dir=str(home)) as instance:
-            ensure_pools(instance, catalog)
+        with instance_in(home, catalog) as instance:
             yield World(root, catalog, engine, defs, instance)
     finally:
         for k, v in saved.items():

@@ -22,7 +22,6 @@ from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Catalog, RawArchiveSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import RunReport, execute, tick_until_quiet
@@ -32,7 +31,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
 from rollup_assets.settings import DEFAULT_SPECS, Settings
-from tests.conftest import days
+from tests.conftest import days, instance_in
 from tests.oracle import compare_all, raw_frame
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
@@ -126,8 +125,7 @@ def tenancy(tmp_path: Path, spark) -> Iterator[Tenancy]:
         t: Engine(catalog, tenant_warehouse(Warehouse(str(wh)), catalog, t))
         for t in ("acme", "globex")
     }
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        ensure_pools(instance, catalog)
+    with instance_in(home, catalog) as instance:
         yield Tenancy(tmp_path, catalog, defs, instance, engines)
 
 

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import dagster as dg
 import pyarrow as pa
 import pytest
 
@@ -20,13 +19,12 @@ from rollup_assets.assembly import build_definitions
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
 from rollup_assets.settings import Settings
-from tests.conftest import World, days
+from tests.conftest import World, days, instance_in
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 4, 2, 12, 0, tzinfo=UTC)
@@ -67,8 +65,7 @@ def root_world(
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     catalog = load_catalog()
     defs = build_definitions(catalog, WarehouseResource(root=root), settings=Settings.from_env())
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        ensure_pools(instance, catalog)
+    with instance_in(home, catalog) as instance:
         yield World(tmp_path, catalog, Engine(catalog, Warehouse(root)), defs, instance)
 
 

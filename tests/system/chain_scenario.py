@@ -16,19 +16,17 @@ import sys
 import traceback
 from pathlib import Path
 
-import dagster as dg
 from pyspark.sql import SparkSession
 
 from rollup_assets.assembly import build_definitions
 from rollup_assets.model.spec_loader import load_catalog
-from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.spark import build_session
 from rollup_assets.resources.warehouse import Warehouse, spark_uri
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.query import query_spark
 from rollup_assets.settings import Settings
-from tests.conftest import World
+from tests.conftest import World, instance_in
 from tests.integration import test_chain_oracle as chain
 from tests.oracle import compare_all
 
@@ -74,8 +72,7 @@ def run(spark_url: str, root: Path, warehouse_root: str, conf: dict[str, str]) -
         catalog, WarehouseResource(root=warehouse_root), settings=Settings.from_env()
     )
     try:
-        with dg.instance_for_test(temp_dir=str(home)) as instance:
-            ensure_pools(instance, catalog)
+        with instance_in(home, catalog) as instance:
             world = World(root, catalog, Engine(catalog, Warehouse(warehouse_root)), defs, instance)
             try:
                 chain.test_every_level_equals_pandas(world)
