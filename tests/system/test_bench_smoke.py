@@ -60,8 +60,8 @@ def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
         "-m",
         "bench",
         "--size=small",
-        "--meters=10",
-        "--days=7",
+        "--meters=4",
+        "--days=5",
         "--late-counts=1,20",
         "--repeats=1",
         # Scaling builds more archives and the daemon starts its own JVMs: both too slow here.
@@ -76,7 +76,7 @@ def test_small_benchmark_writes_well_formed_results(tmp_path: Path) -> None:
     assert {"meta", "scenarios", "table", "goals", "peak_driver_rss_mb"} <= results.keys()
     # The read scenario also times real-time and downsampling reads (`read_modes`).
     assert set(results["scenarios"]) == {"backfill", "correction", "read", "read_modes"}
-    assert results["meta"]["meters"] == 10 and results["meta"]["days"] == 7
+    assert results["meta"]["meters"] == 4 and results["meta"]["days"] == 5
     assert all(math.isfinite(n) and n >= 0 for n in numbers(results["scenarios"]))
 
     goals = {g["goal"]: g for g in results["goals"]}
