@@ -14,7 +14,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from rollup_assets import faults
 from rollup_assets.assembly import build_definitions
@@ -27,7 +26,7 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import (
     ensure_pools,
-    sqlite_event_log_yaml,
+    sqlite_event_log_config,
     use_range_event_settings,
 )
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
@@ -193,7 +192,7 @@ class World:
 def instance_in(home: Path, catalog: Catalog) -> Iterator[dg.DagsterInstance]:
     """A test's Dagster instance in `home`: the event log a home `rollups setup` writes (a range
     run's materializations stored in one transaction), and every rollup's pool."""
-    overrides = yaml.safe_load(sqlite_event_log_yaml(home))
+    overrides = sqlite_event_log_config(home)
     with dg.instance_for_test(temp_dir=str(home), overrides=overrides) as instance:
         ensure_pools(instance, catalog)
         yield instance

@@ -59,11 +59,11 @@ nux:
 EVENT_BATCH_SIZE = 1000
 
 
-def sqlite_event_log_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str:
+def sqlite_event_log_config(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> dict:
     """The `event_log_storage:` block of a SQLite home: Dagster's SQLite event log in its usual
     place, writing the asset events of a range run (one per partition) in one transaction, and
     a step's scattered ones in batches of up to `batch_size`."""
-    block = {
+    return {
         "event_log_storage": {
             "module": "rollup_assets.orchestration.event_log",
             "class": "BatchedSqliteEventLogStorage",
@@ -73,8 +73,12 @@ def sqlite_event_log_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str
             },
         }
     }
+
+
+def sqlite_event_log_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str:
+    """`sqlite_event_log_config` as dagster.yaml text."""
     return "# Asset events of a range run stored in one transaction per batch.\n" + (
-        yaml.safe_dump(block, sort_keys=False)
+        yaml.safe_dump(sqlite_event_log_config(home, batch_size), sort_keys=False)
     )
 
 
