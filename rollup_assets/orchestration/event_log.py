@@ -17,22 +17,43 @@ Durability is unchanged in kind: a batch is handed over when the step has finish
 yields the events, and a process that dies while writing it (or while holding it) loses the
 batch's events, as it would have lost the events not yet written one by one. The rollup tables
 and their ledger, not the event log, are the record of what was written.
+
+Every run has a database of its own, and Dagster creates each one from scratch: it loads its
+migration scripts, creates the tables and stamps the revision, a few hundred milliseconds of a
+run's start. This storage does that once per process, in a private directory, and gives each new
+run a copy of the empty database, linked into place whole, so another process never sees it half
+made; a run database that already exists is left to Dagster's own check.
 """
 
+import contextlib
+import logging
+import os
+import sqlite3
+import tempfile
 import threading
+import time
+import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster._check as check
+import sqlalchemy.exc
 from dagster import DagsterEventType, Field, IntSource, StringSource
 from dagster._config import UserConfigSchema
 from dagster._core.event_api import EventLogEntry
 from dagster._core.storage.event_log import SqliteEventLogStorage
 from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME
 from dagster._serdes import ConfigurableClassData
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import NullPool
 
 from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE
 
+log = logging.getLogger(__name__)
+INIT_ATTEMPTS = 5
+STATEMENTS_IN_PROGRESS = "SQL statements in progress"
 BATCHED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_OBSERVATION}
 
 
@@ -87,6 +108,68 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         self._batch_size = max(0, batch_size)
         self._pending: dict[str, list[EventLogEntry]] = {}  # per run: asset events not yet stored
         self._pending_lock = threading.RLock()
+        self._empty_run_db: bytes | None = None  # a new run's database, made once
+
+    def _initdb(self, engine: Engine, for_index_shard: bool = False) -> None:
+        """A new run's database is a copy of an empty one (see the module's doc); the index,
+        and a run database that exists already, get Dagster's own initialization."""
+        path = engine.url.database
+        if (
+            for_index_shard
+            or not path
+            or os.path.basename(path) == f"{INDEX_SHARD_NAME}.db"
+            or os.path.exists(path)
+            or not self._place_empty_run_db(Path(path))
+        ):
+            self._dagster_initdb(engine, for_index_shard)
+
+    def _dagster_initdb(self, engine: Engine, for_index_shard: bool = False) -> None:
+        """Dagster's initialization, tried again when SQLite refuses its commit because one of
+        its own statements is still open (a transient state Dagster retries in other forms)."""
+        for attempt in range(INIT_ATTEMPTS):
+            try:
+                super()._initdb(engine, for_index_shard)
+                return
+            except (sqlite3.OperationalError, sqlalchemy.exc.OperationalError) as exc:
+                if STATEMENTS_IN_PROGRESS not in str(exc) or attempt == INIT_ATTEMPTS - 1:
+                    raise
+                log.info("initializing %s: %s; trying again", engine.url.database, exc)
+            time.sleep(0.1 * (attempt + 1))
+
+    def _place_empty_run_db(self, path: Path) -> bool:
+        """Link a copy of the empty run database at `path`; False if the copy cannot be made
+        here (then Dagster initializes it). Another process placing the same run's database
+        first is no failure: its database is the one kept."""
+        try:
+            empty = self._empty_run_db_bytes()
+            # Not `*.db` (Dagster takes those for runs), and with the mode a new file gets.
+            tmp = path.parent / f".{path.stem}.{uuid.uuid4().hex}.new"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(empty)
+                with contextlib.suppress(FileExistsError):  # that process's copy is kept
+                    os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+        except OSError as exc:
+            log.info("copying the empty run database to %s: %s", path, exc)
+            return False
+        return True
+
+    def _empty_run_db_bytes(self) -> bytes:
+        if self._empty_run_db is None:
+            with tempfile.TemporaryDirectory(prefix="rollups-run-db-") as tmp:
+                db = Path(tmp, "empty.db")
+                engine = create_engine(f"sqlite:///{db}", poolclass=NullPool)
+                try:
+                    self._dagster_initdb(engine)
+                finally:
+                    engine.dispose()
+                if Path(f"{db}-wal").exists():  # not checkpointed: the file alone is not whole
+                    raise OSError(f"{db} kept a write-ahead log")
+                self._empty_run_db = db.read_bytes()
+        return self._empty_run_db
 
     def store_event(self, event: EventLogEntry) -> None:
         """With a batch size, a run's consecutive materializations (or observations) of one

@@ -1,11 +1,18 @@
 """The batching SQLite event log: a range run's materializations in one transaction per batch,
 recorded exactly as Dagster records them one by one."""
 
+import logging
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy.exc
+from dagster._core.event_api import EventLogEntry
 from dagster._core.events import StepMaterializationData
 from dagster._core.storage.event_log import SqliteEventLogStorage
 
@@ -256,3 +263,132 @@ def test_the_batch_size_comes_from_the_homes_config_not_the_environment(
     assert instance.get_materialized_partitions(dg.AssetKey("corrected")) == set(SCATTERED)
     assert (tmp_path / "history" / "runs" / "index.db").exists()
     assert not (tmp_path / "elsewhere").exists()
+
+
+def log_entry(run_id: str, message: str) -> EventLogEntry:
+    return EventLogEntry(
+        error_info=None,
+        level=logging.INFO,
+        user_message=message,
+        run_id=run_id,
+        timestamp=time.time(),
+    )
+
+
+def schema_of(db: Path) -> tuple[set[tuple[str, str, str]], list[tuple], str]:
+    """A run database's tables and indexes, its migration stamp and its journal mode."""
+    with closing(sqlite3.connect(db)) as conn:
+        objects = {tuple(r) for r in conn.execute("SELECT type, name, sql FROM sqlite_master")}
+        stamp = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    return objects, stamp, mode
+
+
+def test_a_new_runs_database_is_the_one_dagster_makes(tmp_path: Path) -> None:
+    ours = BatchedSqliteEventLogStorage(base_dir=str(tmp_path / "ours"))
+    theirs = SqliteEventLogStorage(str(tmp_path / "theirs"))
+    for storage in (ours, theirs):
+        storage.store_event(log_entry("run-a", "first"))
+        storage.store_event(log_entry("run-a", "second"))
+        storage.store_event(log_entry("run-b", "other run"))
+    assert schema_of(tmp_path / "ours" / "run-a.db") == schema_of(tmp_path / "theirs" / "run-a.db")
+    assert schema_of(tmp_path / "ours" / "run-a.db")[2] == "wal"
+    messages = [r.event_log_entry.user_message for r in ours.get_records_for_run("run-a").records]
+    assert messages == ["first", "second"]
+    assert sorted(ours.get_all_run_ids()) == ["run-a", "run-b"]  # no copy left beside them
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir() if not p.name.startswith("index"))[
+        :2
+    ] == ["run-a.db", "run-b.db"]
+    ours.dispose()
+    theirs.dispose()
+
+
+def test_runs_databases_are_made_without_dagsters_migrations_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[str | None] = []
+    original = SqliteEventLogStorage._initdb
+
+    def counted(self, engine, for_index_shard=False):  # type: ignore[no-untyped-def]
+        made.append(engine.url.database)
+        original(self, engine, for_index_shard)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", counted)
+    storage = BatchedSqliteEventLogStorage(base_dir=str(tmp_path))
+    for run in range(5):
+        storage.store_event(log_entry(f"run-{run}", "started"))
+    storage.dispose()
+    # Only the empty run database every run's is copied from: not one per run.
+    runs = [db for db in made if not str(db).endswith("index.db")]
+    assert len(runs) == 1 and str(runs[0]).endswith("empty.db"), made
+    assert {f"run-{run}" for run in range(5)} <= set(storage.get_all_run_ids())
+
+
+def test_two_stores_making_one_runs_database_lose_no_event(tmp_path: Path) -> None:
+    """Two processes (here two storages) start writing a run at once: one database is kept,
+    and it holds both writers' events."""
+    stores = [BatchedSqliteEventLogStorage(base_dir=str(tmp_path)) for _ in range(2)]
+    barrier = threading.Barrier(2)
+
+    def write(store: BatchedSqliteEventLogStorage, name: str) -> None:
+        barrier.wait()
+        for i in range(10):
+            store.store_event(log_entry("shared-run", f"{name}-{i}"))
+
+    threads = [
+        threading.Thread(target=write, args=(s, n)) for s, n in zip(stores, "ab", strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    records = stores[0].get_records_for_run("shared-run", limit=100).records
+    assert sorted(r.event_log_entry.user_message for r in records) == sorted(
+        f"{n}-{i}" for n in "ab" for i in range(10)
+    )
+    for store in stores:
+        store.dispose()
+
+
+def test_an_initialization_sqlite_refuses_once_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite can refuse the commit of Dagster's initialization while one of its statements is
+    still open ("cannot commit transaction - SQL statements in progress"); that is transient,
+    and must not fail the run whose database it was making."""
+    original = SqliteEventLogStorage._initdb
+
+    def refusal() -> Exception:
+        return sqlalchemy.exc.OperationalError(
+            "COMMIT",
+            {},
+            sqlite3.OperationalError("cannot commit transaction - SQL statements in progress"),
+        )
+
+    refusals = [refusal()]
+
+    def refusing(self, engine, for_index_shard=False):  # type: ignore[no-untyped-def]
+        if refusals:
+            raise refusals.pop()
+        original(self, engine, for_index_shard)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", refusing)
+    storage = BatchedSqliteEventLogStorage(base_dir=str(tmp_path))  # makes the index
+    assert not refusals
+    refusals.append(refusal())  # and now the first run's database
+    storage.store_event(log_entry("run-a", "started"))
+    assert not refusals
+    records = storage.get_records_for_run("run-a").records
+    assert [r.event_log_entry.user_message for r in records] == ["started"]
+    storage.dispose()
+
+
+def test_other_initialization_errors_are_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self, engine, for_index_shard=False):  # type: ignore[no-untyped-def]
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", broken)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        BatchedSqliteEventLogStorage(base_dir=str(tmp_path))
