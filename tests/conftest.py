@@ -1,5 +1,6 @@
 """Shared fixtures: one Spark session per test session, and an isolated warehouse + Dagster home."""
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -188,10 +189,35 @@ class World:
         return raw_frame(self.engine.raw.read_arrow(spec), spec)
 
 
+_EMPTY_INSTANCE: list[Path] = []  # this process's empty instance home, once made
+
+
+def _empty_instance_dbs() -> list[Path]:
+    """The SQLite databases of an empty test instance (no run, no pool), made once per process
+    and removed when it exits."""
+    if not _EMPTY_INSTANCE:
+        root = Path(tempfile.mkdtemp(prefix="rollups-empty-instance-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        with dg.instance_for_test(temp_dir=str(root), overrides=sqlite_event_log_config(root)):
+            pass
+        # Closed: every write-ahead log is checkpointed into its database, so a copy is whole.
+        assert not list(root.rglob("*-wal")), sorted(root.rglob("*"))
+        _EMPTY_INSTANCE.append(root)
+    return sorted(_EMPTY_INSTANCE[0].rglob("*.db"))
+
+
 @contextmanager
 def instance_in(home: Path, catalog: Catalog) -> Iterator[dg.DagsterInstance]:
     """A test's Dagster instance in `home`: the event log a home `rollups setup` writes (a range
-    run's materializations stored in one transaction), and every rollup's pool."""
+    run's materializations stored in one transaction), and every rollup's pool.
+
+    Its databases start as copies of an empty instance's, made once per process: Dagster's
+    creation of them (schema, migration stamps, indexes) is most of a new instance's cost."""
+    for db in _empty_instance_dbs():
+        target = home / db.relative_to(_EMPTY_INSTANCE[0])
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(db, target)
     overrides = sqlite_event_log_config(home)
     with dg.instance_for_test(temp_dir=str(home), overrides=overrides) as instance:
         ensure_pools(instance, catalog)
