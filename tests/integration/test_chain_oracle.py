@@ -20,14 +20,21 @@ SPANS = [
 METERS = 4
 
 
-def test_every_level_equals_pandas(world: World) -> None:
+def build_chain(world: World, spans: list[tuple[date, int]] = SPANS, meters: int = METERS) -> None:
+    """Readings of `meters` over `spans` (first day, number of days) ingested, every level
+    activated at NOW and backfilled over the spans, the rest closed by the forward lane: every
+    level then equals pandas. `tests/system/chain_scenario.py` runs it on other deployments."""
     world.ops.activate("energy_raw", now=NOW)
-    world.ingest(meter_readings(SPANS, METERS, seed=11), source="Import")
+    world.ingest(meter_readings(spans, meters, seed=11), source="Import")
     world.activate_all(NOW)
-    world.backfill(day_spans(SPANS))
+    world.backfill(day_spans(spans))
     world.tick(NOW)  # forward: close what the backfill did not reach, refresh open buckets
     problems = compare_all(world.query, world.raw(), world.catalog)
     assert problems == []
+
+
+def test_every_level_equals_pandas(world: World) -> None:
+    build_chain(world)
     daily = world.query("energy_daily")
     starts = {r["bucket_start"].isoformat() for r in daily.select(["bucket_start"]).to_pylist()}
     assert (
