@@ -30,12 +30,24 @@ from tests.oracle import compare_all
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 FIRST = date(2025, 10, 20)  # a Monday: ISO week 2025-W43, with the DST day, is whole
 DAYS = 73  # to 2025-12-31, the day of 2025's last quarter hour (local)
+# The archive holds the UTC days of those the waves touch (first day, number of days), backfilled
+# in one run over all 73: the days between them are empty at every level, as in the oracle.
+SPANS = [
+    (FIRST, 7),  # ISO week 2025-W43 with the 25-hour day (2025-10-26)
+    (date(2025, 11, 3), 3),  # a raised lowest voltage (11-03), a day re-ingested unchanged (11-05)
+    (date(2025, 11, 12), 1),  # the folded hours
+    (date(2025, 11, 18), 3),  # the local day 2025-11-19 (wave 3), a null optional column (11-20)
+    (date(2025, 11, 30), 2),  # the month end: December's first local hour is on 11-30 (UTC)
+    (date(2025, 12, 31), 1),  # 2025's last quarter hour (local), in ISO week 2026-W01
+]
 METERS = 3
 HELD_BACK = 6  # base readings kept out of the first ingest, to arrive late
 
 
 def base() -> pa.Table:
-    return pa.concat_tables([day_batch(d, METERS, seed=11) for d in days(FIRST, DAYS)])
+    return pa.concat_tables(
+        [day_batch(d, METERS, seed=11) for first, n in SPANS for d in days(first, n)]
+    )
 
 
 def pick(table: pa.Table, entity: str, ts: datetime) -> pa.Table:
