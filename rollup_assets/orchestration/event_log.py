@@ -21,11 +21,12 @@ and their ledger, not the event log, are the record of what was written.
 Every run has a database of its own, and Dagster creates each one from scratch: it loads its
 migration scripts, creates the tables and stamps the revision, a few hundred milliseconds of a
 run's start. This storage does that once per process, in a private directory, and gives each new
-run a copy of the empty database, linked into place whole, so another process never sees it half
-made; a run database that already exists is left to Dagster's own check.
+run a copy of the empty database, written durably and linked into place whole, so another
+process never sees it half made. A run database that already exists (another process's, which
+may be half made), and every run's when no copy can be made here, get Dagster's own
+initialization.
 """
 
-import contextlib
 import logging
 import os
 import sqlite3
@@ -33,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,6 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         self._batch_size = max(0, batch_size)
         self._pending: dict[str, list[EventLogEntry]] = {}  # per run: asset events not yet stored
         self._pending_lock = threading.RLock()
-        self._empty_run_db: bytes | None = None  # a new run's database, made once
 
     def _initdb(self, engine: Engine, for_index_shard: bool = False) -> None:
         """A new run's database is a copy of an empty one (see the module's doc); the index,
@@ -137,39 +137,28 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
             time.sleep(0.1 * (attempt + 1))
 
     def _place_empty_run_db(self, path: Path) -> bool:
-        """Link a copy of the empty run database at `path`; False if the copy cannot be made
-        here (then Dagster initializes it). Another process placing the same run's database
-        first is no failure: its database is the one kept."""
+        """Link a copy of the empty run database at `path`; False if it was not placed here
+        (no empty database in this process, no hard links, or another process's file already
+        there, maybe half made), and then Dagster initializes or checks the file."""
+        empty = _empty_run_db(self._dagster_initdb)
+        if empty is None:
+            return False
+        # Not `*.db` (Dagster takes those for runs), with the mode SQLite gives a new file.
+        tmp = path.parent / f".{path.stem}.{uuid.uuid4().hex}.new"
         try:
-            empty = self._empty_run_db_bytes()
-            # Not `*.db` (Dagster takes those for runs), and with the mode a new file gets.
-            tmp = path.parent / f".{path.stem}.{uuid.uuid4().hex}.new"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(empty)
-                with contextlib.suppress(FileExistsError):  # that process's copy is kept
-                    os.link(tmp, path)
+                    f.flush()
+                    os.fsync(f.fileno())  # durable before it is a run's database
+                os.link(tmp, path)
             finally:
                 os.unlink(tmp)
         except OSError as exc:
-            log.info("copying the empty run database to %s: %s", path, exc)
+            log.debug("placing the empty run database at %s: %s", path, exc)
             return False
         return True
-
-    def _empty_run_db_bytes(self) -> bytes:
-        if self._empty_run_db is None:
-            with tempfile.TemporaryDirectory(prefix="rollups-run-db-") as tmp:
-                db = Path(tmp, "empty.db")
-                engine = create_engine(f"sqlite:///{db}", poolclass=NullPool)
-                try:
-                    self._dagster_initdb(engine)
-                finally:
-                    engine.dispose()
-                if Path(f"{db}-wal").exists():  # not checkpointed: the file alone is not whole
-                    raise OSError(f"{db} kept a write-ahead log")
-                self._empty_run_db = db.read_bytes()
-        return self._empty_run_db
 
     def store_event(self, event: EventLogEntry) -> None:
         """With a batch size, a run's consecutive materializations (or observations) of one
@@ -238,3 +227,33 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
             self._store_asset_event_tags(conn, events, ids)
             # As Dagster's PostgreSQL storage does: the asset's latest-event entry from the last.
             self._store_asset_event(conn, events[-1], ids[-1])
+
+
+_EMPTY_RUN_DB: list[bytes | None] = []  # once made: the bytes, or None if it could not be
+_EMPTY_RUN_DB_LOCK = threading.Lock()
+
+
+def _empty_run_db(initdb: Callable[[Engine], None]) -> bytes | None:
+    """An empty run database made by `initdb` (Dagster's initialization) once per process, in a
+    private directory; None, and not tried again, if it cannot be made there."""
+    with _EMPTY_RUN_DB_LOCK:
+        if not _EMPTY_RUN_DB:
+            _EMPTY_RUN_DB.append(_make_empty_run_db(initdb))
+        return _EMPTY_RUN_DB[0]
+
+
+def _make_empty_run_db(initdb: Callable[[Engine], None]) -> bytes | None:
+    try:
+        with tempfile.TemporaryDirectory(prefix="rollups-run-db-") as tmp:
+            db = Path(tmp, "empty.db")
+            engine = create_engine(f"sqlite:///{db}", poolclass=NullPool)
+            try:
+                initdb(engine)
+            finally:
+                engine.dispose()
+            if Path(f"{db}-wal").exists():  # not checkpointed: the file alone is not whole
+                raise OSError(f"{db} kept a write-ahead log")
+            return db.read_bytes()
+    except (OSError, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError) as exc:
+        log.warning("no empty run database to copy (%s): Dagster makes each run's", exc)
+        return None

@@ -16,6 +16,7 @@ from dagster._core.event_api import EventLogEntry
 from dagster._core.events import StepMaterializationData
 from dagster._core.storage.event_log import SqliteEventLogStorage
 
+from rollup_assets.orchestration import event_log
 from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
 from rollup_assets.orchestration.instance import DAGSTER_YAML, sqlite_event_log_yaml
 
@@ -284,6 +285,13 @@ def schema_of(db: Path) -> tuple[set[tuple[str, str, str]], list[tuple], str]:
     return objects, stamp, mode
 
 
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No empty run database made yet, as in a new process."""
+    monkeypatch.setattr(event_log, "_EMPTY_RUN_DB", [])
+
+
+@pytest.mark.usefixtures("fresh_process")
 def test_a_new_runs_database_is_the_one_dagster_makes(tmp_path: Path) -> None:
     ours = BatchedSqliteEventLogStorage(base_dir=str(tmp_path / "ours"))
     theirs = SqliteEventLogStorage(str(tmp_path / "theirs"))
@@ -295,14 +303,13 @@ def test_a_new_runs_database_is_the_one_dagster_makes(tmp_path: Path) -> None:
     assert schema_of(tmp_path / "ours" / "run-a.db")[2] == "wal"
     messages = [r.event_log_entry.user_message for r in ours.get_records_for_run("run-a").records]
     assert messages == ["first", "second"]
-    assert sorted(ours.get_all_run_ids()) == ["run-a", "run-b"]  # no copy left beside them
-    assert sorted(p.name for p in (tmp_path / "ours").iterdir() if not p.name.startswith("index"))[
-        :2
-    ] == ["run-a.db", "run-b.db"]
+    assert sorted(ours.get_all_run_ids()) == ["run-a", "run-b"]
+    assert not list((tmp_path / "ours").glob(".*"))  # no temporary copy left beside them
     ours.dispose()
     theirs.dispose()
 
 
+@pytest.mark.usefixtures("fresh_process")
 def test_runs_databases_are_made_without_dagsters_migrations_each_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -324,6 +331,7 @@ def test_runs_databases_are_made_without_dagsters_migrations_each_time(
     assert {f"run-{run}" for run in range(5)} <= set(storage.get_all_run_ids())
 
 
+@pytest.mark.usefixtures("fresh_process")
 def test_two_stores_making_one_runs_database_lose_no_event(tmp_path: Path) -> None:
     """Two processes (here two storages) start writing a run at once: one database is kept,
     and it holds both writers' events."""
@@ -350,6 +358,7 @@ def test_two_stores_making_one_runs_database_lose_no_event(tmp_path: Path) -> No
         store.dispose()
 
 
+@pytest.mark.usefixtures("fresh_process")
 def test_an_initialization_sqlite_refuses_once_is_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -375,7 +384,7 @@ def test_an_initialization_sqlite_refuses_once_is_tried_again(
     monkeypatch.setattr(SqliteEventLogStorage, "_initdb", refusing)
     storage = BatchedSqliteEventLogStorage(base_dir=str(tmp_path))  # makes the index
     assert not refusals
-    refusals.append(refusal())  # and now the first run's database
+    refusals.append(refusal())  # and now the empty run database the first run's is copied from
     storage.store_event(log_entry("run-a", "started"))
     assert not refusals
     records = storage.get_records_for_run("run-a").records
@@ -392,3 +401,32 @@ def test_other_initialization_errors_are_raised(
     monkeypatch.setattr(SqliteEventLogStorage, "_initdb", broken)
     with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
         BatchedSqliteEventLogStorage(base_dir=str(tmp_path))
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_a_runs_database_another_process_is_still_making_is_initialized(tmp_path: Path) -> None:
+    """Another process (one that could not copy) has created the file and not yet its tables:
+    it is initialized, not taken for a whole copy."""
+    storage = BatchedSqliteEventLogStorage(base_dir=str(tmp_path))
+    (tmp_path / "run-a.db").touch()
+    storage.store_event(log_entry("run-a", "started"))
+    records = storage.get_records_for_run("run-a").records
+    assert [r.event_log_entry.user_message for r in records] == ["started"]
+    storage.dispose()
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_without_an_empty_database_to_copy_each_run_gets_dagsters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(event_log.tempfile, "TemporaryDirectory", no_space)
+    storage = BatchedSqliteEventLogStorage(base_dir=str(tmp_path))
+    for run in ("run-a", "run-b"):
+        storage.store_event(log_entry(run, "started"))
+        records = storage.get_records_for_run(run).records
+        assert [r.event_log_entry.user_message for r in records] == ["started"]
+    assert event_log._EMPTY_RUN_DB == [None]  # tried once, not per run
+    storage.dispose()
