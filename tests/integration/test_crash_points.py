@@ -3,7 +3,8 @@ sensor between planning and saving; then prove invariant 3 (and 2, 4) held.
 
 A backfilled chain is built once per module and copied per case. Each case ingests a correction,
 runs `rollups tick` in a subprocess with `ROLLUPS_FAULT=<point>` (the process kills itself there,
-so the crash is at a named point, never timed), and then checks:
+so the crash is at a named point, never timed; the command's eager Spark start is skipped, as the
+correction is applied on the driver and a run that needs Spark starts it itself), and then checks:
   * while crashed: every window of every level reads entirely at the old or the new values
     (through the read path and on the surface table), the point's own expectation holds
     (nothing visible before the flip, the new rows after it), and no (entity, bucket) is
@@ -66,8 +67,11 @@ BIN = Path(sys.executable).parent
 # owns every window a correction touches, and the forward lane has nothing to do: the crash
 # cases run the retroactive sensor only.
 NOW = datetime(2026, 2, 10, 12, 0, tzinfo=UTC)
-FIRST = date(2024, 11, 25)  # a Monday: whole ISO weeks, two months
-N_DAYS = 14
+# A Monday and seven days: an ISO week and two months (the correction's UTC day, 2024-11-30,
+# reaches into local December 1: it changes the windows on both sides of a month end, and the
+# week holding both local days).
+FIRST = date(2024, 11, 25)
+N_DAYS = 7
 METERS = 3
 SEED = 11
 # The recompute lane, and the publish of what it flips.
@@ -88,6 +92,16 @@ RECOVERED_STATE = {
     "after_flip": JobState.COMPLETED,
     "during_sweep": JobState.COMPLETED,
 }
+# `rollups tick --now <instant>`, the command itself, without the session it starts before its
+# runs (one JVM per case, about half of the killed process's time): the killed recomputes apply
+# the correction on the driver, and a run that needs Spark starts a session of its own
+# (`SparkResource` is lazy).
+ROLLUPS_TICK = (
+    "import sys\n"
+    "from rollup_assets.cli import app, main\n"
+    "app.spark_session = lambda: None\n"
+    "main(['tick', '--now', sys.argv[1]], prog_name='rollups')\n"
+)
 # Evaluates the retroactive sensor like `rollups tick` does, without starting Spark first.
 SENSOR_TICK = (
     "import sys\n"
@@ -227,10 +241,8 @@ def correction(rng: np.random.Generator | None = None) -> pa.Table:
 
 def run_killed(world: World, point: str) -> subprocess.CompletedProcess:
     """One tick in a subprocess that SIGKILLs itself at `point`; asserts it died that way."""
-    if point == "sensor_planned":
-        cmd = [sys.executable, "-c", SENSOR_TICK, iso_utc(NOW)]
-    else:
-        cmd = [str(BIN / "rollups"), "tick", "--now", iso_utc(NOW)]
+    script = SENSOR_TICK if point == "sensor_planned" else ROLLUPS_TICK
+    cmd = [sys.executable, "-c", script, iso_utc(NOW)]
     proc = subprocess.run(
         cmd,
         cwd=REPO,
