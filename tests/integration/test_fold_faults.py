@@ -8,7 +8,8 @@ there, pointers not flipped), and after its flip (the job not yet recorded compl
 see the old layout or the new one, never a mix, and the values never change.
 
 The corrected chain (its hour's difference pointers not yet folded) is built once per module and
-copied per fault point.
+copied per fault point. The correction gave the levels above cell pointers too; they are folded
+in that build, so the maintenance pass of each case queues the hour's fold alone.
 """
 
 from collections.abc import Iterator
@@ -24,13 +25,14 @@ from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick
-from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.maintenance import fold_jobs, maintain
 from tests.conftest import World, days
 from tests.integration.test_crash_points import open_world, template_root, world_copy
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 6, 20, 12, 0, tzinfo=UTC)
-FIRST = date(2025, 6, 2)
+FIRST = date(2025, 6, 9)  # a Monday
+N_DAYS = 2
 METERS = 3
 HOUR = datetime(2025, 6, 10, 7, 0, tzinfo=UTC)
 HOURLY = "energy_hourly"
@@ -44,18 +46,19 @@ def cell_pointers(world: World, start: datetime) -> int:
 
 
 def build_corrected(root: Path) -> None:
-    """Nine days backfilled and ticked, then every meter's readings of one hour corrected: a
-    difference pointer per meter, not yet folded."""
+    """Two days backfilled and ticked, then every meter's readings of one hour corrected: a
+    difference pointer per meter, not yet folded (the levels above folded theirs)."""
     world = open_world(root)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
             world.ops.activate("energy_raw", now=NOW)
-            world.ingest(pa.concat_tables([day_batch(d, METERS, seed=5) for d in days(FIRST, 9)]))
-            world.activate_all(NOW)
-            world.backfill(
-                [Window(datetime(2025, 6, 2, tzinfo=UTC), datetime(2025, 6, 11, tzinfo=UTC))]
+            world.ingest(
+                pa.concat_tables([day_batch(d, METERS, seed=5) for d in days(FIRST, N_DAYS)])
             )
+            world.activate_all(NOW)
+            start = datetime(FIRST.year, FIRST.month, FIRST.day, tzinfo=UTC)
+            world.backfill([Window(start, start + timedelta(days=N_DAYS))])
             world.tick(NOW)
             # Every meter's readings of one hour corrected: a difference pointer per meter.
             stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
@@ -72,6 +75,14 @@ def build_corrected(root: Path) -> None:
                 "Manual",
             )
             world.tick(NOW)
+            assert cell_pointers(world, HOUR) == METERS
+            # The levels above got a cell pointer per meter too: fold them here, once, as
+            # maintenance would (the hourly level left out), so each case folds the hour alone.
+            above = fold_jobs(world.engine, {HOURLY}, NOW)
+            assert above and HOURLY not in {j.rollup for j in above}
+            world.engine.ledger.record(above)
+            world.tick(NOW)
+            assert {j.rollup for j in fold_jobs(world.engine, set(), NOW)} == {HOURLY}
             assert cell_pointers(world, HOUR) == METERS
             assert compare_all(world.query, world.raw(), world.catalog) == []
     finally:
