@@ -5,6 +5,8 @@ delta-spark MERGEs on one table lose no commit.
 
 The tests share one installation (built once for the module, left settled and equal to the
 oracle by each test); the deletion-vector test comes last, as it changes the table's protocol.
+delta-spark rebuilds a table's state in two partitions here, one per core of the local session
+(`small_snapshots` of the reading tests).
 """
 
 import threading
@@ -33,13 +35,22 @@ from rollup_assets.orchestration.runner import tick_until_quiet
 from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.warehouse import Warehouse, spark_uri
 from tests.conftest import World, days, world_of
+from tests.integration.test_delta_spark_reads import small_snapshots
 from tests.oracle import compare_all, oracle, raw_frame
 
 NOW = datetime(2025, 3, 6, 12, tzinfo=UTC)
-FIRST = date(2025, 2, 26)
-DAYS = 5
+# The days the tests change: 27 and 28 February, 1 March (across a month end), and 2 March, which
+# a deletion vector leaves alone.
+FIRST = date(2025, 2, 27)
+DAYS = 4
 METERS = 3
 KEYS = "t.day = s.day AND t.entity_id = s.entity_id AND t.ts = s.ts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _small_snapshots(spark: SparkSession) -> Iterator[None]:
+    with small_snapshots(spark):
+        yield
 
 
 @pytest.fixture(scope="module")
