@@ -198,8 +198,9 @@ def _empty_instance_dbs() -> list[Path]:
     if not _EMPTY_INSTANCE:
         root = Path(tempfile.mkdtemp(prefix="rollups-empty-instance-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-        with dg.instance_for_test(temp_dir=str(root), overrides=sqlite_event_log_config(root)):
-            pass
+        config = sqlite_event_log_config(root)
+        with dg.instance_for_test(temp_dir=str(root), overrides=config):
+            pass  # opening the instance is what creates its databases
         # Closed: every write-ahead log is checkpointed into its database, so a copy is whole.
         assert not list(root.rglob("*-wal")), sorted(root.rglob("*"))
         _EMPTY_INSTANCE.append(root)
