@@ -31,7 +31,8 @@ from rollup_assets.model.windows import Window
 from rollup_assets.resources.schemas import part_values
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import current_rows, publish
+from rollup_assets.services.surface import publish
+from rollup_assets.services.surface_reads import current_rows
 
 YEAR = Window(datetime(2025, 1, 1, tzinfo=UTC), PERIOD_END)
 # What each level holds in this scenario: its storage partitions around the corrected cell (two

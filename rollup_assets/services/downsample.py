@@ -3,7 +3,9 @@ time-range archive's rows aggregated into steps, exactly.
 
 Over a rollup, the partials of the buckets in each step are merged as a rollup of a rollup
 merges them (sum of sums, sum of counts, min of mins, max of maxes), and only then turned into
-logical values (an average is the step's sum over its count, not an average of averages). Steps
+logical values (an average is the step's sum over its count, not an average of averages). The
+partials of every entity are read from the rollup's surface while it is current (it holds each
+average's sum and count), otherwise from the row table through the pointers. Steps
 are validated by `model.steps`: calendar steps in the rollup's reference zone, fixed ones whole
 multiples of a FixedSize rollup's buckets; a step that does not nest the buckets is refused.
 `aggs` (`COLUMN:FUNCTION`) picks among the rollup's aggregations (default: all of them).
@@ -60,6 +62,7 @@ from rollup_assets.services.source_query import (
     rows_spark,
     source_query,
 )
+from rollup_assets.services.surface_reads import current_rows
 
 GROUP_BY = ("entity", "all")
 # A downsampling query over a raw or time-range archive aggregates its rows on the driver with
@@ -148,7 +151,7 @@ def downsample_arrow(
     if realtime:
         rows = realtime_partials(engine, spec, start, end, ents)
     else:
-        rows = stored_partials(engine, spec, span(start, end), ents)
+        rows = _stored(engine, spec, span(start, end), ents)
     return _shaped(_steps_arrow(rows, "bucket_start", step, spec, group_by), group_by)
 
 
@@ -174,6 +177,19 @@ def downsample_spark(
     spec, step, ents = _prepare(engine, archive, every, start, end, entities, group_by, aggs, zone)
     rows = engine.rollups.read_spark(spark, spec, [span(start, end)], ents)
     return _steps_spark(spark, rows, "bucket_start", start, end, step, spec, group_by)
+
+
+def _stored(
+    engine: Engine, spec: RollupSpec, window: Window, entities: frozenset[str] | None
+) -> pa.Table:
+    """The active partial rows of `spec` in `window`: every entity's from the surface while it
+    is current (it holds each average's sum and count), otherwise resolved from the pointers."""
+    snap = engine.rollups.snapshot(spec)
+    if entities is None:
+        rows = current_rows(engine, spec, snap, window, partials=True)
+        if rows is not None:
+            return rows.cast(partial_schema(spec))
+    return stored_partials(engine, spec, window, entities, snapshot=snap)
 
 
 def _source_arrow(engine: Engine, query: SourceQuery, group_by: str) -> pa.Table:

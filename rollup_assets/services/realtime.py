@@ -29,7 +29,7 @@ from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.schemas import data_schema
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import current_rows
+from rollup_assets.services.surface_reads import current_rows
 
 _END_OF_TIME = as_utc(FAR_FUTURE)
 # Aggregates the live buckets of a read while it reads the stored ones (its own pool: the stored

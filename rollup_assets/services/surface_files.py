@@ -37,10 +37,13 @@ from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import Changed
 from rollup_assets.services.surface_layout import (
+    ORDER,
+    averaged_partials,
     by_partition,
     claims,
     compaction_groups,
     files_to_read,
+    in_current_format,
     in_entity_order,
     split_by_entity,
 )
@@ -99,10 +102,13 @@ def active_rows(
         rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
     if changed is not None:
         rows = rows.filter(changed.mask(rows))
-    logical = logical_arrow(rows, spec)
-    return logical.append_column(PART_COLUMN, part_values(spec, logical["bucket_start"])).cast(
-        schema
-    )
+    # In query order, as `logical_arrow` returns them, so the averages' partials line up.
+    rows = rows.sort_by(ORDER)
+    out = logical_arrow(rows, spec)
+    out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))
+    for name in averaged_partials(spec):
+        out = out.append_column(name, rows[name])
+    return out.select(schema.names).cast(schema)
 
 
 def rewrite(
@@ -124,8 +130,8 @@ def rewrite(
     files = [] if surface is None else file_actions(surface)
     out = Rewrite(removes=[remove_action(f) for f in files] if changed is None else [])
     reading = _row_span(snap) if changed is None else changed.spans
-    names = schema.names[:-1]
     logical = schema.remove(schema.get_field_index(PART_COLUMN))
+    names = logical.names
     parts: dict[str, list[dict]] = {}
     for f in files:
         parts.setdefault(str(f[f"partition.{PART_COLUMN}"]), []).append(f)
@@ -239,7 +245,8 @@ def compact(engine: Engine, spec: RollupSpec) -> int:
 
     def plan(surface: DeltaTable | None) -> CommitPlan:
         removed[0] = 0
-        if surface is None:
+        if surface is None or not in_current_format(surface):
+            # One of an older format: its next publish rebuilds it whole.
             return CommitPlan(adds=[])
         schema = pa.schema(surface.schema().to_arrow())
         logical = schema.remove(schema.get_field_index(PART_COLUMN))

@@ -26,8 +26,8 @@ from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import MAX_NEUTRAL_COMMITS, reflected
 from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS
+from rollup_assets.services.surface_reads import MAX_NEUTRAL_COMMITS, reflected
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,13 @@ disjoint. One entity is never split: an entity with more rows in a partition tha
 sub-minute rollup) gets a file of its own, larger than the cap. Maintenance merges neighbouring
 files that a shrinking partition left small (`compaction_groups`), instead of Delta's own
 compaction, which would pack files of unrelated entity ranges together.
+
+Columns. The logical columns a query returns (`entity_id`, `bucket_start`, `bucket_end`, one
+per aggregation: an average as its value), `bucket_part`, then each average's sum and count
+(`<output>__sum`, `<output>__count`, as the row table stores them): with them a reader merges
+buckets into coarser steps exactly (an average of averages would not be), and `downsample` reads
+the surface instead of resolving the pointers. Every publish records the surface's `FORMAT`; a
+surface of an older one is not read by queries, and its next publish rebuilds it whole.
 """
 
 import bisect
@@ -34,10 +41,13 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
+from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.schemas import PART_COLUMN
+from rollup_assets.resources.schemas import PART_COLUMN, data_schema
 
 # Rows per surface file at most (one entity's rows are never split). Chosen by measurement
 # (docs/architecture.md, "The surface"): every file costs a plain reader about a millisecond to
@@ -47,6 +57,30 @@ from rollup_assets.resources.schemas import PART_COLUMN
 # reads and writes at most this many rows of each level at any number of meters.
 SURFACE_FILE_ROWS = 16_384
 ORDER = [("bucket_start", "ascending"), ("entity_id", "ascending")]
+# The surface's format, recorded by each publish as a Delta application transaction (a surface
+# recording none is of format 1: logical columns only).
+FORMAT_APP = "rollups.surface.format"
+FORMAT = 2
+
+
+def surface_schema(spec: RollupSpec) -> pa.Schema:
+    """The surface's columns: the logical columns of a query, the partition column, then each
+    average's sum and count (`averaged_partials`)."""
+    stored = data_schema(spec)
+    logical = logical_arrow(stored.empty_table(), spec).schema
+    with_part = logical.append(pa.field(PART_COLUMN, pa.string()))
+    return pa.schema([*with_part, *(stored.field(n) for n in averaged_partials(spec))])
+
+
+def averaged_partials(spec: RollupSpec) -> list[str]:
+    """The stored partial columns the logical columns do not hold: each average's sum and count."""
+    outputs = set(spec.output_names)
+    return [c.name for c in spec.stored_columns if c.name not in outputs]
+
+
+def in_current_format(surface: DeltaTable) -> bool:
+    """Was the surface last published in this `FORMAT` (its columns are `surface_schema`'s)?"""
+    return surface.transaction_version(FORMAT_APP) == FORMAT
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ from rollup_assets.model.errors import (
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.steps import step_spec
 from rollup_assets.model.windows import Window
+from rollup_assets.services import downsample
 from rollup_assets.services.downsample import downsample_arrow, downsample_spark
+from rollup_assets.services.surface import publish
 from tests.conftest import World, days, world_of
 from tests.oracle import compare, oracle
 
@@ -194,3 +196,28 @@ def test_a_step_spec_keeps_the_rollup_s_columns() -> None:
     spec = load_catalog().rollup("energy_daily")
     step = step_spec(spec, "month")
     assert dataclasses.replace(step, alignment=spec.alignment, source=spec.source) == spec
+
+
+def test_a_current_surface_is_read_for_every_entity(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once published, the surfaces hold each average's sum and count: downsampling every entity
+    reads them, never resolving the pointers, and still equals the oracle (an average of the
+    step, not of its buckets' averages)."""
+    for rollup in chain.catalog.rollups:
+        publish(chain.engine, chain.catalog.rollup(rollup))
+
+    def resolved(*args: object, **kwargs: object) -> pa.Table:
+        raise AssertionError("the pointers were resolved while the surface was current")
+
+    monkeypatch.setattr(downsample, "stored_partials", resolved)
+    for rollup, every in (("energy_daily", "month"), ("energy_hourly", "day")):
+        step = step_spec(chain.catalog.rollup(rollup), every)
+        got = downsample_arrow(chain.engine, rollup, every)
+        assert compare(actual(got), expected(chain, rollup, every), step) == []
+        merged = downsample_arrow(chain.engine, rollup, every, group_by="all")
+        want = expected(chain, rollup, every, merged=True)
+        assert compare(actual(merged, merged=True), want, step) == []
+    # A read of named entities resolves the pointers (the row table is ordered by entity).
+    with pytest.raises(AssertionError, match="pointers were resolved"):
+        downsample_arrow(chain.engine, "energy_daily", "month", entities=["meter-0001"])

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
+import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.spec_loader import load_catalog
@@ -20,18 +21,13 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.rollup_table import Written
+from rollup_assets.resources.schemas import part_values
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface import (
-    GENMAP_APP,
-    ROWS_APP,
-    Known,
-    current_rows,
-    publish,
-    reflected,
-)
+from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, publish, reflected
 from rollup_assets.services.surface_files import compact as compact_surface
 from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag, surface_lag
+from rollup_assets.services.surface_reads import current_rows
 
 DAY = timedelta(days=1)
 # Local (Vienna) days as UTC windows, across the end of a month.
@@ -63,14 +59,18 @@ def partials(spec: RollupSpec, cells: dict[Cell, float]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def expected(spec: RollupSpec, cells: dict[Cell, float]) -> list[dict]:
-    """The surface rows of `cells` (logical columns), computed from the values written."""
+def expected(spec: RollupSpec, cells: dict[Cell, float], partials: bool = True) -> list[dict]:
+    """The surface rows of `cells` (logical columns, then with `partials` each average's sum and
+    count), computed from the values written."""
     out = []
     for (entity, w), v in sorted(cells.items(), key=lambda kv: (kv[0][1].start, kv[0][0])):
         row: dict = {"entity_id": entity, "bucket_start": w.start, "bucket_end": w.end}
         for agg in spec.aggregations:
             if agg.function is AggregateFunction.AVG:
                 row[agg.output_name] = v / 4
+                if partials:  # kept so that buckets merge into coarser steps exactly
+                    row[f"{agg.output_name}__sum"] = v
+                    row[f"{agg.output_name}__count"] = 4
             elif agg.function is AggregateFunction.COUNT:
                 row[agg.output_name] = 4
             else:
@@ -416,7 +416,8 @@ def test_a_query_merges_the_files_back_into_query_order(engine, spec, cap) -> No
     snap = engine.rollups.snapshot(spec)
     rows = current_rows(engine, spec, snap, Window(WINDOWS[0].start, WINDOWS[-1].end))
     assert rows is not None
-    assert rows.to_pylist() == expected(spec, cells)  # by bucket start, then entity
+    # By bucket start, then entity; a query's logical columns only.
+    assert rows.to_pylist() == expected(spec, cells, partials=False)
 
 
 def test_maintenance_merges_small_neighbouring_files_and_keeps_what_the_surface_reflects(
@@ -497,3 +498,109 @@ def test_a_surface_of_re_created_tables_cannot_tell_its_lag(engine, spec) -> Non
     write_forward(engine, spec, {(e, WINDOWS[0]): 5.0 for e in ENTITIES})
     lag = surface_lag(engine, spec)
     assert lag.unknown and lag.needs_publish and lag.seconds(datetime.now(UTC)) is None
+
+
+def test_a_surface_of_the_older_format_is_not_read_and_its_next_publish_rebuilds_it(
+    engine, spec
+) -> None:
+    """A surface published before it kept the averages' partials (logical columns only, no
+    format recorded, but the versions it reflects current): queries do not read it, it lags,
+    maintenance's file merge leaves it alone, and the next publish rebuilds it whole."""
+    cells = base()
+    write_forward(engine, spec, cells)
+    snap = engine.rollups.snapshot(spec)
+    old = pa.Table.from_pylist(expected(spec, cells, partials=False))
+    old = old.append_column("bucket_part", part_values(spec, old["bucket_start"]))
+    write_deltalake(
+        engine.rollups.surface_uri(spec),
+        old,
+        partition_by=["bucket_part"],
+        commit_properties=CommitProperties(
+            app_transactions=[
+                Transaction(GENMAP_APP, snap.reflects.genmap),
+                Transaction(ROWS_APP, snap.reflects.rows),
+            ]
+        ),
+    )
+    window = Window(WINDOWS[0].start, WINDOWS[-1].end)
+    assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) is None
+    assert current_rows(engine, spec, snap, window) is None
+    assert surface_lag(engine, spec).needs_publish
+    assert compact_surface(engine, spec) == 0
+    done = publish(engine, spec)
+    assert done.rebuilt and done.rows_written == len(cells)
+    assert surface_rows(engine, spec) == expected(spec, cells)
+    assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) == snap.reflects
+    partials = current_rows(engine, spec, engine.rollups.snapshot(spec), window, partials=True)
+    assert partials is not None
+    assert partials.column_names == [
+        "entity_id",
+        "bucket_start",
+        "bucket_end",
+        *(c.name for c in spec.stored_columns),
+    ]
+    assert partials.to_pylist() == sorted(
+        pa.Table.from_pylist(
+            [
+                {k: v for k, v in r.items() if k in partials.column_names}
+                for r in expected(spec, cells)
+            ]
+        ).to_pylist(),
+        key=lambda r: (r["bucket_start"], r["entity_id"]),
+    )
+
+
+def test_a_lagging_surface_is_read_with_the_changed_cells_taken_from_the_row_table(
+    engine, spec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a flip (or a forward write) and the publish that brings it to the surface, a read
+    of every entity takes the surface's rows of the cells nothing changed and reads only the
+    changed cells from the row table: the same rows as resolving the pointers."""
+    cells = base()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-b", WINDOWS[2]): 99.5}
+    correct(engine, spec, fix)
+    bucket = {(e, WINDOWS[1]): 7.0 + i for i, e in enumerate(ENTITIES)}
+    correct(engine, spec, bucket, whole=True)  # one pointer for the bucket, every entity
+    later = Window(WINDOWS[-1].end, WINDOWS[-1].end + DAY)
+    refresh = {("meter-a", later): 3.0, ("meter-b", WINDOWS[3]): 42.0}
+    write_forward(engine, spec, refresh)  # a new bucket, and a forward bucket rewritten whole
+    now = {k: v for k, v in cells.items() if k[1] != WINDOWS[3]} | fix | bucket | refresh
+    snap = engine.rollups.snapshot(spec)
+    assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) != snap.reflects
+
+    asked: list[object] = []
+    real = engine.rollups.read_arrow
+
+    def spied(*args: object, **kwargs: object) -> pa.Table:
+        asked.append(kwargs.get("cells"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.rollups, "read_arrow", spied)
+    everything = Window(WINDOWS[0].start, later.end)
+    rows = current_rows(engine, spec, snap, everything)
+    assert rows is not None
+    assert rows.to_pylist() == expected(spec, now, partials=False)
+    assert asked and all(c is not None for c in asked)  # the changed cells' row groups only
+    partials = current_rows(engine, spec, snap, everything, partials=True)
+    assert partials is not None
+    assert partials.to_pylist() == [
+        {k: v for k, v in r.items() if k in partials.column_names} for r in expected(spec, now)
+    ]
+    # A window holding none of the changes is the surface's alone.
+    asked.clear()
+    first = current_rows(engine, spec, snap, WINDOWS[0])
+    assert first is not None and asked == []
+    assert first.to_pylist() == expected(
+        spec, {k: v for k, v in now.items() if k[1] == WINDOWS[0]}, partials=False
+    )
+    # Too far behind, the caller resolves the pointers.
+    monkeypatch.setattr(surface_reads, "MAX_PATCH_COMMITS", 2)
+    assert current_rows(engine, spec, snap, everything) is None
+    # Published, the surface answers alone again.
+    monkeypatch.setattr(surface_reads, "MAX_PATCH_COMMITS", 256)
+    publish(engine, spec)
+    asked.clear()
+    again = current_rows(engine, spec, engine.rollups.snapshot(spec), everything)
+    assert again is not None and again.equals(rows) and asked == []

@@ -1,0 +1,208 @@
+"""Reading a rollup's surface as the project's own reads do: what versions it reflects
+(`reflected`), and the active rows of a snapshot taken from it (`current_rows`), for queries,
+downsampling and real-time reads of every entity.
+
+A surface holds the active rows of the versions it records. When those are the snapshot's (or
+older by commits that leave the active rows as they were: `_still_current`), its rows are the
+answer. When it lags (between a flip and the publish that brings it), the cells changed since
+(`surface_changes.changed_cells`, what that publish will replace) are read from the row table and
+the rest from the surface: a read right after a correction costs what the correction changed,
+not the archive. Further behind, or when the changes cannot be told, the caller resolves the
+pointers itself.
+"""
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.delta_files import read_row_groups
+from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
+from rollup_assets.resources.rollup_reads import READERS
+from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
+from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.schemas import PART_COLUMN
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, Changed, changed_cells
+from rollup_assets.services.surface_files import active_rows
+from rollup_assets.services.surface_layout import (
+    averaged_partials,
+    in_current_format,
+    in_entity_order,
+    in_query_order,
+    surface_schema,
+)
+
+log = logging.getLogger(__name__)
+
+# Application transactions of a surface commit: the versions of the rollup's tables it reflects.
+GENMAP_APP = "rollups.surface.genmap"
+ROWS_APP = "rollups.surface.rows"
+
+
+def reflected(surface: DeltaTable | None) -> Reflected | None:
+    """The versions the surface's rows are the active rows of (None: no surface, one that never
+    recorded them, or one of an older format, which its next publish rebuilds)."""
+    if surface is None or not in_current_format(surface):
+        return None
+    g, r = surface.transaction_version(GENMAP_APP), surface.transaction_version(ROWS_APP)
+    return None if g is None or r is None else Reflected(g, r)
+
+
+def current_rows(
+    engine: Engine,
+    spec: RollupSpec,
+    snap: Snapshot,
+    window: Window,
+    partials: bool = False,
+) -> pa.Table | None:
+    """What a query of `snap` returns for buckets starting in `window`, every entity: their
+    logical rows (with `partials`, their stored partials: `entity_id`, `bucket_start`,
+    `bucket_end` and `spec.stored_columns`), ordered by bucket start and entity, read from the
+    surface. When it holds exactly `snap`'s active rows (the versions it records are `snap`'s,
+    or older by commits that leave the active rows as they were: `_still_current`), its rows
+    are the answer. When it lags by at most `MAX_PATCH_COMMITS` commits, the cells that changed
+    since the versions it records (`changed_cells`, what its next publish replaces) are taken
+    from the row table instead, the others from the surface: the read costs what changed, not
+    the archive. None when the surface cannot answer (none, one of other columns or an older
+    format, one too far behind or whose changes cannot be told, one that cannot be read): the
+    caller resolves the active rows itself."""
+    try:
+        return _current_rows(engine, spec, snap, window, partials)
+    except (OSError, pa.ArrowException, DeltaError) as exc:
+        log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
+        return None
+
+
+def _current_rows(
+    engine: Engine, spec: RollupSpec, snap: Snapshot, window: Window, partials: bool
+) -> pa.Table | None:
+    uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
+    surface = open_table(uri, options)
+    done = reflected(surface)
+    if surface is None or done is None:
+        return None
+    schema = surface_schema(spec)
+    if [f.name for f in surface.schema().fields] != schema.names:
+        return None
+    changed: Changed | None = None
+    if not _still_current(engine, spec, done, snap.reflects):
+        changed = _changed_since(engine, spec, done, snap.reflects)
+        if changed is None:
+            return None
+    cells = ["entity_id", "bucket_start", "bucket_end"]
+    averaged = set(averaged_partials(spec))
+    names = (
+        [*cells, *(c.name for c in spec.stored_columns)]
+        if partials
+        else [n for n in schema.names if n != PART_COLUMN and n not in averaged]
+    )
+    logical = pa.schema([schema.field(n) for n in names])
+    files = prune_files(
+        file_actions(surface), time_column="bucket_start", spans=[window], entities=None
+    )
+    # Partitions name UTC days, months or years (their names sort in time order), and a publish
+    # writes a partition's rows as files of disjoint entity ranges, each ordered by bucket start,
+    # then entity: read in entity order, a partition's files merge into query order on bucket
+    # start alone (checked: a file of unknown or overlapping range would break it).
+    parts: dict[str, list[dict]] = {}
+    for f in files:
+        parts.setdefault(str(f.get(f"partition.{PART_COLUMN}")), []).append(f)
+    ordered = [in_entity_order(parts[p]) for p in sorted(parts)]
+    targets = [(window, None)]
+
+    def read(f: dict) -> pa.Table:
+        data = read_row_groups(uri, options, f["path"], logical.names, "bucket_start", targets)
+        return data.filter(in_windows(data["bucket_start"], [window])).cast(logical)
+
+    tables = iter(READERS.map(read, [f for group in ordered for f in group]))
+    merged = [in_query_order([next(tables) for _ in group]) for group in ordered]
+    rows = pa.concat_tables([logical.empty_table(), *merged])
+    if changed is not None:
+        rows = rows.filter(pc.invert(changed.mask(rows)))
+        spans = [
+            Window(max(w.start, window.start), min(w.end, window.end))
+            for w in changed.spans
+            if w.start < window.end and window.start < w.end
+        ]
+        fresh = active_rows(engine, spec, snap, spans, changed, schema)
+        rows = pa.concat_tables([rows, fresh.select(logical.names).cast(logical)])
+    if not _in_query_order(rows):
+        rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    return rows
+
+
+# A read patches a lagging surface with what changed when it is at most this many commits
+# behind the rollup's tables (each row-table commit is read to tell what it changed); further
+# behind, it resolves the pointers.
+MAX_PATCH_COMMITS = 256
+
+
+def _changed_since(
+    engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected
+) -> Changed | None:
+    """The cells changed between the surface's versions `done` and `now` (None: too many commits
+    apart, or not to be told)."""
+    if (now.genmap - done.genmap) + (now.rows - done.rows) > MAX_PATCH_COMMITS:
+        return None
+    return changed_cells(engine, spec, done, now)
+
+
+# A query trusts a surface at most this many commits behind the rollup's tables (each one read to
+# tell its kind); further behind, it resolves the pointers.
+MAX_NEUTRAL_COMMITS = 16
+
+
+def _still_current(engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected) -> bool:
+    """Do the commits after `done` up to `now` leave the active rows as they were? Told from their
+    kinds alone: row-table commits that never change them (`NEUTRAL_OPERATIONS`: a recompute's
+    invisible rows, sweeps, compaction, vacuum) and pointer-table commits that change no pointer
+    (compaction, vacuum, checkpoints)."""
+    if done == now:
+        return True
+    behind = (now.genmap - done.genmap) + (now.rows - done.rows)
+    if done.genmap > now.genmap or done.rows > now.rows or behind > MAX_NEUTRAL_COMMITS:
+        return False
+    options = engine.warehouse.storage_options
+    commits = [
+        *(
+            (engine.rollups.genmap_uri(spec), v, NO_DATA_OPERATIONS)
+            for v in range(done.genmap + 1, now.genmap + 1)
+        ),
+        *(
+            (engine.rollups.uri(spec), v, NEUTRAL_OPERATIONS)
+            for v in range(done.rows + 1, now.rows + 1)
+        ),
+    ]
+    for uri, version, neutral in commits:
+        try:
+            actions = read_commit(uri, version, options)
+        except (OSError, ValueError):
+            return False
+        info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if operation_of(info) not in neutral:
+            return False
+    return True
+
+
+def _in_query_order(rows: pa.Table) -> bool:
+    """Are `rows` ordered by bucket start, then entity (as a query returns them)?"""
+    n = rows.num_rows
+    if n < 2:
+        return True
+    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
+    steps = np.diff(starts)
+    if (steps < 0).any():
+        return False
+    ties = steps == 0
+    if not ties.any():
+        return True
+    entity = rows["entity_id"]
+    ascending = pc.greater(entity.slice(1), entity.slice(0, n - 1))
+    return bool(np.all(~ties | ascending.to_numpy(zero_copy_only=False)))
