@@ -26,8 +26,8 @@ import pyarrow as pa
 
 import rollup_assets.resources.raw_reads as raw_reads_module
 import rollup_assets.services.partials as partials_module
-import rollup_assets.services.surface as surface_module
 import rollup_assets.services.surface_files as surface_files_module
+import rollup_assets.services.surface_reads as surface_module
 from rollup_assets.model.specs import RawArchiveSpec, RollupSpec
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.raw_store import RawStore
