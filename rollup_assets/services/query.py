@@ -3,12 +3,10 @@
 `query_arrow` needs no Spark (the CLI uses it); `query_spark` returns a lazy DataFrame for large
 reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
 with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`. `query_arrow` of
-every entity reads the rollup's surface (`surface_reads.current_rows`): when it holds exactly that
-snapshot's active rows (it records the versions it reflects), which it does between runs, its
-rows are the answer, without the superseded generations the row table keeps; while it lags
-(between a flip and its publish), the cells changed since are read from the row table and the
-rest from the surface. A read of named entities, an as-of read, and a read the surface cannot
-answer (too far behind, or not readable) resolve the pointers.
+every entity reads the rollup's surface (`surface_reads.current_rows`) when it holds exactly that
+snapshot's active rows (it records the versions it reflects), which it does between runs: the
+same rows, without the superseded generations the row table keeps. A read of named entities, an
+as-of read, and any read while the surface lags (or cannot be read) resolve the pointers.
 
 With `as_of`, they return what a reader saw at that time: the row and pointer tables (a raw
 archive's table) at the versions current then, found from the commit times in their logs

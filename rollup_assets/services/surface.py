@@ -36,8 +36,8 @@ any publish repairs whatever it lags by: maintenance publishes every rollup, the
 rollup it checks, a rewind and a rollback the rollup they changed, a restore every rollup, and
 `rollups publish` on demand. A surface missing for an existing rollup (an archive created before
 surfaces existed) is built whole by the first of these. The project's own reads never wait for
-it: a query, and a downsampling of every entity, read the surface when it is current, and
-the cells changed since it was published from the row table when it lags (`surface_reads`).
+it: a query, and a downsampling of every entity, read the surface only while it is current
+(`surface_reads`).
 
 Cost. The surface is partitioned like the row table (by UTC day below a day, month for days,
 year above), and each partition is written as files of whole entities by entity range, of at

@@ -4,11 +4,8 @@ downsampling and real-time reads of every entity.
 
 A surface holds the active rows of the versions it records. When those are the snapshot's (or
 older by commits that leave the active rows as they were: `_still_current`), its rows are the
-answer. When it lags (between a flip and the publish that brings it), the cells changed since
-(`surface_changes.changed_cells`, what that publish will replace) are read from the row table and
-the rest from the surface: a read right after a correction costs what the correction changed,
-not the archive. Further behind, or when the changes cannot be told, the caller resolves the
-pointers itself.
+answer; otherwise (it lags, between a flip and the publish that brings it) the caller resolves
+the pointers itself.
 """
 
 import logging
@@ -29,8 +26,7 @@ from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, Changed, changed_cells
-from rollup_assets.services.surface_files import active_rows
+from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS
 from rollup_assets.services.surface_layout import (
     averaged_partials,
     in_current_format,
@@ -65,14 +61,10 @@ def current_rows(
     """What a query of `snap` returns for buckets starting in `window`, every entity: their
     logical rows (with `partials`, their stored partials: `entity_id`, `bucket_start`,
     `bucket_end` and `spec.stored_columns`), ordered by bucket start and entity, read from the
-    surface. When it holds exactly `snap`'s active rows (the versions it records are `snap`'s,
-    or older by commits that leave the active rows as they were: `_still_current`), its rows
-    are the answer. When it lags by at most `MAX_PATCH_COMMITS` commits, the cells that changed
-    since the versions it records (`changed_cells`, what its next publish replaces) are taken
-    from the row table instead, the others from the surface: the read costs what changed, not
-    the archive. None when the surface cannot answer (none, one of other columns or an older
-    format, one too far behind or whose changes cannot be told, one that cannot be read): the
-    caller resolves the active rows itself."""
+    surface when it holds exactly `snap`'s active rows (the versions it records are `snap`'s, or
+    older by commits that leave the active rows as they were: `_still_current`). None when it
+    does not (no surface, one lagging behind the rollup, one of other columns or an older
+    format, or one that cannot be read): the caller resolves the active rows itself."""
     try:
         return _current_rows(engine, spec, snap, window, partials)
     except (OSError, pa.ArrowException, DeltaError) as exc:
@@ -86,16 +78,11 @@ def _current_rows(
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     surface = open_table(uri, options)
     done = reflected(surface)
-    if surface is None or done is None:
+    if surface is None or done is None or not _still_current(engine, spec, done, snap.reflects):
         return None
     schema = surface_schema(spec)
     if [f.name for f in surface.schema().fields] != schema.names:
         return None
-    changed: Changed | None = None
-    if not _still_current(engine, spec, done, snap.reflects):
-        changed = _changed_since(engine, spec, done, snap.reflects)
-        if changed is None:
-            return None
     cells = ["entity_id", "bucket_start", "bucket_end"]
     averaged = set(averaged_partials(spec))
     names = (
@@ -124,34 +111,9 @@ def _current_rows(
     tables = iter(READERS.map(read, [f for group in ordered for f in group]))
     merged = [in_query_order([next(tables) for _ in group]) for group in ordered]
     rows = pa.concat_tables([logical.empty_table(), *merged])
-    if changed is not None:
-        rows = rows.filter(pc.invert(changed.mask(rows)))
-        spans = [
-            Window(max(w.start, window.start), min(w.end, window.end))
-            for w in changed.spans
-            if w.start < window.end and window.start < w.end
-        ]
-        fresh = active_rows(engine, spec, snap, spans, changed, schema)
-        rows = pa.concat_tables([rows, fresh.select(logical.names).cast(logical)])
     if not _in_query_order(rows):
         rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
     return rows
-
-
-# A read patches a lagging surface with what changed when it is at most this many commits
-# behind the rollup's tables (each row-table commit is read to tell what it changed); further
-# behind, it resolves the pointers.
-MAX_PATCH_COMMITS = 256
-
-
-def _changed_since(
-    engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected
-) -> Changed | None:
-    """The cells changed between the surface's versions `done` and `now` (None: too many commits
-    apart, or not to be told)."""
-    if (now.genmap - done.genmap) + (now.rows - done.rows) > MAX_PATCH_COMMITS:
-        return None
-    return changed_cells(engine, spec, done, now)
 
 
 # A query trusts a surface at most this many commits behind the rollup's tables (each one read to

@@ -13,7 +13,6 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
-import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.spec_loader import load_catalog
@@ -548,59 +547,3 @@ def test_a_surface_of_the_older_format_is_not_read_and_its_next_publish_rebuilds
         ).to_pylist(),
         key=lambda r: (r["bucket_start"], r["entity_id"]),
     )
-
-
-def test_a_lagging_surface_is_read_with_the_changed_cells_taken_from_the_row_table(
-    engine, spec, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Between a flip (or a forward write) and the publish that brings it to the surface, a read
-    of every entity takes the surface's rows of the cells nothing changed and reads only the
-    changed cells from the row table: the same rows as resolving the pointers."""
-    cells = base()
-    write_forward(engine, spec, cells)
-    publish(engine, spec)
-    fix = {("meter-b", WINDOWS[2]): 99.5}
-    correct(engine, spec, fix)
-    bucket = {(e, WINDOWS[1]): 7.0 + i for i, e in enumerate(ENTITIES)}
-    correct(engine, spec, bucket, whole=True)  # one pointer for the bucket, every entity
-    later = Window(WINDOWS[-1].end, WINDOWS[-1].end + DAY)
-    refresh = {("meter-a", later): 3.0, ("meter-b", WINDOWS[3]): 42.0}
-    write_forward(engine, spec, refresh)  # a new bucket, and a forward bucket rewritten whole
-    now = {k: v for k, v in cells.items() if k[1] != WINDOWS[3]} | fix | bucket | refresh
-    snap = engine.rollups.snapshot(spec)
-    assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) != snap.reflects
-
-    asked: list[object] = []
-    real = engine.rollups.read_arrow
-
-    def spied(*args: object, **kwargs: object) -> pa.Table:
-        asked.append(kwargs.get("cells"))
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine.rollups, "read_arrow", spied)
-    everything = Window(WINDOWS[0].start, later.end)
-    rows = current_rows(engine, spec, snap, everything)
-    assert rows is not None
-    assert rows.to_pylist() == expected(spec, now, partials=False)
-    assert asked and all(c is not None for c in asked)  # the changed cells' row groups only
-    partials = current_rows(engine, spec, snap, everything, partials=True)
-    assert partials is not None
-    assert partials.to_pylist() == [
-        {k: v for k, v in r.items() if k in partials.column_names} for r in expected(spec, now)
-    ]
-    # A window holding none of the changes is the surface's alone.
-    asked.clear()
-    first = current_rows(engine, spec, snap, WINDOWS[0])
-    assert first is not None and asked == []
-    assert first.to_pylist() == expected(
-        spec, {k: v for k, v in now.items() if k[1] == WINDOWS[0]}, partials=False
-    )
-    # Too far behind, the caller resolves the pointers.
-    monkeypatch.setattr(surface_reads, "MAX_PATCH_COMMITS", 2)
-    assert current_rows(engine, spec, snap, everything) is None
-    # Published, the surface answers alone again.
-    monkeypatch.setattr(surface_reads, "MAX_PATCH_COMMITS", 256)
-    publish(engine, spec)
-    asked.clear()
-    again = current_rows(engine, spec, engine.rollups.snapshot(spec), everything)
-    assert again is not None and again.equals(rows) and asked == []
