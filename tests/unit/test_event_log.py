@@ -18,7 +18,7 @@ from dagster._core.storage.event_log import SqliteEventLogStorage
 
 from rollup_assets.orchestration import event_log
 from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
-from rollup_assets.orchestration.instance import DAGSTER_YAML, sqlite_event_log_yaml
+from rollup_assets.orchestration.instance import DAGSTER_YAML, sqlite_storage_yaml
 
 PARTITIONS = dg.HourlyPartitionsDefinition(start_date="2026-10-24-00:00", timezone="Europe/Vienna")
 KEYS = PARTITIONS.get_partition_keys()[:50]  # across the fall-back hour of 2026-10-25
@@ -60,7 +60,7 @@ def instance(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_size: str
 ) -> Iterator[dg.DagsterInstance]:
     (tmp_path / "dagster.yaml").write_text(
-        DAGSTER_YAML + sqlite_event_log_yaml(tmp_path, int(batch_size))
+        DAGSTER_YAML + sqlite_storage_yaml(tmp_path, int(batch_size))
     )
     monkeypatch.setenv("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
     if int(batch_size):
@@ -430,3 +430,29 @@ def test_without_an_empty_database_to_copy_each_run_gets_dagsters(
         assert [r.event_log_entry.user_message for r in records] == ["started"]
     assert event_log._EMPTY_RUN_DB == [None]  # tried once, not per run
     storage.dispose()
+
+
+def test_engines_keep_compiled_statements_and_only_the_latest_runs(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    storage = instance.event_log_storage
+    assert isinstance(storage, BatchedSqliteEventLogStorage)
+    monkeypatch.setattr(event_log, "RUN_ENGINES_KEPT", 2)
+    made: list[str] = []
+    original = event_log.create_engine
+
+    def create_engine(url, **kw):  # type: ignore[no-untyped-def]
+        if str(tmp_path) in str(url):  # not the empty database made once per process
+            made.append(Path(str(url)).stem)
+        return original(url, **kw)
+
+    monkeypatch.setattr(event_log, "create_engine", create_engine)
+    runs = [materialize_range(instance).run_id for _ in range(3)]
+    # One engine per database used, not one per connection: a run's dozens of events (and the
+    # index's hundreds) compile each statement once. The index's was made with the instance.
+    assert made == runs
+    assert set(storage._engines) == {"index", *runs[1:]}
+    # The first run's engine was let go, and is made again when its log is read.
+    assert len(instance.get_records_for_run(runs[0]).records) > 10
+    assert made == [*runs, runs[0]]
+    assert set(storage._engines) == {"index", runs[2], runs[0]}
