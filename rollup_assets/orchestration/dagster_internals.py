@@ -35,8 +35,9 @@ def set_pool_limits(instance: dg.DagsterInstance, pools: list[str], limit: int =
     storage = instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return
+    infos = storage.get_concurrency_infos(pools)  # one read for all (each sensor tick asks)
     for pool in pools:
-        if storage.get_concurrency_info(pool).slot_count != limit:
+        if infos[pool].slot_count != limit:
             storage.set_concurrency_slots(pool, limit)
 
 
