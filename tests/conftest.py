@@ -27,7 +27,7 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import (
     ensure_pools,
-    sqlite_event_log_config,
+    sqlite_storage_config,
     use_range_event_settings,
 )
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
@@ -198,7 +198,7 @@ def _empty_instance_dbs() -> list[Path]:
     if not _EMPTY_INSTANCE:
         root = Path(tempfile.mkdtemp(prefix="rollups-empty-instance-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-        config = sqlite_event_log_config(root)
+        config = sqlite_storage_config(root)
         with dg.instance_for_test(temp_dir=str(root), overrides=config):
             pass  # opening the instance is what creates its databases
         # Closed: every write-ahead log is checkpointed into its database, so a copy is whole.
@@ -219,7 +219,7 @@ def instance_in(home: Path, catalog: Catalog) -> Iterator[dg.DagsterInstance]:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(db, target)
-    overrides = sqlite_event_log_config(home)
+    overrides = sqlite_storage_config(home)
     with dg.instance_for_test(temp_dir=str(home), overrides=overrides) as instance:
         ensure_pools(instance, catalog)
         yield instance

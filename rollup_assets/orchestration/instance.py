@@ -59,27 +59,35 @@ nux:
 EVENT_BATCH_SIZE = 1000
 
 
-def sqlite_event_log_config(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> dict:
-    """The `event_log_storage:` block of a SQLite home: Dagster's SQLite event log in its usual
-    place, writing the asset events of a range run (one per partition) in one transaction, and
-    a step's scattered ones in batches of up to `batch_size`."""
+def sqlite_storage_config(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> dict:
+    """The `run_storage:` and `event_log_storage:` blocks of a SQLite home, in Dagster's usual
+    places: its run storage keeping its compiled statements, and its event log writing the asset
+    events of a range run (one per partition) in one transaction, and a step's scattered ones in
+    batches of up to `batch_size`."""
+    history = home.resolve() / "history"
     return {
+        "run_storage": {
+            "module": "rollup_assets.orchestration.run_storage",
+            "class": "KeptEngineSqliteRunStorage",
+            "config": {"base_dir": str(history)},
+        },
         "event_log_storage": {
             "module": "rollup_assets.orchestration.event_log",
             "class": "BatchedSqliteEventLogStorage",
             "config": {
-                "base_dir": str(home.resolve() / "history" / "runs"),
+                "base_dir": str(history / "runs"),
                 "batch_size": batch_size,
             },
-        }
+        },
     }
 
 
-def sqlite_event_log_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str:
-    """`sqlite_event_log_config` as dagster.yaml text."""
-    return "# Asset events of a range run stored in one transaction per batch.\n" + (
-        yaml.safe_dump(sqlite_event_log_config(home, batch_size), sort_keys=False)
-    )
+def sqlite_storage_yaml(home: Path, batch_size: int = EVENT_BATCH_SIZE) -> str:
+    """`sqlite_storage_config` as dagster.yaml text."""
+    return (
+        "# Dagster's SQLite storage, keeping its compiled statements, with the asset events of a\n"
+        "# range run stored in one transaction per batch.\n"
+    ) + yaml.safe_dump(sqlite_storage_config(home, batch_size), sort_keys=False)
 
 
 PG_HOST_ENV = "DAGSTER_PG_HOST"
@@ -114,7 +122,7 @@ def postgres_storage_yaml(env: Mapping[str, str]) -> str:
 def dagster_yaml(env: Mapping[str, str], home: Path) -> str:
     """The dagster.yaml `rollups` writes in `home`: DAGSTER_YAML, plus Postgres storage if
     configured, else the batching SQLite event log."""
-    return DAGSTER_YAML + (postgres_storage_yaml(env) or sqlite_event_log_yaml(home))
+    return DAGSTER_YAML + (postgres_storage_yaml(env) or sqlite_storage_yaml(home))
 
 
 def ensure_home(settings: Settings) -> Path:
@@ -138,7 +146,7 @@ def ensure_home(settings: Settings) -> Path:
             "run's materializations one transaction each; it is not rewritten: add this block or "
             "remove the file to have it regenerated:\n%s",
             cfg,
-            sqlite_event_log_yaml(home),
+            sqlite_storage_yaml(home),
         )
     return home
 

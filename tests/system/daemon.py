@@ -15,7 +15,7 @@ import dagster as dg
 from rollup_assets.orchestration.instance import (
     EVENT_BATCH_SIZE,
     RUN_QUEUE_YAML,
-    sqlite_event_log_yaml,
+    sqlite_storage_yaml,
 )
 from rollup_assets.orchestration.runs import UNFINISHED
 
@@ -41,7 +41,7 @@ telemetry:
 
 def write_home(home: Path, storage_yaml: str = "") -> None:
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(DAEMON_YAML + (storage_yaml or sqlite_event_log_yaml(home)))
+    (home / "dagster.yaml").write_text(DAEMON_YAML + (storage_yaml or sqlite_storage_yaml(home)))
 
 
 def daemon_env(home: Path, warehouse: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,6 +19,7 @@ from dagster_postgres.utils import pg_url_from_config
 
 from rollup_assets.orchestration.event_log import BatchedSqliteEventLogStorage
 from rollup_assets.orchestration.instance import dagster_yaml, ensure_home, postgres_storage_yaml
+from rollup_assets.orchestration.run_storage import KeptEngineSqliteRunStorage
 from rollup_assets.settings import Settings
 
 PG_ENV = {
@@ -68,11 +69,16 @@ def test_default_is_sqlite_and_valid(tmp_path: Path, clean_env: pytest.MonkeyPat
     instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path)))
     try:
         events = instance.event_log_storage
-        # Dagster's SQLite storages where its default puts them; the event log batches.
+        # Dagster's SQLite storages where its default puts them; the event log batches, and
+        # the run storage keeps one engine (with its compiled statements).
         assert type(events) is BatchedSqliteEventLogStorage
         assert Path(events._base_dir) == (tmp_path / "history" / "runs").resolve()
-        assert type(instance.run_storage).__name__ == "SqliteRunStorage"
+        runs = instance.run_storage
+        assert type(runs) is KeptEngineSqliteRunStorage
         assert (tmp_path / "history" / "runs.db").exists()
+        assert runs._engine.url.database == str((tmp_path / "history" / "runs.db").resolve())
+        with runs.connect() as a, runs.connect() as b:
+            assert a.engine is b.engine is runs._engine and a is not b
         # A run a sensor requests leaves the queue within about a second.
         assert instance.run_coordinator.dequeue_interval_seconds == 1  # type: ignore[attr-defined]
     finally:
