@@ -42,7 +42,7 @@ from rollup_assets.demo.sample_data import day_batch, meter_ids
 from rollup_assets.model.jobs import JobState, RetryPolicy, Trigger
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window, iso_utc
-from rollup_assets.orchestration.instance import DAGSTER_YAML, ensure_pools, pool_name
+from rollup_assets.orchestration.instance import dagster_yaml, ensure_pools, pool_name
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
@@ -122,8 +122,9 @@ def open_world(root: Path, retention_hours: int = 0, retry_attempts: int = 5) ->
     work gets `retry_attempts` runs in all."""
     home, wh = root / "home", root / "warehouse"
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    # What `rollups setup` writes for a SQLite home, for this home (a copy of a template's
+    # must not name the template's event log directory).
+    (home / "dagster.yaml").write_text(dagster_yaml({}, home))
     catalog = load_catalog()
     instance = dg.DagsterInstance.from_config(str(home))
     ensure_pools(instance, catalog)
