@@ -121,7 +121,7 @@ def postgres_storage_yaml(env: Mapping[str, str]) -> str:
 
 def dagster_yaml(env: Mapping[str, str], home: Path) -> str:
     """The dagster.yaml `rollups` writes in `home`: DAGSTER_YAML, plus Postgres storage if
-    configured, else the batching SQLite event log."""
+    configured, else the SQLite storages of `sqlite_storage_config`."""
     return DAGSTER_YAML + (postgres_storage_yaml(env) or sqlite_storage_yaml(home))
 
 
