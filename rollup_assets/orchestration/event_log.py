@@ -242,6 +242,10 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
     def dispose(self) -> None:
         self.flush()
         super().dispose()
+        with self._db_lock:
+            for engine in self._engines.values():
+                engine.dispose()
+            self._engines.clear()
 
     def _store(self, events: list[EventLogEntry]) -> None:
         if len(events) == 1:
