@@ -1,5 +1,5 @@
 """`python -m rollup_assets.cli`."""
 
-from rollup_assets.cli.app import main
+from rollup_assets.cli.app import run
 
-main()
+run()

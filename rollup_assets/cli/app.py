@@ -5,12 +5,14 @@ Every command exits non-zero with a one-line reason on bad input; commands that 
 accept `--format json` (and `csv`/`table` where rows are tabular).
 """
 
+import atexit
 import os
 import sys
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from functools import cache, wraps
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -203,6 +205,40 @@ def main() -> None:
     ./warehouse), DAGSTER_HOME (default ./.dagster_home), ROLLUPS_TENANT (the tenant of a spec
     that declares tenants, when a command's --tenant is not given).
     """
+
+
+def run() -> NoReturn:
+    """The `rollups` console script: `main`, then the process ends once Python's own exit work
+    is done (non-daemon threads joined, atexit handlers run, output flushed), without running the
+    C++ static destructors of native libraries. Arrow's thread pools can abort the process in
+    theirs (`terminate called without an active exception`, exit -6) after a command succeeded."""
+    try:
+        main()
+    except SystemExit as exc:
+        code = _status(exc.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    else:
+        code = 0
+    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter runs at exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120  # the interpreter's status when it cannot flush its output
+    os._exit(code)
+
+
+def _status(code: object) -> int:
+    """The exit status `sys.exit(code)` gives."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 def runs_context() -> tuple["dg.Definitions", "dg.DagsterInstance"]:

@@ -1,7 +1,7 @@
 """The `rollups` command surface: help everywhere, one-line errors, machine-readable output.
 
-Runs in-process with click's runner against a fresh warehouse (no Spark); one test runs the real
-console entry point in a subprocess. The CLI caches its catalog and engine, so the fixture clears
+Runs in-process with click's runner against a fresh warehouse (no Spark); a few tests run the
+real console entry point in a subprocess. The CLI caches its catalog and engine, so the fixture clears
 them around each test.
 """
 
@@ -362,3 +362,39 @@ def test_the_console_entry_point_fails_with_one_line(tmp_path: Path) -> None:
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == [f"error: --from {T2} is not before --to {T1}"]
+
+
+# A native library whose exit-time destructor aborts, as Arrow's thread pools can: the C library
+# runs `abort` when the process exits through `exit()`.
+ABORTING_LIBRARY = """
+import atexit, ctypes, sys
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+atexit.register(lambda: print("atexit handlers ran", file=sys.stderr))
+from rollup_assets.cli import run
+sys.argv = ["rollups", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["validate", "--format", "json"], 0), (["query", "nope", "--format", "json"], 2)],
+)
+def test_the_console_entry_point_exits_with_its_status_past_native_exit_destructors(
+    tmp_path: Path, args: list[str], code: int
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLUPS_")}
+    env.update(ROLLUPS_WAREHOUSE=str(tmp_path / "warehouse"), DAGSTER_HOME=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", ABORTING_LIBRARY, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == code, out.stderr  # not -6: the native destructors never ran
+    assert out.stderr.splitlines()[-1] == "atexit handlers ran"
+    if code == 0:
+        assert json.loads(out.stdout)  # the whole output, flushed
