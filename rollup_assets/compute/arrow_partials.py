@@ -69,8 +69,9 @@ def partials_arrow(
     ts = rows[source.time_column].cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
     idx = np.searchsorted(starts, ts, side="right") - 1
     inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0
-    placed = rows.filter(pa.array(inside))
-    picked = idx[inside]
+    everything = bool(inside.all())  # the usual case: a filter would copy every row
+    placed = rows if everything else rows.filter(pa.array(inside))
+    picked = idx if everything else idx[inside]
     placed = placed.append_column(
         "__bucket", pa.array(starts[picked], pa.int64()).cast(TS)
     ).append_column("__end", pa.array(ends[picked], pa.int64()).cast(TS))

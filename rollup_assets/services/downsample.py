@@ -186,7 +186,7 @@ def _stored(
     is current (it holds each average's sum and count), otherwise resolved from the pointers."""
     snap = engine.rollups.snapshot(spec)
     if entities is None:
-        rows = current_rows(engine, spec, snap, window, partials=True)
+        rows = current_rows(engine, spec, snap, window, partials=True, ordered=False)
         if rows is not None:
             return rows.cast(partial_schema(spec))
     return stored_partials(engine, spec, window, entities, snapshot=snap)

@@ -57,23 +57,25 @@ def current_rows(
     snap: Snapshot,
     window: Window,
     partials: bool = False,
+    ordered: bool = True,
 ) -> pa.Table | None:
     """What a query of `snap` returns for buckets starting in `window`, every entity: their
     logical rows (with `partials`, their stored partials: `entity_id`, `bucket_start`,
-    `bucket_end` and `spec.stored_columns`), ordered by bucket start and entity, read from the
+    `bucket_end` and `spec.stored_columns`), ordered by bucket start and entity (unless not
+    `ordered`: then in the surface's file order, for a caller that groups them), read from the
     surface when it holds exactly `snap`'s active rows (the versions it records are `snap`'s, or
     older by commits that leave the active rows as they were: `_still_current`). None when it
     does not (no surface, one lagging behind the rollup, one of other columns or an older
     format, or one that cannot be read): the caller resolves the active rows itself."""
     try:
-        return _current_rows(engine, spec, snap, window, partials)
+        return _current_rows(engine, spec, snap, window, partials, ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
         return None
 
 
 def _current_rows(
-    engine: Engine, spec: RollupSpec, snap: Snapshot, window: Window, partials: bool
+    engine: Engine, spec: RollupSpec, snap: Snapshot, window: Window, partials: bool, ordered: bool
 ) -> pa.Table | None:
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     surface = open_table(uri, options)
@@ -101,15 +103,19 @@ def _current_rows(
     parts: dict[str, list[dict]] = {}
     for f in files:
         parts.setdefault(str(f.get(f"partition.{PART_COLUMN}")), []).append(f)
-    ordered = [in_entity_order(parts[p]) for p in sorted(parts)]
+    by_part = [in_entity_order(parts[p]) for p in sorted(parts)]
     targets = [(window, None)]
 
     def read(f: dict) -> pa.Table:
         data = read_row_groups(uri, options, f["path"], logical.names, "bucket_start", targets)
         return data.filter(in_windows(data["bucket_start"], [window])).cast(logical)
 
-    tables = iter(READERS.map(read, [f for group in ordered for f in group]))
-    merged = [in_query_order([next(tables) for _ in group]) for group in ordered]
+    tables = iter(READERS.map(read, [f for group in by_part for f in group]))
+    if not ordered:
+        # One chunk per file: merged into query order, a partition's rows would be a slice per
+        # bucket and file, and every later Arrow kernel pays per chunk.
+        return pa.concat_tables([logical.empty_table(), *tables])
+    merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])
     if not _in_query_order(rows):
         rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])

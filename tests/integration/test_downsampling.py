@@ -3,6 +3,7 @@ the Vienna DST switch of March 2025 (a 23-hour day), ISO week 2025-W01 (spanning
 month and year ends; fixed steps; every entity merged (`group_by="all"`), on Arrow and Spark."""
 
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
@@ -20,7 +21,7 @@ from rollup_assets.model.errors import (
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.steps import step_spec
 from rollup_assets.model.windows import Window
-from rollup_assets.services import downsample
+from rollup_assets.services import downsample, surface_layout
 from rollup_assets.services.downsample import downsample_arrow, downsample_spark
 from rollup_assets.services.surface import publish
 from tests.conftest import World, days, world_of
@@ -203,18 +204,28 @@ def test_a_current_surface_is_read_for_every_entity(
 ) -> None:
     """Once published, the surfaces hold each average's sum and count: downsampling every entity
     reads them, never resolving the pointers, and still equals the oracle (an average of the
-    step, not of its buckets' averages)."""
+    step, not of its buckets' averages), in step and entity order although it reads them in the
+    surface's file order (here a file per meter and partition)."""
+    monkeypatch.setattr(surface_layout, "SURFACE_FILE_ROWS", 16)
     for rollup in chain.catalog.rollups:
-        publish(chain.engine, chain.catalog.rollup(rollup))
+        spec = chain.catalog.rollup(rollup)
+        shutil.rmtree(chain.engine.rollups.surface_uri(spec), ignore_errors=True)  # built anew
+        publish(chain.engine, spec)
 
     def resolved(*args: object, **kwargs: object) -> pa.Table:
         raise AssertionError("the pointers were resolved while the surface was current")
 
     monkeypatch.setattr(downsample, "stored_partials", resolved)
-    for rollup, every in (("energy_daily", "month"), ("energy_hourly", "day")):
+    for rollup, every in (
+        ("energy_daily", "month"),
+        ("energy_hourly", "day"),
+        ("energy_hourly", "3h"),
+    ):
         step = step_spec(chain.catalog.rollup(rollup), every)
         got = downsample_arrow(chain.engine, rollup, every)
         assert compare(actual(got), expected(chain, rollup, every), step) == []
+        keys = list(zip(got["step_start"].to_pylist(), got["entity_id"].to_pylist(), strict=True))
+        assert keys == sorted(keys), f"{rollup} by {every}: not in step and entity order"
         merged = downsample_arrow(chain.engine, rollup, every, group_by="all")
         want = expected(chain, rollup, every, merged=True)
         assert compare(actual(merged, merged=True), want, step) == []

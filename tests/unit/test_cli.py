@@ -1,8 +1,8 @@
 """The `rollups` command surface: help everywhere, one-line errors, machine-readable output.
 
 Runs in-process with click's runner against a fresh warehouse (no Spark); a few tests run the
-real console entry point in a subprocess. The CLI caches its catalog and engine, so the fixture clears
-them around each test.
+real console entry point in a subprocess. The CLI caches its catalog and engine, so the fixture
+clears them around each test.
 """
 
 import json
