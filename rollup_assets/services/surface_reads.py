@@ -112,8 +112,8 @@ def _current_rows(
 
     tables = iter(READERS.map(read, [f for group in by_part for f in group]))
     if not ordered:
-        # One chunk per file: merged into query order, a partition's rows would be a slice per
-        # bucket and file, and every later Arrow kernel pays per chunk.
+        # A chunk per file's row group read; merged into query order, a partition's rows would
+        # be a slice per bucket and file, and every later Arrow kernel pays per chunk.
         return pa.concat_tables([logical.empty_table(), *tables])
     merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])
