@@ -32,6 +32,7 @@ from rollup_assets.resources import (
 from rollup_assets.resources.batch_sources import BatchSource
 from rollup_assets.resources.delta_commits import table_identity
 from rollup_assets.resources.delta_tables import commit_history, with_user_metadata
+from rollup_assets.resources.memory import returning_memory
 from rollup_assets.resources.raw_deletes import DroppedDays
 from rollup_assets.resources.raw_ingest import IngestResult
 from rollup_assets.resources.raw_tables import RAW_CONFIGURATION, RawTables, configured
@@ -129,6 +130,7 @@ class RawStore(RawTables):
         """Delete the archive's table (a deleted archive)."""
         self.warehouse.drop_table(self.uri(spec))
 
+    @returning_memory
     def ingest(
         self,
         spec: SourceSpec,

@@ -33,6 +33,7 @@ from rollup_assets.model.propagation import propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.memory import returning_memory
 from rollup_assets.resources.rollup_reads import CellsUnknowable
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.recompute_work import refresh_job, waited
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 DRIVER_SOURCE_ROWS = 2_000_000
 
 
+@returning_memory
 def run_forward(
     engine: Engine,
     spark: SparkSession,

@@ -52,6 +52,7 @@ from rollup_assets.model.specs import Catalog, RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_tables import open_table, with_retries
 from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.memory import returning_memory
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.recovery import recover
@@ -133,6 +134,7 @@ def table_uris(warehouse: Warehouse, catalog: Catalog) -> list[str]:
     return uris + [warehouse.control_path(t) for t in ("archives", "ledger")]
 
 
+@returning_memory
 def maintain(
     engine: Engine,
     *,

@@ -55,6 +55,7 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import read_pointers
+from rollup_assets.resources.memory import returning_memory
 from rollup_assets.resources.rollup_reads import CellsUnknowable
 from rollup_assets.services.correction import SourceChange, shown_again
 from rollup_assets.services.engine import Engine
@@ -100,6 +101,7 @@ def start_job(
     return Job(rollup=spec.name, trigger=trigger, windows=windows, entities=entities)
 
 
+@returning_memory
 def run_recompute(
     engine: Engine,
     spark: SparkSession,

@@ -68,6 +68,7 @@ from rollup_assets.faults import checkpoint
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.resources.delta_commits import CommitPlan, commit
+from rollup_assets.resources.memory import returning_memory
 from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
@@ -140,6 +141,7 @@ class Known:
         return all(e is not None and (e, t) in self.cells for e, t in pairs)
 
 
+@returning_memory
 def publish(engine: Engine, spec: RollupSpec, known: Known | None = None) -> Published:
     """Bring the rollup's surface up to date with its active rows, in one commit (creating it,
     or rebuilding it whole, when what changed since it was written cannot be told). The rows

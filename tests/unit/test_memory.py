@@ -1,0 +1,84 @@
+"""Steps that move many rows hand the native memory they freed back to the operating system."""
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from rollup_assets.model.errors import IngestValidationError
+from rollup_assets.model.jobs import ChangeSource
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.resources import memory
+from rollup_assets.resources.batch_sources import TableSource
+from rollup_assets.resources.raw_store import RawStore
+from rollup_assets.resources.warehouse import Warehouse
+from rollup_assets.services.forward import run_forward
+from rollup_assets.services.maintenance import maintain
+from rollup_assets.services.recompute import run_recompute
+from rollup_assets.services.surface import publish
+from rollup_assets.settings import DEFAULT_SPECS
+
+ENERGY = load_catalog(DEFAULT_SPECS).raw["energy_raw"]
+
+# Arrow tables of 400 MiB built on a thread pool (as the readers build them), then dropped: the
+# process's resident memory with them, after them, and after `release_unused`.
+PROBE = """
+import gc, json, numpy as np, psutil, pyarrow as pa, pyarrow.compute as pc
+from concurrent.futures import ThreadPoolExecutor
+from rollup_assets.resources.memory import release_unused
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+before = rss()
+with ThreadPoolExecutor(4) as pool:
+    tables = list(pool.map(lambda i: pc.multiply(pa.array(np.arange(5_000_000.0)), 2.0), range(10)))
+held = rss()
+del tables
+gc.collect()
+freed = rss()
+release_unused()
+print(json.dumps({"before": before, "held": held, "freed": freed, "released": rss()}))
+"""
+
+
+def test_release_unused_returns_the_pages_freed_tables_held() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120
+    )
+    rss = json.loads(out.stdout)
+    assert rss["held"] - rss["before"] > 300, rss  # the tables were resident
+    # Freed, the pages stay with the allocators for reuse; released, they leave the process.
+    assert rss["released"] - rss["before"] < 120, rss
+
+
+def test_an_ingest_releases_memory_when_it_succeeds_and_when_it_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(memory, "release_unused", lambda: calls.append("released"))
+    store = RawStore(Warehouse(str(tmp_path / "warehouse")))
+    store.ensure_table(ENERGY)
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    rows = pa.table(
+        {
+            "entity_id": ["m1", "m2"],
+            "ts": pa.array([t0, t0 + timedelta(hours=1)], pa.timestamp("us", tz="UTC")),
+            "energy_kwh": [1.0, 2.0],
+            "power_kw": [1.0, 1.0],
+            "voltage_v": [230.0, 230.0],
+        }
+    )
+    result = store.ingest(ENERGY, TableSource(ENERGY.name, rows), ChangeSource.MANUAL)
+    assert result.inserted == 2
+    assert calls == ["released"]
+    bad = rows.set_column(0, "entity_id", pa.array([None, "m2"], pa.string()))
+    with pytest.raises(IngestValidationError):
+        store.ingest(ENERGY, TableSource(ENERGY.name, bad), ChangeSource.MANUAL)
+    assert calls == ["released", "released"]
+
+
+def test_every_step_that_moves_many_rows_releases_memory_after_it() -> None:
+    for step in (RawStore.ingest, run_recompute, run_forward, publish, maintain):
+        assert step.__code__ is memory.returning_memory(len).__code__, step.__qualname__
