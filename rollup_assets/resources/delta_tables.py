@@ -226,3 +226,55 @@ def prune_files(
             continue
         out.append(f)
     return out
+
+
+# A file whose rows span more days than this is looked at for every span (`span_pruner`).
+_INDEXED_DAYS = 400
+
+
+def span_pruner(
+    files: list[dict],
+    *,
+    time_column: str,
+    entities: frozenset[str] | None,
+    day_column: str | None = None,
+) -> Callable[[Window], list[dict]]:
+    """`prune_files` of `files` for one span at a time, for many spans (a fill plans one per
+    storage partition): each file is indexed once under the UTC days its statistics (or its day
+    partition) bound it to, so a span prunes only the files of its own days."""
+    day = dt.timedelta(days=1)
+    by_day: dict[dt.date, list[int]] = {}
+    anywhere: list[int] = []
+    for i, f in enumerate(files):
+        lo, hi = f.get(f"min.{time_column}"), f.get(f"max.{time_column}")
+        if lo is None or hi is None:
+            part = f.get(f"partition.{day_column}") if day_column else None
+            lo = hi = None if part is None else dt.datetime.combine(part, dt.time(0), dt.UTC)
+        if lo is None or hi is None or (hi - lo).days > _INDEXED_DAYS:
+            anywhere.append(i)
+            continue
+        d, last = lo.astimezone(dt.UTC).date(), hi.astimezone(dt.UTC).date()
+        while d <= last:
+            by_day.setdefault(d, []).append(i)
+            d += day
+
+    def files_for(span: Window) -> list[dict]:
+        first = span.start.astimezone(dt.UTC).date()
+        last = (span.end - dt.timedelta(microseconds=1)).astimezone(dt.UTC).date()
+        if (last - first).days > _INDEXED_DAYS:
+            picked: set[int] = set(range(len(files)))
+        else:
+            picked = set(anywhere)
+            d = first
+            while d <= last:
+                picked.update(by_day.get(d, ()))
+                d += day
+        return prune_files(
+            [files[i] for i in sorted(picked)],
+            time_column=time_column,
+            spans=[span],
+            entities=entities,
+            day_column=day_column,
+        )
+
+    return files_for

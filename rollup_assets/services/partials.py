@@ -22,8 +22,8 @@ from rollup_assets.compute.folding import CellKey
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, Catalog, RollupSpec
-from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.delta_tables import file_actions, prune_files
+from rollup_assets.model.windows import merge_windows
+from rollup_assets.resources.delta_tables import file_actions, span_pruner
 from rollup_assets.resources.fill import (
     MAX_FILL_SOURCE_ROWS,
     Fill,
@@ -247,15 +247,9 @@ class Partials:
             time_column, day_column = source.time_column, DAY_COLUMN
         sizes = {f["path"]: f.get("num_records") for f in live}
 
-        def files_for(span: Window) -> list[dict]:
-            return prune_files(
-                live,
-                time_column=time_column,
-                spans=[span],
-                entities=cells.entities,
-                day_column=day_column,
-            )
-
+        files_for = span_pruner(
+            live, time_column=time_column, entities=cells.entities, day_column=day_column
+        )
         parts = plan_parts(spec, cells.windows, files_for)
         return Fill(spec, source, uri, options, versions, parts, pointers, sizes)
 
