@@ -21,6 +21,13 @@ from pyspark.sql import functions as F
 from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.compute.fold_tables import fold
+from rollup_assets.compute.fold_tasks import (
+    UNKNOWABLE,
+    as_stored_rows,
+    fold_task,
+    newest_generations,
+    with_flag,
+)
 from rollup_assets.compute.folding import CellKey
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
@@ -38,6 +45,9 @@ from rollup_assets.resources.visible_rows import (
 )
 from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 
+# Corrected cells a read folds on the driver at most; more are folded by executor tasks of as
+# many cells each (`_folded_spark`).
+FOLD_TASK_CELLS = 20_000
 # Threads that read a rollup's files side by side (shared, so a query starts none).
 READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
 
@@ -110,29 +120,67 @@ class RollupReads(RollupSnapshots):
         snap: Snapshot,
         unknown: Unknown,
     ) -> DataFrame:
-        """`visible` rows with each corrected cell's difference rows folded into its base. The
-        cells with difference rows are few (maintenance folds them into new bases): their rows
-        are folded on the driver and put back."""
+        """`visible` rows with each corrected cell's difference rows folded into its base. Up
+        to `FOLD_TASK_CELLS` corrected cells are folded on the driver; more (a wave of
+        corrections before maintenance folds them) on the executors, a task per batch of
+        cells, so the driver never holds more than a batch's rows."""
         changed = visible.where(F.col(DELTA_COLUMN)).select(ENTITY_COLUMN, "bucket_start")
         keys = changed.distinct().toArrow()
         if keys.num_rows == 0:
             return visible
-        marked = spark.createDataFrame(
-            keys.append_column("__folded", pa.array([True] * keys.num_rows, pa.bool_()))
+        marked = F.broadcast(
+            spark.createDataFrame(
+                keys.append_column("__folded", pa.array([True] * keys.num_rows, pa.bool_()))
+            )
         )
-        plain = (
-            visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="left")
-            .where(F.col("__folded").isNull())
-            .drop("__folded")
+        on = [ENTITY_COLUMN, "bucket_start"]
+        plain = (visible.join(marked, on=on, how="left").where(F.col("__folded").isNull())).drop(
+            "__folded"
         )
-        rows = visible.join(F.broadcast(marked), on=[ENTITY_COLUMN, "bucket_start"], how="inner")
-        folded = self._folded_arrow(spec, rows.drop("__folded").toArrow(), snap, unknown)
+        rows = visible.join(marked, on=on, how="inner").drop("__folded")
+        schema = data_schema(spec)
+        if keys.num_rows > FOLD_TASK_CELLS:
+            return self._folded_on_executors(spark, spec, plain, rows, keys.num_rows, unknown)
+        folded = self._folded_arrow(spec, rows.toArrow(), snap, unknown)
         if folded.num_rows == 0:
             # Every changed cell lost its last source row (Spark cannot build a frame from an
             # Arrow table without chunks).
             return plain
-        schema = spark_schema(data_schema(spec))
-        return plain.unionByName(spark.createDataFrame(folded.select(schema.names), schema))
+        return plain.unionByName(
+            spark.createDataFrame(folded.select(schema.names), spark_schema(schema))
+        )
+
+    def _folded_on_executors(
+        self,
+        spark: SparkSession,
+        spec: RollupSpec,
+        plain: DataFrame,
+        rows: DataFrame,
+        cells: int,
+        unknown: Unknown,
+    ) -> DataFrame:
+        """`plain` and the rows of `cells` corrected cells folded by executor tasks
+        (`compute.fold_tasks`); the driver reads back only the cells a fold cannot know."""
+        schema = data_schema(spec)
+        on = [ENTITY_COLUMN, "bucket_start"]
+        folded = (
+            rows.repartition(-(-cells // max(FOLD_TASK_CELLS, 1)), *on)
+            .mapInArrow(fold_task(spec, schema), spark_schema(with_flag(schema)))
+            # Folded once: the cells it cannot know are read from it, then the rest returned.
+            .localCheckpoint()
+        )
+        known = plain.unionByName(folded.where(~F.col(UNKNOWABLE)).drop(UNKNOWABLE))
+        lost = folded.where(F.col(UNKNOWABLE)).select(*on, "bucket_end", "generation").toArrow()
+        if lost.num_rows == 0:
+            return known
+        keys = list(
+            zip(lost[ENTITY_COLUMN].to_pylist(), lost["bucket_start"].to_pylist(), strict=True)
+        )
+        newest = dict(zip(keys, lost["generation"].to_pylist(), strict=True))
+        again = self._unknown_rows(spec, keys, newest, unknown, schema)
+        if again.num_rows == 0:
+            return known
+        return known.unionByName(spark.createDataFrame(again, spark_schema(schema)))
 
     def may_hold(
         self,
@@ -259,11 +307,26 @@ class RollupReads(RollupSnapshots):
         folded, keys = fold(rows.cast(data_schema(spec)), spec)
         if not keys:
             return folded
+        again = self._unknown_rows(
+            spec, keys, newest_generations(rows, keys), unknown, folded.schema
+        )
+        return pa.concat_tables([folded, again])
+
+    def _unknown_rows(
+        self,
+        spec: RollupSpec,
+        keys: list[CellKey],
+        generation: dict[CellKey, int],
+        unknown: Unknown,
+        schema: pa.Schema,
+    ) -> pa.Table:
+        """Rows of `schema` for cells a fold cannot know, as `unknown` says (refused: raises),
+        each at its newest visible `generation`."""
         if unknown is Unknown.REFUSE:
             raise CellsUnknowable(spec.name, keys)
         if unknown is Unknown.BLANK:
             bucketing = Bucketing.of(spec)
-            ts = rows.schema.field("bucket_start").type
+            ts = schema.field("bucket_start").type
             again = pa.table(
                 {
                     ENTITY_COLUMN: pa.array([e for e, _ in keys], pa.string()),
@@ -275,9 +338,7 @@ class RollupReads(RollupSnapshots):
             raise RuntimeError(f"'{spec.name}': {len(keys)} cell(s) need a refill, none given")
         else:
             again = self.refill(spec, keys)
-        return pa.concat_tables(
-            [folded, _as_rows_of(again, folded.schema, generation=_newest(rows, keys))]
-        )
+        return as_stored_rows(again, schema, generation=generation)
 
 
 def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
@@ -305,40 +366,6 @@ def _not_in(rows: pa.Table, keys: pa.Table) -> pa.Table:
     keep = np.ones(rows.num_rows, dtype=bool)
     keep[hit] = False
     return rows.filter(pa.array(keep))
-
-
-def _newest(rows: pa.Table, cells: list[CellKey]) -> dict[CellKey, int]:
-    wanted = set(cells)
-    out: dict[CellKey, int] = {}
-    for e, b, g in zip(
-        rows[ENTITY_COLUMN].to_pylist(),
-        rows["bucket_start"].to_pylist(),
-        rows["generation"].to_pylist(),
-        strict=True,
-    ):
-        if (e, b) in wanted:
-            out[(e, b)] = max(out.get((e, b), 0), g)
-    return out
-
-
-def _as_rows_of(again: pa.Table, schema: pa.Schema, generation: dict[CellKey, int]) -> pa.Table:
-    """Partials aggregated again (`refill`), in the shape of stored rows at each cell's newest
-    visible generation."""
-    n = again.num_rows
-    keys = list(
-        zip(again[ENTITY_COLUMN].to_pylist(), again["bucket_start"].to_pylist(), strict=True)
-    )
-    columns = {}
-    for f in schema:
-        if f.name in again.column_names:
-            columns[f.name] = again[f.name].cast(f.type)
-        elif f.name == "generation":
-            columns[f.name] = pa.array([generation.get(k, 0) for k in keys], pa.int64())
-        elif f.name == DELTA_COLUMN:
-            columns[f.name] = pa.array([False] * n, pa.bool_())
-        else:
-            columns[f.name] = pa.nulls(n, f.type)
-    return pa.table(columns, schema=schema)
 
 
 def _requested(rows: pa.Table, columns: Sequence[str] | None) -> pa.Table:

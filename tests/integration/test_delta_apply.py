@@ -22,6 +22,7 @@ from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import ChangeSource, Job, JobState, Trigger
 from rollup_assets.model.partials import SPARES
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_reads import CellsUnknowable, Unknown
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.query import query_arrow
 from tests.conftest import World, days
@@ -267,12 +268,20 @@ def test_mixed_waves_applied_as_differences_equal_the_oracle(
         ), (was, now)
 
 
+# Where a Spark read folds its corrected cells: on the driver (few cells), or in executor tasks
+# (past `FOLD_TASK_CELLS`; 0 sends every corrected cell there).
+FOLD_SITES = pytest.mark.parametrize("fold_cells", [None, 0], ids=["driver", "executors"])
+
+
+@FOLD_SITES
 def test_a_spark_read_of_cells_whose_every_reading_was_deleted_leaves_them_out(
-    world: World, spark
+    world: World, spark, monkeypatch: pytest.MonkeyPatch, fold_cells: int | None
 ) -> None:
     """Every reading of an hour deleted: the hour's difference leaves no row. A read on Spark
-    (what aggregates the level above again from this one) folds the changed cells on the
-    driver and leaves that cell out, even when it is the only changed cell."""
+    (what aggregates the level above again from this one) folds the changed cells and leaves
+    that cell out, even when it is the only changed cell, wherever it folds them."""
+    if fold_cells is not None:
+        monkeypatch.setattr("rollup_assets.resources.rollup_reads.FOLD_TASK_CELLS", fold_cells)
     first = date(2025, 11, 3)
     world.ops.activate("energy_raw", now=NOW)
     world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(first, 2)]))
@@ -297,4 +306,59 @@ def test_a_spark_read_of_cells_whose_every_reading_was_deleted_leaves_them_out(
     }
     naive = hour.replace(tzinfo=None)  # Spark hands back UTC instants without a zone
     assert ("meter-0000", naive) not in cells and ("meter-0001", naive) in cells
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+@FOLD_SITES
+def test_a_spark_read_gives_cells_whose_kept_extremes_ran_out_as_asked(
+    world: World, spark, monkeypatch: pytest.MonkeyPatch, fold_cells: int | None
+) -> None:
+    """A day's highest voltages lowered past its kept extremes: a Spark read of the daily level
+    aggregates that cell again (as the query path does), leaves it blank, or refuses, naming
+    it, wherever the corrected cells are folded."""
+    if fold_cells is not None:
+        monkeypatch.setattr("rollup_assets.resources.rollup_reads.FOLD_TASK_CELLS", fold_cells)
+    first = date(2025, 11, 3)
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(first, 2)]))
+    world.activate_all(NOW)
+    midnight = datetime(2025, 11, 3, tzinfo=UTC)
+    world.backfill([Window(midnight, midnight + timedelta(days=2))])
+    start = datetime(2025, 11, 2, 23, tzinfo=UTC)  # the local (Vienna) day 2025-11-03
+    world.tick(NOW)
+    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+    stored = stored.drop_columns(["day", "current_a"])
+    ts = stored["ts"]
+    in_day = pc.and_(
+        pc.equal(stored["entity_id"], "meter-0000"),
+        pc.and_(
+            pc.greater_equal(ts, pa.scalar(start, ts.type)),
+            pc.less(ts, pa.scalar(start + timedelta(days=1), ts.type)),
+        ),
+    )
+    rows = stored.filter(pc.and_(in_day, pc.is_valid(stored["voltage_v"])))
+    top = rows.sort_by([("voltage_v", "descending")]).slice(0, SPARES + 1)
+    world.ingest(top.set_column(4, "voltage_v", pc.subtract(top["voltage_v"], 50.0)))
+    world.tick(NOW)
+    spec = world.catalog.rollup("energy_daily")
+    span = [Window(start, start + timedelta(days=2))]
+    with pytest.raises(CellsUnknowable) as refused:
+        world.engine.rollups.read_spark(spark, spec, span, unknown=Unknown.REFUSE)
+    assert refused.value.keys == [("meter-0000", start)]
+
+    def read(unknown: Unknown) -> dict:
+        frame = world.engine.rollups.read_spark(spark, spec, span, unknown=unknown)
+        cells = frame.select("entity_id", "bucket_start", "voltage_v_max").collect()
+        return {(r["entity_id"], r["bucket_start"]): r["voltage_v_max"] for r in cells}
+
+    naive = start.replace(tzinfo=None)  # Spark hands back UTC instants without a zone
+    refilled, blank = read(Unknown.REFILL), read(Unknown.BLANK)
+    assert len(refilled) == len(blank) == 4  # two meters, two days
+    truth = pc.max(pc.subtract(top["voltage_v"], 50.0)).as_py()
+    truth = max(truth, rows.sort_by([("voltage_v", "descending")])["voltage_v"][SPARES + 1].as_py())
+    assert refilled[("meter-0000", naive)] == truth
+    assert blank[("meter-0000", naive)] is None
+    assert {k: v for k, v in blank.items() if k[0] != "meter-0000" or k[1] != naive} == {
+        k: v for k, v in refilled.items() if k[0] != "meter-0000" or k[1] != naive
+    }
     assert compare_all(world.query, world.raw(), world.catalog) == []
