@@ -273,6 +273,22 @@ def test_mixed_waves_applied_as_differences_equal_the_oracle(
 FOLD_SITES = pytest.mark.parametrize("fold_cells", [None, 0], ids=["driver", "executors"])
 
 
+def two_meters_two_days(
+    world: World, monkeypatch: pytest.MonkeyPatch, fold_cells: int | None
+) -> datetime:
+    """Two meters' readings of 2025-11-03 and 04 (UTC), every level up to date, Spark reads
+    folding at the site asked for; the first day's UTC midnight."""
+    if fold_cells is not None:
+        monkeypatch.setattr("rollup_assets.resources.rollup_reads.FOLD_TASK_CELLS", fold_cells)
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(date(2025, 11, 3), 2)]))
+    world.activate_all(NOW)
+    midnight = datetime(2025, 11, 3, tzinfo=UTC)
+    world.backfill([Window(midnight, midnight + timedelta(days=2))])
+    world.tick(NOW)
+    return midnight
+
+
 @FOLD_SITES
 def test_a_spark_read_of_cells_whose_every_reading_was_deleted_leaves_them_out(
     world: World, spark, monkeypatch: pytest.MonkeyPatch, fold_cells: int | None
@@ -280,15 +296,7 @@ def test_a_spark_read_of_cells_whose_every_reading_was_deleted_leaves_them_out(
     """Every reading of an hour deleted: the hour's difference leaves no row. A read on Spark
     (what aggregates the level above again from this one) folds the changed cells and leaves
     that cell out, even when it is the only changed cell, wherever it folds them."""
-    if fold_cells is not None:
-        monkeypatch.setattr("rollup_assets.resources.rollup_reads.FOLD_TASK_CELLS", fold_cells)
-    first = date(2025, 11, 3)
-    world.ops.activate("energy_raw", now=NOW)
-    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(first, 2)]))
-    world.activate_all(NOW)
-    start = datetime(2025, 11, 3, tzinfo=UTC)
-    world.backfill([Window(start, start + timedelta(days=2))])
-    world.tick(NOW)
+    start = two_meters_two_days(world, monkeypatch, fold_cells)
     hour = start + timedelta(hours=7)
     world.engine.raw.delete_rows(
         world.catalog.raw["energy_raw"],
@@ -316,16 +324,8 @@ def test_a_spark_read_gives_cells_whose_kept_extremes_ran_out_as_asked(
     """A day's highest voltages lowered past its kept extremes: a Spark read of the daily level
     aggregates that cell again (as the query path does), leaves it blank, or refuses, naming
     it, wherever the corrected cells are folded."""
-    if fold_cells is not None:
-        monkeypatch.setattr("rollup_assets.resources.rollup_reads.FOLD_TASK_CELLS", fold_cells)
-    first = date(2025, 11, 3)
-    world.ops.activate("energy_raw", now=NOW)
-    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(first, 2)]))
-    world.activate_all(NOW)
-    midnight = datetime(2025, 11, 3, tzinfo=UTC)
-    world.backfill([Window(midnight, midnight + timedelta(days=2))])
+    two_meters_two_days(world, monkeypatch, fold_cells)
     start = datetime(2025, 11, 2, 23, tzinfo=UTC)  # the local (Vienna) day 2025-11-03
-    world.tick(NOW)
     stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
     stored = stored.drop_columns(["day", "current_a"])
     ts = stored["ts"]
