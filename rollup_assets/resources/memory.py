@@ -4,7 +4,7 @@ Arrow's default pool (mimalloc) and glibc's malloc keep the pages a freed table 
 next allocation: a process that lives on after a large step (a code server's sensors, runs
 executed in-process, a notebook ingesting file after file) would otherwise keep the high-water
 mark of its largest step for good, and the next step would start from it. Each step that moves
-many rows (an ingest, a recompute or forward run, a surface publish) ends with
+many rows (an ingest, a recompute or forward run, a surface publish, maintenance) ends with
 `release_unused`, which costs milliseconds.
 """
 
