@@ -51,15 +51,7 @@ def with_flag(schema: pa.Schema) -> pa.Schema:
 def unknowable_rows(rows: pa.Table, cells: list[CellKey], out: pa.Schema) -> pa.Table:
     """For each of `cells`, a row of its keys, bucket end and newest visible generation in
     `rows`, flagged unknowable; every other column null."""
-    ts = rows.schema.field("bucket_start").type
-    wanted = pa.table(
-        {
-            ENTITY_COLUMN: pa.array([e for e, _ in cells], pa.string()),
-            "bucket_start": pa.array([s for _, s in cells], ts),
-        }
-    )
-    mine = rows.select([*KEYS, "bucket_end", "generation"]).join(wanted, KEYS, join_type="inner")
-    grouped = mine.group_by(KEYS).aggregate([("bucket_end", "max"), ("generation", "max")])
+    grouped = _newest(rows, cells)
     n = grouped.num_rows
     columns = {}
     for f in out:
@@ -74,19 +66,25 @@ def unknowable_rows(rows: pa.Table, cells: list[CellKey], out: pa.Schema) -> pa.
     return pa.table(columns, schema=out)
 
 
+def _newest(rows: pa.Table, cells: list[CellKey]) -> pa.Table:
+    """Per cell of `cells` present in `rows`: its keys, bucket end and newest generation
+    (`bucket_end_max`, `generation_max`)."""
+    ts = rows.schema.field("bucket_start").type
+    wanted = pa.table(
+        {
+            ENTITY_COLUMN: pa.array([e for e, _ in cells], pa.string()),
+            "bucket_start": pa.array([s for _, s in cells], ts),
+        }
+    )
+    mine = rows.select([*KEYS, "bucket_end", "generation"]).join(wanted, KEYS, join_type="inner")
+    return mine.group_by(KEYS).aggregate([("bucket_end", "max"), ("generation", "max")])
+
+
 def newest_generations(rows: pa.Table, cells: list[CellKey]) -> dict[CellKey, int]:
     """The newest generation among each of `cells`' rows in `rows`."""
-    wanted = set(cells)
-    out: dict[CellKey, int] = {}
-    for e, b, g in zip(
-        rows[ENTITY_COLUMN].to_pylist(),
-        rows["bucket_start"].to_pylist(),
-        rows["generation"].to_pylist(),
-        strict=True,
-    ):
-        if (e, b) in wanted:
-            out[(e, b)] = max(out.get((e, b), 0), g)
-    return out
+    grouped = _newest(rows, cells)
+    keys = zip(grouped[ENTITY_COLUMN].to_pylist(), grouped["bucket_start"].to_pylist(), strict=True)
+    return dict(zip(keys, grouped["generation_max"].to_pylist(), strict=True))
 
 
 def as_stored_rows(again: pa.Table, schema: pa.Schema, generation: dict[CellKey, int]) -> pa.Table:
