@@ -5,10 +5,8 @@ Every command exits non-zero with a one-line reason on bad input; commands that 
 accept `--format json` (and `csv`/`table` where rows are tabular).
 """
 
-import atexit
 import os
 import sys
-import threading
 from collections.abc import Callable
 from datetime import datetime
 from functools import cache, wraps
@@ -21,6 +19,7 @@ from rollup_assets.cli.format import render
 from rollup_assets.faults import arm
 from rollup_assets.model.errors import InvalidTimeRangeError, RollupsError, TenantError
 from rollup_assets.model.windows import parse_instant
+from rollup_assets.resources.processes import exit_after_python
 from rollup_assets.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -209,9 +208,7 @@ def main() -> None:
 
 def run() -> NoReturn:
     """The `rollups` console script: `main`, then the process ends once Python's own exit work
-    is done (non-daemon threads joined, atexit handlers run, output flushed), without running the
-    C++ static destructors of native libraries. Arrow's thread pools can abort the process in
-    theirs (`terminate called without an active exception`, exit -6) after a command succeeded."""
+    is done, without the native libraries' static destructors (`exit_after_python`)."""
     try:
         main()
     except SystemExit as exc:
@@ -221,14 +218,7 @@ def run() -> NoReturn:
         code = 1
     else:
         code = 0
-    threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter runs at exit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = code or 120  # the interpreter's status when it cannot flush its output
-    os._exit(code)
+    exit_after_python(code)
 
 
 def _status(code: object) -> int:
