@@ -31,6 +31,14 @@ run_coordinator:
     dequeue_interval_seconds: 1
 """
 
+# Each run starts in a process that has already loaded the code location
+# (`orchestration/launcher.py`); Dagster's default launcher starts a new one per run.
+RUN_LAUNCHER_YAML = """\
+run_launcher:
+  module: rollup_assets.orchestration.launcher
+  class: WarmRunLauncher
+"""
+
 DAGSTER_YAML = (
     """\
 # Written by `rollups` on first use; edit freely.
@@ -49,6 +57,7 @@ nux:
   enabled: false
 """
     + RUN_QUEUE_YAML
+    + RUN_LAUNCHER_YAML
 )
 
 

@@ -26,6 +26,8 @@ HIDDEN_PREFIX = ".dagster/rollups."
 TAG_NOW = f"{HIDDEN_PREFIX}now"
 TAG_HOST = f"{HIDDEN_PREFIX}host"
 TAG_PID = f"{HIDDEN_PREFIX}pid"
+# The pid of the launcher's worker a run was handed to (`orchestration/launcher.py`).
+TAG_WORKER = f"{HIDDEN_PREFIX}worker"
 # The keys runs launched before the bookkeeping was hidden carry instead.
 _SHOWN_BEFORE = {TAG_NOW: "rollups/now", TAG_HOST: "rollups/host", TAG_PID: "rollups/pid"}
 TAG_TENANT = "rollups/tenant"

@@ -14,6 +14,7 @@ import dagster as dg
 
 from rollup_assets.orchestration.instance import (
     EVENT_BATCH_SIZE,
+    RUN_LAUNCHER_YAML,
     RUN_QUEUE_YAML,
     sqlite_storage_yaml,
 )
@@ -36,6 +37,7 @@ telemetry:
   enabled: false
 """
     + RUN_QUEUE_YAML
+    + RUN_LAUNCHER_YAML
 )
 
 

@@ -1,0 +1,146 @@
+"""The run launcher every home gets (`orchestration/launcher.py`), against a real code server:
+runs start in a worker made ready beforehand, a worker that died idle or holds code older than
+the server's is replaced, and a run is terminated from another process's instance."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.test_utils import poll_for_finished_run
+from dagster._core.workspace.context import WorkspaceProcessContext, WorkspaceRequestContext
+from dagster._core.workspace.load_target import ModuleTarget
+
+from rollup_assets.orchestration.launcher import WarmRunLauncher
+from rollup_assets.orchestration.tags import TAG_WORKER
+from tests.system.daemon import REPO, wait_for, write_home
+
+LOCATION = "launcher_probe"
+
+
+@pytest.fixture
+def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    write_home(tmp_path / "home")
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as inst:
+        yield inst
+
+
+@pytest.fixture
+def workspace(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessContext]:
+    target = ModuleTarget(
+        module_name="tests.system.launcher_location",
+        attribute=None,
+        working_directory=str(REPO),
+        location_name=LOCATION,
+    )
+    with WorkspaceProcessContext(instance, target) as context:
+        yield context
+
+
+def launch(
+    instance: dg.DagsterInstance, request: WorkspaceRequestContext, tags: dict[str, str]
+) -> str:
+    location = request.get_code_location(LOCATION)
+    remote = location.get_repository("__repository__").get_full_job("probe")
+    run = instance.create_run_for_job(
+        job_def=_probe_job(),
+        remote_job_origin=remote.get_remote_origin(),
+        job_code_origin=remote.get_python_origin(),
+        tags=tags,
+    )
+    instance.launch_run(run.run_id, request)
+    return run.run_id
+
+
+def _probe_job() -> dg.JobDefinition:
+    from tests.system.launcher_location import probe
+
+    return probe
+
+
+def finished(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRun:
+    return poll_for_finished_run(instance, run_id, timeout=120)
+
+
+def ready_worker(launcher: WarmRunLauncher) -> int:
+    """The pid of the worker made ready for the probe's code location, once there is one."""
+
+    def ready() -> int | None:
+        workers = list(launcher._ready.values())
+        return workers[0].proc.pid if workers else None
+
+    return wait_for(ready, 120, interval=0.1, what="a ready run worker")
+
+
+def test_runs_start_in_the_worker_made_ready_while_none_was_running(
+    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
+) -> None:
+    launcher = instance.run_launcher
+    assert isinstance(launcher, WarmRunLauncher)
+    request = workspace.create_request_context()
+    pids = []
+    for i in range(3):
+        warm = ready_worker(launcher) if i else None
+        probe = tmp_path / f"probe-{i}"
+        run_id = launch(instance, request, {"probe": str(probe)})
+        run = finished(instance, run_id)
+        assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
+        pid = int(probe.read_text())
+        assert run.tags[TAG_WORKER] == str(pid)
+        if warm is not None:
+            assert pid == warm  # the worker that was ready before the launch ran it
+        pids.append(pid)
+    assert len(set(pids)) == 3  # each run had a process of its own
+
+
+def test_a_ready_worker_that_died_or_holds_older_code_is_replaced(
+    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
+) -> None:
+    launcher = instance.run_launcher
+    assert isinstance(launcher, WarmRunLauncher)
+    request = workspace.create_request_context()
+    first = launch(instance, request, {"probe": str(tmp_path / "first")})
+    assert finished(instance, first).status == dg.DagsterRunStatus.SUCCESS
+
+    dead = ready_worker(launcher)
+    os.kill(dead, 9)
+    wait_for(lambda: not _alive(dead), 30, interval=0.1, what="the ready worker to die")
+    probe = tmp_path / "after-death"
+    run = finished(instance, launch(instance, request, {"probe": str(probe)}))
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
+    assert int(probe.read_text()) != dead
+
+    stale = ready_worker(launcher)
+    workspace.reload_code_location(LOCATION)  # a new server: the ready worker's code is older
+    request = workspace.create_request_context()
+    probe = tmp_path / "after-reload"
+    run = finished(instance, launch(instance, request, {"probe": str(probe)}))
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
+    assert int(probe.read_text()) != stale
+    wait_for(lambda: not _alive(stale), 30, interval=0.1, what="the stale worker to be discarded")
+
+
+def test_a_run_is_terminated_from_another_process_instance(
+    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
+) -> None:
+    request = workspace.create_request_context()
+    probe = tmp_path / "probe"
+    run_id = launch(instance, request, {"probe": str(probe), "hold": str(tmp_path / "never")})
+    wait_for(probe.exists, 120, interval=0.1, what="the run to start its op")
+    # The UI terminates through an instance of its own, with a launcher that launched nothing.
+    with dg.DagsterInstance.from_ref(instance.get_ref()) as other:
+        assert other.run_launcher.terminate(run_id)
+    run = finished(instance, run_id)
+    assert run.status == dg.DagsterRunStatus.CANCELED, run.status
+    wait_for(lambda: not _alive(int(probe.read_text())), 30, interval=0.1, what="its worker to end")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A worker that ended but is not reaped yet is a zombie: gone for this test's purpose.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
