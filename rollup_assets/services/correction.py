@@ -118,7 +118,10 @@ def correct(
     mine = Bucketing.of(spec)
     cells = RowCells.of(rows, time_column, mine)
     absorbed = Absorbed.of(
-        engine.ledger.snapshot(), spec, engine.states.deleted_at().get(spec.name)
+        engine.ledger.snapshot(),
+        spec,
+        engine.states.deleted_at().get(spec.name),
+        newer_than=int(seen.min()) - 1 if len(seen) else None,
     )
     new = _not_absorbed(cells, seen, absorbed)
     skipped = int((~new).sum())
@@ -220,11 +223,18 @@ class Absorbed:
 
     @classmethod
     def of(
-        cls, snapshot: LedgerSnapshot, spec: RollupSpec, since: datetime | None = None
+        cls,
+        snapshot: LedgerSnapshot,
+        spec: RollupSpec,
+        since: datetime | None = None,
+        newer_than: int | None = None,
     ) -> "Absorbed":
         """From the completed aggregations of `spec` in the ledger created at or after `since`
         (the rollup's last deletion: the jobs of a deleted rollup read tables that are gone,
-        whose versions count again from 0 once it is declared again)."""
+        whose versions count again from 0 once it is declared again) that read a source version
+        above `newer_than`. An aggregation that read `newer_than` or before holds no change
+        counting from after it, so a correction whose changes all count from later leaves the
+        older ones out (a first fill alone names every bucket of the archive)."""
         buckets: dict[datetime, int] = {}
         cells: dict[tuple[datetime, str], int] = {}
         jobs = [j for j in snapshot.for_rollup(spec.name) if since is None or j.created_at >= since]
@@ -233,6 +243,8 @@ class Absorbed:
         for job in jobs:
             v = job.read_version
             if v is None or job.corrects or job.state is not JobState.COMPLETED:
+                continue
+            if newer_than is not None and v <= newer_than:
                 continue
             if job.job_id in undone:
                 continue
