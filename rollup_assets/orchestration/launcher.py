@@ -5,15 +5,14 @@ new Python process that imports Dagster and the code location before the run can
 of a one-reading correction's latency through the daemon. `WarmRunLauncher` (the launcher of every
 home `rollups` writes) keeps one process ready per code location instead. That process has
 imported the code location and opened the instance, and it waits on its stdin for a run id. A
-launch hands the run over and waits for the process to say it holds the run. Once that run's
-process has ended, the next process is made ready. Each run still has a process of its own,
-started fresh (spawned, never forked from one that ran anything).
+launch hands the run over, waits for the process to say it holds the run, and starts the next
+process (its imports take one core while the run takes another). Each run still has a process of
+its own, started fresh (spawned, never forked from one that ran anything).
 
 When no ready process fits, a new one is started for the run, as slow as Dagster's own. That
-happens for the first run, for a run launched while the ready process is taken, and for a code
-location whose server was reloaded since its process was made ready (that process holds the old
-code and is discarded). A run whose code runs in another Python goes through the code server,
-as before.
+happens for the first run after the launcher starts, and for a code location whose server was
+reloaded since its process was made ready (that process holds the old code and is discarded).
+A run whose code runs in another Python goes through the code server, as before.
 
 A run handed to a worker carries its host and the worker's pid (`tags.TAG_HOST`, `TAG_WORKER`).
 `terminate` (the UI's, from any process on that host) marks the run canceling and interrupts
@@ -179,12 +178,10 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
             run.run_id, {TAG_HOST: socket.gethostname(), TAG_WORKER: str(pid)}
         )
         self._run_ids.add(run.run_id)
-        threading.Thread(
-            target=self._ready_after,
-            args=(worker.proc, origin, key),
-            name=f"rollups-warm-{run.run_id[:8]}",
-            daemon=True,
-        ).start()
+        # Reaped when it ends; meanwhile the next worker loads on another core, so a run
+        # launched right after this one (a publish, then a correction) finds it ready or nearly.
+        threading.Thread(target=worker.proc.wait, name=f"rollups-run-{pid}", daemon=True).start()
+        self._make_ready(origin, key)
 
     def _take(self, origin_id: str, key: tuple[str, str]) -> _Worker | None:
         """The ready worker for this code location, if it still fits; None when a new one is
@@ -196,12 +193,8 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
             return None
         return worker
 
-    def _ready_after(
-        self, running: subprocess.Popen, origin: RepositoryPythonOrigin, key: tuple[str, str]
-    ) -> None:
-        """Once the run's process ends, make the next worker of this code location ready (its
-        imports then take no core from a run)."""
-        running.wait()
+    def _make_ready(self, origin: RepositoryPythonOrigin, key: tuple[str, str]) -> None:
+        """Start the next worker of this code location, unless one is ready already."""
         with self._lock:
             if self._disposed or origin.get_id() in self._ready:
                 return

@@ -73,7 +73,7 @@ def ready_worker(launcher: WarmRunLauncher) -> int:
     return wait_for(ready, 120, interval=0.1, what="a ready run worker")
 
 
-def test_runs_start_in_the_worker_made_ready_while_none_was_running(
+def test_each_run_starts_in_the_worker_made_ready_when_the_run_before_it_launched(
     instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
 ) -> None:
     launcher = instance.run_launcher
