@@ -15,6 +15,7 @@ from dagster._core.workspace.load_target import ModuleTarget
 from rollup_assets.orchestration.launcher import WarmRunLauncher
 from rollup_assets.orchestration.tags import TAG_WORKER
 from tests.system.daemon import REPO, wait_for, write_home
+from tests.system.launcher_location import probe as probe_job
 
 LOCATION = "launcher_probe"
 
@@ -44,7 +45,7 @@ def launch(
     location = request.get_code_location(LOCATION)
     remote = location.get_repository("__repository__").get_full_job("probe")
     run = instance.create_run_for_job(
-        job_def=_probe_job(),
+        job_def=probe_job,
         remote_job_origin=remote.get_remote_origin(),
         job_code_origin=remote.get_python_origin(),
         tags=tags,
@@ -53,14 +54,23 @@ def launch(
     return run.run_id
 
 
-def _probe_job() -> dg.JobDefinition:
-    from tests.system.launcher_location import probe
-
-    return probe
-
-
 def finished(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRun:
     return poll_for_finished_run(instance, run_id, timeout=120)
+
+
+def probe_pid(instance: dg.DagsterInstance, request: WorkspaceRequestContext, probe: Path) -> int:
+    """Launch a probe run to its end (it must succeed); the pid of the process that ran it."""
+    run = finished(instance, launch(instance, request, {"probe": str(probe)}))
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
+    pid = int(probe.read_text())
+    assert run.tags[TAG_WORKER] == str(pid)
+    return pid
+
+
+@pytest.fixture
+def launcher(instance: dg.DagsterInstance) -> WarmRunLauncher:
+    assert isinstance(instance.run_launcher, WarmRunLauncher)
+    return instance.run_launcher
 
 
 def ready_worker(launcher: WarmRunLauncher) -> int:
@@ -74,50 +84,38 @@ def ready_worker(launcher: WarmRunLauncher) -> int:
 
 
 def test_each_run_starts_in_the_worker_made_ready_when_the_run_before_it_launched(
-    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
+    instance: dg.DagsterInstance,
+    launcher: WarmRunLauncher,
+    workspace: WorkspaceProcessContext,
+    tmp_path: Path,
 ) -> None:
-    launcher = instance.run_launcher
-    assert isinstance(launcher, WarmRunLauncher)
     request = workspace.create_request_context()
-    pids = []
-    for i in range(3):
-        warm = ready_worker(launcher) if i else None
-        probe = tmp_path / f"probe-{i}"
-        run_id = launch(instance, request, {"probe": str(probe)})
-        run = finished(instance, run_id)
-        assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
-        pid = int(probe.read_text())
-        assert run.tags[TAG_WORKER] == str(pid)
-        if warm is not None:
-            assert pid == warm  # the worker that was ready before the launch ran it
-        pids.append(pid)
+    pids = [probe_pid(instance, request, tmp_path / "probe-0")]
+    for i in (1, 2):
+        warm = ready_worker(launcher)
+        pids.append(probe_pid(instance, request, tmp_path / f"probe-{i}"))
+        assert pids[-1] == warm  # the worker that was ready before the launch ran it
     assert len(set(pids)) == 3  # each run had a process of its own
 
 
 def test_a_ready_worker_that_died_or_holds_older_code_is_replaced(
-    instance: dg.DagsterInstance, workspace: WorkspaceProcessContext, tmp_path: Path
+    instance: dg.DagsterInstance,
+    launcher: WarmRunLauncher,
+    workspace: WorkspaceProcessContext,
+    tmp_path: Path,
 ) -> None:
-    launcher = instance.run_launcher
-    assert isinstance(launcher, WarmRunLauncher)
     request = workspace.create_request_context()
-    first = launch(instance, request, {"probe": str(tmp_path / "first")})
-    assert finished(instance, first).status == dg.DagsterRunStatus.SUCCESS
+    probe_pid(instance, request, tmp_path / "first")
 
     dead = ready_worker(launcher)
     os.kill(dead, 9)
     wait_for(lambda: not _alive(dead), 30, interval=0.1, what="the ready worker to die")
-    probe = tmp_path / "after-death"
-    run = finished(instance, launch(instance, request, {"probe": str(probe)}))
-    assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
-    assert int(probe.read_text()) != dead
+    assert probe_pid(instance, request, tmp_path / "after-death") != dead
 
     stale = ready_worker(launcher)
     workspace.reload_code_location(LOCATION)  # a new server: the ready worker's code is older
     request = workspace.create_request_context()
-    probe = tmp_path / "after-reload"
-    run = finished(instance, launch(instance, request, {"probe": str(probe)}))
-    assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
-    assert int(probe.read_text()) != stale
+    assert probe_pid(instance, request, tmp_path / "after-reload") != stale
     wait_for(lambda: not _alive(stale), 30, interval=0.1, what="the stale worker to be discarded")
 
 
