@@ -16,14 +16,17 @@ A run whose code runs in another Python goes through the code server, as before.
 
 A run handed to a worker carries its host and the worker's pid (`tags.TAG_HOST`, `TAG_WORKER`).
 `terminate` (the UI's, from any process on that host) marks the run canceling and interrupts
-its process, which ends the run as Dagster's own run worker does. A worker whose process is
-gone is failed by the run lookup's reaping.
+its process, which ends the run as Dagster's own run worker does. A run whose worker of this
+host is gone is failed by run monitoring (`check_run_worker_health`) and by the run lookup's
+reaping. The tag names its run too: a re-executed run, which carries its parent's tags, is not
+taken for the parent's worker.
 
 `python -m rollup_assets.orchestration.launcher FD` is the worker. It reads its preload (the
 repository's origin and the instance's ref, a line each) from stdin, then a run id, and reports
 on `FD`.
 """
 
+import contextlib
 import logging
 import os
 import select
@@ -41,14 +44,14 @@ import dagster as dg
 from dagster._cli.api import _execute_run_command_body
 from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.instance import InstanceRef
-from dagster._core.launcher.base import LaunchRunContext
+from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._core.origin import RepositoryPythonOrigin
 from dagster._core.remote_representation.code_location import GrpcServerCodeLocation
 from dagster._serdes import ConfigurableClassData, deserialize_value, serialize_value
 from dagster._utils.hosted_user_process import recon_repository_from_origin
 from dagster._utils.interrupts import capture_interrupts
 
-from rollup_assets.orchestration.tags import TAG_HOST, TAG_WORKER
+from rollup_assets.orchestration.tags import TAG_HOST, TAG_WORKER, worker_pid, worker_tag
 from rollup_assets.resources.processes import exit_after_python, pid_alive
 
 log = logging.getLogger(__name__)
@@ -86,10 +89,15 @@ class _Worker:
             raise
         finally:
             os.close(write)
+        worker = cls(proc, read, key)
         stdin: IO[bytes] = proc.stdin  # type: ignore[assignment]
-        stdin.write(f"{serialize_value(origin)}\n{serialize_value(ref)}\n".encode())
-        stdin.flush()
-        return cls(proc, read, key)
+        try:
+            stdin.write(f"{serialize_value(origin)}\n{serialize_value(ref)}\n".encode())
+            stdin.flush()
+        except BaseException:
+            worker.discard()
+            raise
+        return worker
 
     def usable(self) -> bool:
         return self.proc.poll() is None
@@ -99,11 +107,12 @@ class _Worker:
         stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
         try:
             stdin.write(run_id.encode() + b"\n")
-            stdin.close()
+            stdin.flush()
             said = _read_report(self.report, timeout)
         except OSError as exc:  # the worker is gone (a broken pipe)
             said = f"error it could not be written to ({exc})"
         finally:
+            _close(stdin)
             os.close(self.report)
         if said.startswith("started "):
             return int(said.split()[1])
@@ -116,22 +125,29 @@ class _Worker:
         )
 
     def discard(self) -> None:
+        _close(self.proc.stdin)  # type: ignore[arg-type]
         os.close(self.report)
         if self.proc.poll() is None:
             self.proc.kill()  # idle: it holds no run
         self.proc.wait()
 
 
+def _close(stream: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):  # unflushed bytes for a worker that is gone
+        stream.close()
+
+
 def _read_report(fd: int, timeout: float) -> str:
     """The worker's one-line report, or what is known when it ends or times out first."""
     deadline = time.monotonic() + timeout
     data = b""
+    poller = select.poll()  # any fd number (select() takes none past 1023)
+    poller.register(fd, select.POLLIN)
     while b"\n" not in data:
         left = deadline - time.monotonic()
         if left <= 0:
             return f"error no report within {timeout:.0f} s"
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not poller.poll(left * 1000):
             continue
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -159,29 +175,43 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         origin = run.job_code_origin.repository_origin if run.job_code_origin else None
-        if origin is None or not _same_python(origin.executable_path):
+        server = _local_server(context, run)
+        if origin is None or server is None or not _same_python(origin.executable_path):
             super().launch_run(context)
             return
-        key = (origin.get_id(), _server_id(context, run))
+        key = (origin.get_id(), server)
         ready = self._take(origin.get_id(), key)
         worker = ready or _Worker.start(origin, self._instance.get_ref(), key)
         try:
-            pid = worker.hand(run.run_id, HANDOFF_TIMEOUT_S)
+            self._hand(worker, run)
         except WorkerFailedError:
-            if ready is None:
+            now = self._instance.get_run_by_id(run.run_id)
+            if ready is None or now is None or now.status != dg.DagsterRunStatus.STARTING:
                 raise
             # A worker made ready earlier failed (its load, or it died idle): a new one loads
             # the code location as it is now, and says why if it fails too.
             worker = _Worker.start(origin, self._instance.get_ref(), key)
-            pid = worker.hand(run.run_id, HANDOFF_TIMEOUT_S)
-        self._instance.add_run_tags(
-            run.run_id, {TAG_HOST: socket.gethostname(), TAG_WORKER: str(pid)}
-        )
+            self._hand(worker, run)
         self._run_ids.add(run.run_id)
-        # Reaped when it ends; meanwhile the next worker loads on another core, so a run
-        # launched right after this one (a publish, then a correction) finds it ready or nearly.
-        threading.Thread(target=worker.proc.wait, name=f"rollups-run-{pid}", daemon=True).start()
-        self._make_ready(origin, key)
+        try:
+            # Reaped when it ends; meanwhile the next worker loads on another core, so a run
+            # launched right after this one (a publish, then a correction) finds it ready or
+            # nearly.
+            threading.Thread(
+                target=worker.proc.wait, name="rollups-run-worker", daemon=True
+            ).start()
+            self._make_ready(origin, key)
+        except Exception:
+            log.exception("run %s started; making the next run worker ready failed", run.run_id)
+
+    def _hand(self, worker: _Worker, run: dg.DagsterRun) -> None:
+        """Tag `run` with its worker, then hand it over: a terminate or a health check finds the
+        worker from the moment it may hold the run."""
+        self._instance.add_run_tags(
+            run.run_id,
+            {TAG_HOST: socket.gethostname(), TAG_WORKER: worker_tag(worker.proc.pid, run.run_id)},
+        )
+        worker.hand(run.run_id, HANDOFF_TIMEOUT_S)
 
     def _take(self, origin_id: str, key: tuple[str, str]) -> _Worker | None:
         """The ready worker for this code location, if it still fits; None when a new one is
@@ -203,23 +233,45 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
             except OSError as exc:
                 log.warning("could not make a run worker ready (%s); the next run starts one", exc)
 
+    def _held_here(self, run: dg.DagsterRun) -> int | None:
+        """The pid of the worker of this host that `run` was handed to (None: another host's, or
+        a run the code server started)."""
+        pid = worker_pid(run.tags, run.run_id)
+        return pid if pid is not None and run.tags.get(TAG_HOST) == socket.gethostname() else None
+
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id) if self.has_instance else None
-        pid = run.tags.get(TAG_WORKER) if run else None
-        if run is None or pid is None:
+        if run is None or worker_pid(run.tags, run.run_id) is None:
             return super().terminate(run_id)
         if run.is_finished:
             return False
         self._instance.report_run_canceling(run)
-        if run.tags.get(TAG_HOST) != socket.gethostname() or not pid_alive(int(pid)):
+        pid = self._held_here(run)
+        if pid is None or not pid_alive(pid):
             self._instance.report_engine_event(
-                f"run worker (pid {pid}) is not running on this host: cannot interrupt it",
+                f"the run's worker ({run.tags.get(TAG_WORKER)} on {run.tags.get(TAG_HOST)}) is "
+                "not running on this host: cannot interrupt it",
                 dagster_run=run,
                 cls=self.__class__,
             )
             return False
-        os.kill(int(pid), signal.SIGINT)
+        os.kill(pid, signal.SIGINT)
         return True
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
+        """Run monitoring's question for a started run: a worker of this host that is gone failed
+        (an out-of-memory kill, say). Runs the code server started, or other hosts' workers, are
+        reported running, as Dagster's default launcher leaves them to the code server."""
+        pid = self._held_here(run)
+        if pid is None:
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "not held by a worker of this host")
+        if pid_alive(pid):
+            return CheckRunHealthResult(WorkerStatus.RUNNING, f"worker pid {pid} is running")
+        return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker (pid {pid}) is gone")
 
     def dispose(self) -> None:
         with self._lock:
@@ -231,30 +283,40 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
 
 
 def _same_python(executable: str | None) -> bool:
-    """Does the code location run in this Python (whose environment holds the worker)?"""
+    """Does the code location run in this Python environment (which holds the worker)? The same
+    `bin` directory, as written: the interpreters of two virtual environments may both link to
+    one system Python."""
     if not executable:
         return False
-    try:
-        return os.path.samefile(executable, sys.executable)
-    except OSError:
-        return False
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    return os.path.dirname(os.path.abspath(executable)) == here
 
 
-def _server_id(context: LaunchRunContext, run: dg.DagsterRun) -> str:
-    """The id of the code server that serves the run's code location now: it changes when the
-    location is reloaded, and a worker made ready before then holds the old code."""
+def _local_server(context: LaunchRunContext, run: dg.DagsterRun) -> str | None:
+    """The id of the code server serving the run's code location when it runs on this host
+    (None otherwise: its runs start through it). The id changes when the location is reloaded,
+    and a worker made ready before then holds the old code."""
     origin = run.remote_job_origin
     if context.workspace is None or origin is None:
-        return ""
+        return None
     location = context.workspace.get_code_location(
         origin.repository_origin.code_location_origin.location_name
     )
-    return location.server_id if isinstance(location, GrpcServerCodeLocation) else ""
+    if not isinstance(location, GrpcServerCodeLocation):
+        return None
+    local = location.socket is not None or location.host in {
+        "localhost",
+        "127.0.0.1",
+        "::1",
+        socket.gethostname(),
+    }
+    return location.server_id if local else None
 
 
 def serve(report_fd: int) -> int:
     """The worker: load the code location and open the instance, wait for a run id, say it holds
     the run, and run it as Dagster's own run worker does. 0 when it was handed no run."""
+    os.set_inheritable(report_fd, False)  # nothing the code location starts holds it open
     report = os.fdopen(report_fd, "w")
     failure = None
     instance = None
@@ -268,20 +330,23 @@ def serve(report_fd: int) -> int:
     run_id = sys.stdin.readline().strip()
     if not run_id:
         return 0  # discarded, or its launcher ended
-    if failure is None and instance is not None and instance.get_run_by_id(run_id) is None:
-        failure = f"run {run_id} is not in the instance"
-    if failure is not None or instance is None:
-        report.write(f"error {failure}\n")
-        report.close()
-        return 1
-    # Interrupts (terminate()) are held from before the launcher learns the pid until the run
-    # reaches a point where it can stop, as in Dagster's own run worker.
-    with instance, capture_interrupts():
+    # The run names this worker already: a terminate from here on is held until the run can
+    # stop, as in Dagster's own run worker.
+    with capture_interrupts():
+        if failure is None and instance is not None and instance.get_run_by_id(run_id) is None:
+            failure = f"run {run_id} is not in the instance"
+        if failure is not None or instance is None:
+            report.write(f"error {failure}\n")
+            report.close()
+            return 1
         report.write(f"started {os.getpid()}\n")
         report.close()
-        return _execute_run_command_body(
-            run_id, instance, lambda _event: None, set_exit_code_on_failure=False
-        )
+        with instance:
+            code = _execute_run_command_body(
+                run_id, instance, lambda _event: None, set_exit_code_on_failure=False
+            )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminate arriving now finds the run over
+    return code
 
 
 def main() -> NoReturn:

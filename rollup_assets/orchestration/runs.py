@@ -18,8 +18,8 @@ from rollup_assets.orchestration.tags import (
     TAG_PID,
     TAG_ROLLUP,
     TAG_SURFACES,
-    TAG_WORKER,
     tag,
+    worker_pid,
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.resources.processes import pid_alive
@@ -59,8 +59,14 @@ class DagsterRunLookup:
         """Is `run` unfinished although the process running it (on this host) is gone?"""
         if run.status not in UNFINISHED or tag(run.tags, TAG_HOST) != socket.gethostname():
             return False
-        pid = tag(run.tags, TAG_PID) or run.tags.get(TAG_WORKER) or self._worker_pid(run)
+        pid = tag(run.tags, TAG_PID) or self._handed_to(run) or self._worker_pid(run)
         return pid is not None and not pid_alive(int(pid))
+
+    @staticmethod
+    def _handed_to(run: dg.DagsterRun) -> str | None:
+        """The pid of the launcher's worker the run was handed to (known before its first event)."""
+        pid = worker_pid(run.tags, run.run_id)
+        return None if pid is None else str(pid)
 
     def _worker_pid(self, run: dg.DagsterRun) -> str | None:
         """The pid a launched run worker reports first thing ("Started process for run")."""
@@ -90,7 +96,7 @@ class DagsterRunLookup:
         return [r.dagster_run for r in records if self._gone(r.dagster_run)]
 
     def reap(self, run: dg.DagsterRun) -> None:
-        pid = tag(run.tags, TAG_PID) or run.tags.get(TAG_WORKER) or self._worker_pid(run)
+        pid = tag(run.tags, TAG_PID) or self._handed_to(run) or self._worker_pid(run)
         fail_dead_run(self.instance, run, f"process {pid} running this run is gone")
 
     def runs_of_job(self, job_id: str, owner: str | None = None) -> list[tuple[str, bool]]:

@@ -26,7 +26,7 @@ HIDDEN_PREFIX = ".dagster/rollups."
 TAG_NOW = f"{HIDDEN_PREFIX}now"
 TAG_HOST = f"{HIDDEN_PREFIX}host"
 TAG_PID = f"{HIDDEN_PREFIX}pid"
-# The pid of the launcher's worker a run was handed to (`orchestration/launcher.py`).
+# The launcher's worker a run was handed to (`orchestration/launcher.py`): "<pid> <run id>".
 TAG_WORKER = f"{HIDDEN_PREFIX}worker"
 # The keys runs launched before the bookkeeping was hidden carry instead.
 _SHOWN_BEFORE = {TAG_NOW: "rollups/now", TAG_HOST: "rollups/host", TAG_PID: "rollups/pid"}
@@ -42,6 +42,18 @@ def tag(tags: Mapping[str, str], key: str) -> str | None:
     if value is None and key in _SHOWN_BEFORE:
         value = tags.get(_SHOWN_BEFORE[key])
     return value
+
+
+def worker_tag(pid: int, run_id: str) -> str:
+    """`TAG_WORKER`'s value for run `run_id` handed to the worker with `pid`."""
+    return f"{pid} {run_id}"
+
+
+def worker_pid(tags: Mapping[str, str], run_id: str) -> int | None:
+    """The pid of the worker run `run_id` (of `tags`) was handed to; None when its tags name none
+    or another run's (a re-executed run carries its parent's tags)."""
+    pid, _, owner = tags.get(TAG_WORKER, "").partition(" ")
+    return int(pid) if owner == run_id and pid.isdigit() else None
 
 
 def partition_range_tags(start_key: str, end_key: str) -> dict[str, str]:

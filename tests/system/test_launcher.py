@@ -8,12 +8,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.launcher.base import WorkerStatus
 from dagster._core.test_utils import poll_for_finished_run
 from dagster._core.workspace.context import WorkspaceProcessContext, WorkspaceRequestContext
 from dagster._core.workspace.load_target import ModuleTarget
 
 from rollup_assets.orchestration.launcher import WarmRunLauncher
-from rollup_assets.orchestration.tags import TAG_WORKER
+from rollup_assets.orchestration.tags import worker_pid
 from tests.system.daemon import REPO, wait_for, write_home
 from tests.system.launcher_location import probe as probe_job
 
@@ -63,7 +64,7 @@ def probe_pid(instance: dg.DagsterInstance, request: WorkspaceRequestContext, pr
     run = finished(instance, launch(instance, request, {"probe": str(probe)}))
     assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
     pid = int(probe.read_text())
-    assert run.tags[TAG_WORKER] == str(pid)
+    assert worker_pid(run.tags, run.run_id) == pid
     return pid
 
 
@@ -132,6 +133,27 @@ def test_a_run_is_terminated_from_another_process_instance(
     run = finished(instance, run_id)
     assert run.status == dg.DagsterRunStatus.CANCELED, run.status
     wait_for(lambda: not _alive(int(probe.read_text())), 30, interval=0.1, what="its worker to end")
+
+
+def test_run_monitoring_learns_that_a_run_whose_worker_is_gone_failed(
+    instance: dg.DagsterInstance,
+    launcher: WarmRunLauncher,
+    workspace: WorkspaceProcessContext,
+    tmp_path: Path,
+) -> None:
+    request = workspace.create_request_context()
+    probe = tmp_path / "probe"
+    run_id = launch(instance, request, {"probe": str(probe), "hold": str(tmp_path / "never")})
+    wait_for(probe.exists, 120, interval=0.1, what="the run to start its op")
+    run = instance.get_run_by_id(run_id)
+    assert run is not None
+    assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
+    os.kill(int(probe.read_text()), 9)  # as an out-of-memory kill would
+    wait_for(lambda: not _alive(int(probe.read_text())), 30, interval=0.1, what="the worker's end")
+    assert launcher.check_run_worker_health(run).status == WorkerStatus.FAILED
+    # A run no worker of this launcher holds is left to the code server, as before.
+    other = dg.DagsterRun(job_name="probe", run_id="not-handed", status=dg.DagsterRunStatus.STARTED)
+    assert launcher.check_run_worker_health(other).status == WorkerStatus.RUNNING
 
 
 def _alive(pid: int) -> bool:
