@@ -102,8 +102,8 @@ class _Worker:
     def usable(self) -> bool:
         return self.proc.poll() is None
 
-    def hand(self, run_id: str, timeout: float) -> int:
-        """Give the worker `run_id`; its pid once it holds the run."""
+    def hand(self, run_id: str, timeout: float) -> None:
+        """Give the worker `run_id`; returns once the worker says it holds the run."""
         stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
         try:
             stdin.write(run_id.encode() + b"\n")
@@ -115,7 +115,7 @@ class _Worker:
             _close(stdin)
             os.close(self.report)
         if said.startswith("started "):
-            return int(said.split()[1])
+            return
         if self.proc.poll() is None:
             self.proc.kill()
         code = self.proc.wait()
