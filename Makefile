@@ -10,6 +10,8 @@ export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
 export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
 export DAGSTER_EVENT_BATCH_SIZE ?= 1000
 SIZE ?= default
+# The installer of .venv's packages (pip resolves and unpacks the same set in about three times as long).
+UV_VERSION := 0.13.9
 # Test worker processes for `make test`, each with its own Spark session (0: run in this process).
 TEST_WORKERS ?= 2
 
@@ -23,8 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
 		{ echo "error: Python 3.11 is required (found $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[dev]"
 	@touch $@
 
 # The jars pinned in rollup_assets/resources/delta_jars.py, checked against their pinned SHA-256.
@@ -45,7 +47,7 @@ dev: install check-java ## Start the Dagster UI + daemon (./.dagster_home) and a
 	$(BIN)/rollups dev
 
 test: install check-java lint typecheck check-defs ## Run the whole suite (lint, types, unit, spark, integration, system)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 --junitxml=test-artifacts/junit.xml
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --junitxml=test-artifacts/junit.xml
 
 test-fast: install ## Unit tests only (no JVM)
 	$(BIN)/pytest tests/unit

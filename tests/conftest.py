@@ -93,10 +93,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nthe failed tests' directories are under {base}")
 
 
+# The order files are handed to `make test`'s workers: the slowest tiers first, so the many
+# short unit files fill in at the end instead of one long system file running alone.
+TIER_ORDER = ("system", "integration", "spark", "unit")
+
+
+def _tier(item: pytest.Item) -> str:
+    parts = Path(str(item.fspath)).relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda i: TIER_ORDER.index(t) if (t := _tier(i)) in TIER_ORDER else 0)
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(TESTS).parts
-        tier = parts[0] if len(parts) > 1 else ""
+        tier = _tier(item)
         if tier in ("spark", "integration", "system"):
             item.add_marker(getattr(pytest.mark, tier))
         if tier in ("integration", "system"):
