@@ -47,7 +47,7 @@ dev: install check-java ## Start the Dagster UI + daemon (./.dagster_home) and a
 	$(BIN)/rollups dev
 
 test: install check-java lint typecheck check-defs ## Run the whole suite (lint, types, unit, spark, integration, system)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --junitxml=test-artifacts/junit.xml
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 --junitxml=test-artifacts/junit.xml
 
 test-fast: install ## Unit tests only (no JVM)
 	$(BIN)/pytest tests/unit

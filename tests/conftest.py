@@ -93,42 +93,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nthe failed tests' directories are under {base}")
 
 
-# How `make test` hands files to its two workers (`--dist loadfile --no-loadscope-reorder`: in
-# this order). The system tests (daemons, servers and JVMs that poll while they wait) are spread
-# among the integration files, one every few: two of them at once slow each other down by half.
-# The many short unit files come last and fill in the end.
-
-
-def _tier(item: pytest.Item) -> str:
-    parts = Path(str(item.fspath)).relative_to(TESTS).parts
-    return parts[0] if len(parts) > 1 else ""
-
-
-def _file_order(items: list[pytest.Item]) -> dict[str, int]:
-    """Each file's place: integration files with a system file after every few, then the
-    spark tier, then the unit tier (and files at the top of `tests/`)."""
-    files: dict[str, list[str]] = {}
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        tier = _tier(item)
-        if path not in files.setdefault(tier, []):
-            files[tier].append(path)
-    system, integration = files.get("system", []), files.get("integration", [])
-    every = max(1, len(integration) // (len(system) + 1))
-    order: list[str] = []
-    for i, path in enumerate(integration):
-        order.append(path)
-        if (i + 1) % every == 0 and system:
-            order.append(system.pop(0))
-    order += system + files.get("spark", []) + files.get("unit", []) + files.get("", [])
-    return {path: n for n, path in enumerate(order)}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    place = _file_order(items)
-    items.sort(key=lambda i: place[i.nodeid.split("::")[0]])
     for item in items:
-        tier = _tier(item)
+        parts = Path(str(item.fspath)).relative_to(TESTS).parts
+        tier = parts[0] if len(parts) > 1 else ""
         if tier in ("spark", "integration", "system"):
             item.add_marker(getattr(pytest.mark, tier))
         if tier in ("integration", "system"):
