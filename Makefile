@@ -10,7 +10,7 @@ export ROLLUPS_WAREHOUSE ?= $(CURDIR)/warehouse
 export DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS ?= 1
 export DAGSTER_EVENT_BATCH_SIZE ?= 1000
 SIZE ?= default
-# The installer of .venv's packages (pip resolves and unpacks the same set in about three times as long).
+# uv installs .venv's packages: a fresh .venv in about a minute, where pip took three.
 UV_VERSION := 0.13.9
 # Test worker processes for `make test`, each with its own Spark session (0: run in this process).
 TEST_WORKERS ?= 2
