@@ -24,6 +24,11 @@ DEFAULT_SPECS = Path(__file__).with_name("rollups.yaml")
 # How long rows of a superseded generation stay before a sweep deletes them (as-of reads and
 # rollbacks within it find them), and the least vacuum keeps unreferenced files for.
 DEFAULT_GENERATION_RETENTION_HOURS = 168
+# Buckets for every entity are aggregated on the driver when the source files they may draw from
+# hold at most this many rows (by the files' statistics): a Spark job would cost more than their
+# data (the forward lane's open and just-closed buckets, the propagation of a few closed
+# buckets, a small recompute). Larger work runs on Spark; 0 sends all such work to Spark.
+DEFAULT_DRIVER_SOURCE_ROWS = 2_000_000
 # Delta's jars for Spark: `make install` puts them into the environment this process runs in.
 DEFAULT_DELTA_JARS = Path(sys.prefix) / "delta-jars"
 
@@ -87,6 +92,9 @@ class Settings:
     # wait three times longer).
     retry_attempts: int = 5
     retry_backoff_seconds: int = 10
+    # Work on buckets for every entity whose source files hold at most this many rows runs on
+    # the driver (0: on Spark).
+    driver_source_rows: int = DEFAULT_DRIVER_SOURCE_ROWS
     # A fault point this process is armed with (`rollup_assets.faults`; tests and drills).
     fault: Fault | None = None
     # Where this process's metrics go (off unless ROLLUPS_METRICS says otherwise).
@@ -135,6 +143,7 @@ class Settings:
             ),
             retry_attempts=_int(env, "ROLLUPS_RETRY_ATTEMPTS", 5, minimum=1),
             retry_backoff_seconds=_int(env, "ROLLUPS_RETRY_BACKOFF_SECONDS", 10),
+            driver_source_rows=_int(env, "ROLLUPS_DRIVER_SOURCE_ROWS", DEFAULT_DRIVER_SOURCE_ROWS),
             fault=_fault(env),
             metrics=_metrics(env),
             delta_jars=Path(env["ROLLUPS_DELTA_JARS"]).resolve()

@@ -38,7 +38,7 @@ from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.operations import Operations
 from rollup_assets.services.query import query_arrow
-from rollup_assets.settings import Settings
+from rollup_assets.settings import DEFAULT_DRIVER_SOURCE_ROWS, Settings
 from tests.oracle import raw_frame
 
 TESTS = Path(__file__).parent
@@ -235,8 +235,11 @@ def world_of(
     catalog: Catalog,
     retention_hours: int = 0,
     retry_attempts: int = 5,
+    driver_source_rows: int = DEFAULT_DRIVER_SOURCE_ROWS,
 ) -> Iterator[World]:
-    """An isolated installation of `catalog` (the `world` fixture's, for other spec files)."""
+    """An isolated installation of `catalog` (the `world` fixture's, for other spec files).
+    `driver_source_rows=0` sends all work on buckets for every entity to Spark, however small
+    (a test world's would run on the driver)."""
     wh = tmp_path / "warehouse"
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -250,6 +253,7 @@ def world_of(
         generation_retention_hours=retention_hours,
         retry_attempts=retry_attempts,
         retry_backoff_seconds=0,
+        driver_source_rows=driver_source_rows,
     )
     defs = build_definitions(catalog, resource, settings=Settings.from_env())
     retention = timedelta(hours=retention_hours)
@@ -259,13 +263,23 @@ def world_of(
             Warehouse(str(wh)),
             generation_retention=retention,
             retry=RetryPolicy(attempts=retry_attempts, backoff=timedelta(0)),
+            driver_source_rows=driver_source_rows,
         )
         yield World(tmp_path, catalog, engine, defs, instance)
 
 
+ON_SPARK = "Spark"  # `world`'s parameter (indirect) for work on Spark however small
+
+
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[World]:
-    yield from world_of(tmp_path, monkeypatch, load_catalog())
+def world(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark
+) -> Iterator[World]:
+    """An installation of the default specs. Parametrized (indirectly) with `ON_SPARK`, its
+    work on buckets for every entity runs on Spark however small."""
+    on_spark = getattr(request, "param", None) == ON_SPARK
+    rows = 0 if on_spark else DEFAULT_DRIVER_SOURCE_ROWS
+    yield from world_of(tmp_path, monkeypatch, load_catalog(), driver_source_rows=rows)
 
 
 def days(first: date, n: int) -> list[date]:

@@ -25,7 +25,12 @@ from rollup_assets.resources.spark import (
 from rollup_assets.resources.spark_server import usable_url
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
-from rollup_assets.settings import DEFAULT_DELTA_JARS, DEFAULT_GENERATION_RETENTION_HOURS, Settings
+from rollup_assets.settings import (
+    DEFAULT_DELTA_JARS,
+    DEFAULT_DRIVER_SOURCE_ROWS,
+    DEFAULT_GENERATION_RETENTION_HOURS,
+    Settings,
+)
 
 
 def flatten_conf(conf: dict[str, Any]) -> dict[str, str]:
@@ -212,6 +217,11 @@ class WarehouseResource(dg.ConfigurableResource):
         default=10,
         description="Seconds a retry of failed work waits (each next retry three times longer).",
     )
+    driver_source_rows: int = Field(
+        default=DEFAULT_DRIVER_SOURCE_ROWS,
+        description="Work on buckets for every entity whose source files hold at most this "
+        "many rows runs on the driver, with no Spark job; 0 sends it all to Spark.",
+    )
 
     @classmethod
     def from_settings(cls, settings: Settings, root: str | None = None) -> "WarehouseResource":
@@ -222,6 +232,7 @@ class WarehouseResource(dg.ConfigurableResource):
             generation_retention_hours=settings.generation_retention_hours,
             retry_attempts=settings.retry_attempts,
             retry_backoff_seconds=settings.retry_backoff_seconds,
+            driver_source_rows=settings.driver_source_rows,
         )
 
     def get(self) -> Warehouse:
@@ -238,6 +249,7 @@ class WarehouseResource(dg.ConfigurableResource):
             self.generation_retention_hours,
             self.retry_attempts,
             self.retry_backoff_seconds,
+            self.driver_source_rows,
         )
         return _ENGINES.get(
             key,
@@ -250,6 +262,7 @@ class WarehouseResource(dg.ConfigurableResource):
                     attempts=self.retry_attempts,
                     backoff=timedelta(seconds=self.retry_backoff_seconds),
                 ),
+                driver_source_rows=self.driver_source_rows,
             ),
         )
 

@@ -67,7 +67,7 @@ from rollup_assets.services.surface_reads import current_rows
 GROUP_BY = ("entity", "all")
 # A downsampling query over a raw or time-range archive aggregates its rows on the driver with
 # Arrow when the files its range may read hold at most this many rows (by their statistics), and
-# on Spark above: the same trade as the forward lane's (`services.forward.DRIVER_SOURCE_ROWS`),
+# on Spark above: the same trade as the forward lane's (`settings.DEFAULT_DRIVER_SOURCE_ROWS`),
 # for a read that writes nothing.
 QUERY_DRIVER_ROWS = 2_000_000
 

@@ -29,7 +29,11 @@ from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.partials import Partials
-from rollup_assets.settings import DEFAULT_GENERATION_RETENTION_HOURS, Settings
+from rollup_assets.settings import (
+    DEFAULT_DRIVER_SOURCE_ROWS,
+    DEFAULT_GENERATION_RETENTION_HOURS,
+    Settings,
+)
 
 
 class Engine:
@@ -40,6 +44,7 @@ class Engine:
         *,
         generation_retention: timedelta = timedelta(hours=DEFAULT_GENERATION_RETENTION_HOURS),
         retry: RetryPolicy | None = None,
+        driver_source_rows: int = DEFAULT_DRIVER_SOURCE_ROWS,
     ) -> None:
         self.catalog = catalog
         self.warehouse = warehouse
@@ -52,7 +57,7 @@ class Engine:
         self.rollups = RollupStore(warehouse, generation_retention)
         self.states = ArchiveStateStore(warehouse)
         self.ledger = Ledger(warehouse)
-        self.partials = Partials(catalog, self.raw, self.rollups)
+        self.partials = Partials(catalog, self.raw, self.rollups, driver_source_rows)
         self.rollups.refill = self.partials.refill
 
     @classmethod
@@ -66,6 +71,7 @@ class Engine:
                 attempts=settings.retry_attempts,
                 backoff=timedelta(seconds=settings.retry_backoff_seconds),
             ),
+            driver_source_rows=settings.driver_source_rows,
         )
 
     # -- guards ------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ retroactive and recomputed later, never lost), replaces their generation-0 rows 
 commit, records the job, and then advances the watermark. The open buckets (the one containing
 `now`, and an ended one still inside the watermark lag) are re-aggregated without moving the
 watermark. The buckets are aggregated on the driver when their source files are small
-(`DRIVER_SOURCE_ROWS`), as they are for a lane that keeps up; on Spark otherwise. Frozen buckets
-are never written. A source cell whose rows a fold cannot know is refreshed first: the run
+(`Partials.fits_driver`), as they are for a lane that keeps up; on Spark otherwise. Frozen
+buckets are never written. A source cell whose rows a fold cannot know is refreshed first: the run
 writes nothing and its buckets are planned again after the refresh. The rollup's surface
 (`services.surface`) is published by the surface publish sensor, off the run's critical path.
 """
@@ -40,11 +40,6 @@ from rollup_assets.services.recompute_work import refresh_job, waited
 from rollup_assets.services.run_outcome import RunOutcome
 
 log = logging.getLogger(__name__)
-# The forward lane aggregates its buckets (every entity) on the driver when the source files they
-# may draw from hold at most this many rows (by the files' statistics): the open buckets and the
-# few that just closed, where a Spark job would cost more than its data. A lane that closes a
-# long stretch at once (after a pause) runs on Spark.
-DRIVER_SOURCE_ROWS = 2_000_000
 
 
 @returning_memory
@@ -142,13 +137,13 @@ def run_forward(
             progress(spec.name, 0, len(buckets))
         cells = Cells.of(buckets)
         bound = engine.partials.source_rows_at_most(spec, cells)
-        on_driver = bound is not None and bound <= DRIVER_SOURCE_ROWS
+        on_driver = engine.partials.fits_driver(bound)
         plan = (
             f"aggregated on the driver: its source files hold {bound:,} rows"
             if on_driver
             else "aggregated on Spark: its source files hold "
             + ("an unknown number of rows" if bound is None else f"{bound:,} rows")
-            + f" (the driver takes at most {DRIVER_SOURCE_ROWS:,})"
+            + f" (the driver takes at most {engine.partials.driver_rows:,})"
         )
         say(f"{spec.name}: forward {plan}")
         try:

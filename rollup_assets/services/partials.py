@@ -42,12 +42,25 @@ from rollup_assets.resources.visible_rows import delta_pointers, live_files
 
 class Partials:
     """Partials of a rollup's cells, aggregated from its source in `catalog`: raw and
-    time-range archives in `raw`, rollups in `rollups`."""
+    time-range archives in `raw`, rollups in `rollups`. Buckets for every entity whose source
+    files hold at most `driver_rows` rows are aggregated on the driver (`fits_driver`)."""
 
-    def __init__(self, catalog: Catalog, raw: RawStore, rollups: RollupStore) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        raw: RawStore,
+        rollups: RollupStore,
+        driver_rows: int,
+    ) -> None:
         self.catalog = catalog
         self.raw = raw
         self.rollups = rollups
+        self.driver_rows = driver_rows
+
+    def fits_driver(self, bound: int | None) -> bool:
+        """Are buckets whose source files hold `bound` rows (None: a file does not say)
+        aggregated on the driver (`settings.DEFAULT_DRIVER_SOURCE_ROWS`)?"""
+        return self.driver_rows > 0 and bound is not None and bound <= self.driver_rows
 
     def on_spark(
         self,
@@ -161,21 +174,20 @@ class Partials:
         statistics (an upper bound of what `on_driver` decodes); None when a file does not
         say."""
         source = self.catalog.archive(spec.source)
-        spans = merge_windows(list(cells.windows))
         if isinstance(source, RollupSpec):
-            table = self.rollups.snapshot(source).table
-            files = (
-                self.rollups.overlapping(file_actions(table), spans, cells.entities)
-                if table is not None
-                else []
-            )
-        else:
-            raw = self.raw.table(source)
-            files = self.raw.files_for(raw, source, spans, cells.entities) if raw else []
-        counts = [f.get("num_records") for f in files]
-        if not all(isinstance(n, int) for n in counts):
-            return None
-        return sum(int(n) for n in counts if n is not None)
+            return self.rows_at_most(source, cells)
+        spans = merge_windows(list(cells.windows))
+        raw = self.raw.table(source)
+        return _records(self.raw.files_for(raw, source, spans, cells.entities) if raw else [])
+
+    def rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
+        """How many rows the files of rollup `spec` that may hold `cells` contain, by their
+        statistics; None when a file does not say."""
+        table = self.rollups.snapshot(spec).table
+        if table is None:
+            return 0
+        spans = merge_windows(list(cells.windows))
+        return _records(self.rollups.overlapping(file_actions(table), spans, cells.entities))
 
     def corrected_below(self, spec: RollupSpec, cells: Cells, below: Snapshot | None) -> bool:
         """Has the level below `spec` difference rows in `cells`' buckets? Spark tasks cannot
@@ -279,6 +291,14 @@ def cell_targets(spark: SparkSession, cells: Cells) -> tuple[DataFrame | None, D
             )
         )
     return whole_df, named_df
+
+
+def _records(files: list[dict]) -> int | None:
+    """The rows `files` hold by their statistics (None: a file does not say)."""
+    counts = [f.get("num_records") for f in files]
+    if not all(isinstance(n, int) for n in counts):
+        return None
+    return sum(int(n) for n in counts if n is not None)
 
 
 def _typed(partials: pa.Table, spec: RollupSpec) -> pa.Table:

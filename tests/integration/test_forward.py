@@ -11,8 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rollup_assets.model.jobs import JobState, Trigger
-from rollup_assets.services import forward
-from tests.conftest import World
+from tests.conftest import ON_SPARK, World
 from tests.oracle import compare, oracle
 
 T0 = datetime(2025, 6, 10, 8, 30, tzinfo=UTC)
@@ -39,12 +38,9 @@ def hourly_forward_jobs(world: World) -> list:
     ]
 
 
-@pytest.mark.parametrize("where", ["the driver", "Spark"])
-def test_forward_lane_with_a_pinned_clock(
-    world: World, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
-    if where == "Spark":
-        monkeypatch.setattr(forward, "DRIVER_SOURCE_ROWS", -1)  # even an empty source
+@pytest.mark.parametrize("world", ["the driver", ON_SPARK], indirect=True)
+def test_forward_lane_with_a_pinned_clock(world: World) -> None:
+    where = "Spark" if world.engine.partials.driver_rows == 0 else "the driver"
     world.ops.activate("energy_raw", now=T0)
     world.ingest(readings(T0 - 3 * H, T0))
     world.activate_all(T0)

@@ -23,6 +23,7 @@ def test_defaults_when_nothing_is_set(tmp_path: Path, monkeypatch: pytest.Monkey
     assert s.limits.max_cdf_rows == 2_000_000
     assert s.postgres == {}
     assert s.generation_retention_hours == 168
+    assert s.driver_source_rows == 2_000_000
     # Delta's jars: where `make install` puts them, in the environment this process runs in.
     assert s.delta_jars == Path(sys.prefix) / "delta-jars"
     assert (s.java_home, s.pyspark_python) == (None, None)
@@ -44,6 +45,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "ROLLUPS_MAX_VERSIONS_PER_TICK": "7",
         "ROLLUPS_MAX_CDF_ROWS": "0",
         "ROLLUPS_GENERATION_RETENTION_HOURS": "0",
+        "ROLLUPS_DRIVER_SOURCE_ROWS": "0",
         "DAGSTER_PG_HOST": "db",
         "ROLLUPS_DELTA_JARS": str(tmp_path / "jars"),
         "JAVA_HOME": str(tmp_path / "jdk"),
@@ -60,6 +62,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert (s.limits.entity_scope_limit, s.limits.max_versions_per_tick) == (3, 7)
     assert s.limits.max_cdf_rows == 0
     assert s.generation_retention_hours == 0
+    assert s.driver_source_rows == 0
     assert s.postgres == {"DAGSTER_PG_HOST": "db"}
     assert s.delta_jars == (tmp_path / "jars").resolve()
     assert s.java_home == tmp_path / "jdk"
@@ -77,6 +80,8 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         ("ROLLUPS_NOW", "yesterday", "not an ISO-8601"),
         ("ROLLUPS_GENERATION_RETENTION_HOURS", "-1", "at least 0"),
         ("ROLLUPS_GENERATION_RETENTION_HOURS", "a week", "not a whole number"),
+        ("ROLLUPS_DRIVER_SOURCE_ROWS", "-1", "at least 0"),
+        ("ROLLUPS_DRIVER_SOURCE_ROWS", "2M", "not a whole number"),
     ],
 )
 def test_a_bad_value_names_the_variable(name: str, value: str, needle: str) -> None:
