@@ -1,9 +1,10 @@
 """A recompute's cells aggregated again from their source and compared exactly with the stored
 ones: which cells changed, and the rows to write for them.
 
-Where the work runs follows its size: a few named cells on the driver, more of them in Spark
-tasks with the comparison on the driver, everything else on Spark (`recompute_cells`). Buckets
-with nothing stored yet are a first fill, aggregated as they are written.
+Where the work runs follows its size: a few named cells, or buckets whose source files hold few
+rows, on the driver; more named cells in Spark tasks with the comparison on the driver;
+everything else on Spark (`recompute_cells`). Larger buckets with nothing stored yet are a first
+fill, aggregated in Spark tasks as they are written.
 """
 
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -37,8 +39,8 @@ from rollup_assets.services.partials import cell_targets
 # A job naming at most this many cells runs on the driver: aggregated from the row groups holding
 # its cells, compared and written there, with no Spark job. Scattered cells share few row groups:
 # past a few thousand, their source row groups are most of each table, which Spark's tasks read
-# side by side (`CHANGE_CELLS`). Recomputes with buckets for every entity run on Spark (the
-# forward lane's small ones excepted: `services.forward.DRIVER_SOURCE_ROWS`).
+# side by side (`CHANGE_CELLS`). Recomputes with buckets for every entity run on the driver when
+# their source files are small (`Partials.fits_driver`), on Spark otherwise.
 DRIVER_CELLS = 2_000
 # A recompute of more named cells than `DRIVER_CELLS`, up to this many, aggregates them in Spark
 # tasks (one storage partition each) and compares them on the driver, where their fresh partials
@@ -85,10 +87,11 @@ def recompute_cells(
     few named cells (at most `DRIVER_CELLS`) runs on the driver: their source row groups
     read with delta-rs and aggregated with Arrow (`Partials.on_driver`). A job of more named
     cells (at most `CHANGE_CELLS`) aggregates them on Spark and brings their fresh partials
-    to the driver. Either is compared there with the stored rows of its cells. Other jobs
-    (buckets for every entity, more cells) stay on Spark, where the rows are cached until
-    `Recomputed.release`. A rollup source is read at snapshot `below` when given. Refuses
-    (`RawRowsRetainedError`) cells whose raw rows retention removed."""
+    to the driver. So does a job with buckets for every entity whose source files hold at most
+    `Partials.driver_rows` rows. Each is compared there with the stored rows of its cells.
+    Other jobs (larger buckets for every entity, more cells) stay on Spark, where the rows are
+    cached until `Recomputed.release`. A rollup source is read at snapshot `below` when given.
+    Refuses (`RawRowsRetainedError`) cells whose raw rows retention removed."""
     engine.require_source_rows(spec, list(cells.windows))
     partials = engine.partials
     spans = merge_windows(list(cells.windows))
@@ -99,18 +102,19 @@ def recompute_cells(
             rows, versions = partials.on_driver(spec, cells, raw_table, below)
         else:
             rows, versions = partials.in_tasks(spark, spec, cells, raw_table, below)
-        own = engine.rollups.snapshot(spec)
-        # Stored as the rows hold it: a cell they cannot tell (a read would aggregate it again
-        # from the source: the fresh value) holds no value, so it counts as changed and is
-        # written, or emptied when the source has no row left for it.
-        stored = engine.rollups.read_arrow(
-            spec, spans, cells.entities, own, cells=cells, exact=True, unknown=Unknown.BLANK
-        )
-        mine = rows_with_keys(stored, cell_keys(cells), KEYS)
-        compared = cell_changes_arrow(rows, mine, spec).to_pylist()
-        found = _found(cells, compared, partial=None)
-        picked = rows_with_keys(rows, cell_keys(found.cells), KEYS)
-        return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions)
+        return _compared_on_driver(engine, spec, cells, rows, versions)
+    if cells.named is None:
+        bound = partials.source_rows_at_most(spec, cells)
+        if partials.fits_driver(bound):
+            rows, versions = partials.on_driver(spec, cells, raw_table, below)
+            return _compared_on_driver(
+                engine,
+                spec,
+                cells,
+                rows,
+                versions,
+                reason=f"aggregated again on the driver: its source files hold {bound:,} rows",
+            )
     held = engine.rollups.may_hold(spec, spans, cells.entities)
     fill = None
     if not held and not partials.corrected_below(spec, cells, below):
@@ -164,6 +168,54 @@ def recompute_cells(
     finally:
         compared_df.unpersist()
     return Recomputed(rows, found, versions, release=fresh.unpersist)
+
+
+def _compared_on_driver(
+    engine: Engine,
+    spec: RollupSpec,
+    cells: Cells,
+    rows: pa.Table,
+    versions: dict[str, int],
+    reason: str = "",
+) -> Recomputed:
+    """The fresh partials `rows` of `cells`, compared on the driver with the stored rows of
+    those cells: the rows of the cells to write."""
+    own = engine.rollups.snapshot(spec)
+    # Stored as the rows hold it: a cell they cannot tell (a read would aggregate it again
+    # from the source: the fresh value) holds no value, so it counts as changed and is
+    # written, or emptied when the source has no row left for it. Only named cells: each
+    # file keeps only their rows (`exact`).
+    stored = engine.rollups.read_arrow(
+        spec,
+        merge_windows(list(cells.windows)),
+        cells.entities,
+        own,
+        cells=cells,
+        exact=cells.named is not None,
+        unknown=Unknown.BLANK,
+    )
+    compared = cell_changes_arrow(rows, rows_in(stored, cells), spec)
+    wanted = [c for c in (*KEYS, CHANGED, SOURCE_ROWS) if c in compared.column_names]
+    found = _found(
+        cells,
+        compared.select(wanted).to_pylist(),
+        partial=None,
+        folded=_folded(engine, spec, cells),
+    )
+    picked = rows_in(rows, found.cells)
+    return Recomputed(picked.drop_columns([SOURCE_ROWS]), found, versions, reason=reason)
+
+
+def rows_in(rows: pa.Table, cells: Cells) -> pa.Table:
+    """The rows of `rows` in `cells`: every row of a bucket for every entity, the named ones
+    of the others."""
+    whole = [w.start for w, scope in cells if scope is None]
+    parts = []
+    if whole:
+        parts.append(rows.filter(pc.is_in(rows["bucket_start"], pa.array(whole, TS))))
+    if any(scope is not None for _, scope in cells):
+        parts.append(rows_with_keys(rows, cell_keys(cells), KEYS))
+    return pa.concat_tables(parts) if parts else rows.slice(0, 0)
 
 
 def filled(cells: Cells, counts: dict[datetime, tuple[int, int]]) -> CellOutcome:

@@ -7,7 +7,9 @@ some readings are missing.
 
 from datetime import UTC, date, datetime
 
-from tests.conftest import World, day_spans, meter_readings
+import pytest
+
+from tests.conftest import ON_SPARK, World, day_spans, meter_readings
 from tests.oracle import compare_all
 
 NOW = datetime(2025, 11, 15, 12, 0, tzinfo=UTC)
@@ -33,6 +35,7 @@ def build_chain(world: World, spans: list[tuple[date, int]] = SPANS, meters: int
     assert problems == []
 
 
+@pytest.mark.parametrize("world", ["the driver", ON_SPARK], indirect=True)
 def test_every_level_equals_pandas(world: World) -> None:
     build_chain(world)
     daily = world.query("energy_daily")
@@ -45,3 +48,14 @@ def test_every_level_equals_pandas(world: World) -> None:
         r for r in weekly.to_pylist() if r["bucket_start"] == datetime(2024, 12, 29, 23, tzinfo=UTC)
     ]
     assert w01 and w01[0]["bucket_end"] == datetime(2025, 1, 5, 23, tzinfo=UTC)
+    # Where the work ran, as each job's plan says: this small archive's on the driver, unless
+    # the world sends it to Spark.
+    plans = [
+        j.plan or ""
+        for name in world.catalog.rollups
+        for j in world.engine.ledger.history(name, limit=1000)
+    ]
+    if world.engine.partials.driver_rows == 0:
+        assert not [p for p in plans if "on the driver" in p], plans
+    else:
+        assert [p for p in plans if p.startswith("aggregated again on the driver")], plans

@@ -21,7 +21,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.partitions import key_range_for, partitions_def_for
 from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.fill import plan_parts
-from tests.conftest import World, day_spans, meter_readings, world_of
+from tests.conftest import ON_SPARK, World, day_spans, meter_readings, world_of
 from tests.oracle import compare_all
 
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
@@ -43,6 +43,11 @@ def stored(world: World) -> pa.Table:
     return rows.sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
 
 
+# A first fill is Spark's work: this small archive's would run on the driver.
+FILLS_ON_SPARK = pytest.mark.parametrize("world", [ON_SPARK], indirect=True)
+
+
+@FILLS_ON_SPARK
 def test_first_fill_equals_spark_and_records_what_it_wrote(world: World, spark) -> None:
     world.ops.activate("energy_raw", now=NOW)
     world.ingest(meter_readings(SPANS, METERS, seed=5), source="Import")
@@ -125,6 +130,7 @@ def assert_same_partials(got: pa.Table, want: pa.Table) -> None:
             assert a.equals(b), name
 
 
+@FILLS_ON_SPARK
 def test_every_level_equals_pandas_after_a_first_fill(world: World) -> None:
     world.ops.activate("energy_raw", now=NOW)
     world.ingest(meter_readings(SPANS, METERS, seed=5))
@@ -137,8 +143,11 @@ def test_every_level_equals_pandas_after_a_first_fill(world: World) -> None:
 
 @pytest.fixture
 def kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark) -> Iterator[World]:
-    """A world that keeps superseded generations a day (a fill must skip their rows)."""
-    yield from world_of(tmp_path, monkeypatch, load_catalog(), retention_hours=24)
+    """A world that keeps superseded generations a day (a fill must skip their rows), its work
+    on Spark."""
+    yield from world_of(
+        tmp_path, monkeypatch, load_catalog(), retention_hours=24, driver_source_rows=0
+    )
 
 
 def test_a_fill_over_a_corrected_level_reads_its_active_rows_only(kept: World) -> None:

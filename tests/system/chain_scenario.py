@@ -84,12 +84,13 @@ def run(
     spark = session_for(spark_url, conf)
     result: dict = {"session": describe(spark), "error": None, "problems": None}
     catalog = load_catalog()
-    defs = build_definitions(
-        catalog, WarehouseResource(root=warehouse_root), settings=Settings.from_env()
-    )
+    # Every aggregation on Spark, however small (these worlds' would run on the driver).
+    resource = WarehouseResource(root=warehouse_root, driver_source_rows=0)
+    defs = build_definitions(catalog, resource, settings=Settings.from_env())
+    engine = Engine(catalog, Warehouse(warehouse_root), driver_source_rows=0)
     try:
         with instance_in(home, catalog) as instance:
-            world = World(root, catalog, Engine(catalog, Warehouse(warehouse_root)), defs, instance)
+            world = World(root, catalog, engine, defs, instance)
             try:
                 chain.build_chain(world, spans)
             except Exception:  # reported, then judged by the caller

@@ -46,8 +46,10 @@ def test_dev_runs_a_correction_on_the_warm_spark_server_and_stops_cleanly(
             Path(world.engine.warehouse.root),
             {
                 "ROLLUPS_SPARK_SERVER_PORT": str(free_port()),
-                # A change to one meter recomputes whole buckets: Spark's work, not the driver's.
+                # A change to one meter recomputes whole buckets, and whole buckets are Spark's
+                # work however small: the runs must use the warm server.
                 "ROLLUPS_ENTITY_SCOPE_LIMIT": "0",
+                "ROLLUPS_DRIVER_SOURCE_ROWS": "0",
             },
         )
         env.pop("ROLLUPS_SPARK_MASTER")  # the warm server serves the default local Spark

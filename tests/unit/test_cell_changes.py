@@ -13,12 +13,14 @@ from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.arrow_types import TS, arrow_type
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.aggregates import BASE_KINDS
+from rollup_assets.model.cells import Cells
 from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
 from rollup_assets.resources.rollup_reads import _cells_only
 from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.services.comparison import rows_in
 
 HOURLY = load_catalog().rollup("energy_hourly")
 T0 = datetime(2025, 3, 3, tzinfo=UTC)
@@ -179,3 +181,20 @@ def test_a_read_narrowed_to_cells_keeps_their_rows_only() -> None:
     later = TargetIndex([(Window(T0 + 30 * H, T0 + 31 * H), frozenset({"m005"}))])
     none = _cells_only(rows, keys, later)
     assert none.num_rows == 0 and none.get_total_buffer_size() < 64
+
+
+def test_rows_in_keeps_every_row_of_a_whole_bucket_and_the_named_cells_of_the_others() -> None:
+    rows = partials([("a", 0, 1.0), ("b", 0, 2.0), ("a", 1, 3.0), ("b", 1, 4.0), ("c", 2, 5.0)])
+    hour = lambda h: Window(T0 + h * H, T0 + (h + 1) * H)  # noqa: E731
+    cells = Cells(((hour(0), None), (hour(1), frozenset(["b"])), (hour(2), frozenset(["a"]))))
+    kept = rows_in(rows, cells)
+    pairs = zip(kept["entity_id"].to_pylist(), kept["energy_kwh_sum"].to_pylist(), strict=True)
+    assert sorted(pairs) == [
+        ("a", 1.0),
+        ("b", 2.0),
+        ("b", 4.0),
+    ]
+    # Only whole buckets, only named cells, no cell.
+    assert rows_in(rows, Cells.of([hour(1), hour(2)])).num_rows == 3
+    assert rows_in(rows, Cells.of([hour(2)], frozenset(["c"]))).num_rows == 1
+    assert rows_in(rows, Cells(())).num_rows == 0
