@@ -137,7 +137,11 @@ class RollupWrites(RollupSnapshots):
         }
         stamp[PART_COLUMN] = part_values(spec, rows["bucket_start"])
         for name, values in stamp.items():
-            rows = rows.append_column(name, values)
+            # Rows read back from the table (a fold's) carry their old stamp: replaced.
+            at = rows.schema.get_field_index(name)
+            rows = (
+                rows.set_column(at, name, values) if at >= 0 else rows.append_column(name, values)
+            )
         schema = table_schema(spec)
         rows = with_row_shape(rows, schema)
         data = rows.select(schema.names).cast(schema)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
@@ -92,14 +93,22 @@ def compute_work(
         except ChangeFeedGone as gone:
             say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
     if job.trigger is Trigger.MAINTENANCE:
+        # Read as a reader sees them: on the driver when their files hold few rows.
         spans = merge_windows(list(cells.windows))
-        frame = engine.rollups.read_spark(
-            spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
-        )
+        held = engine.partials.rows_at_most(spec, cells)
+        frame: DataFrame | pa.Table
+        if engine.partials.fits_driver(held):
+            frame = engine.rollups.read_arrow(spec, spans, cells.entities, unknown=Unknown.REFUSE)
+            where = f"read on the driver: their files hold {held:,} rows"
+        else:
+            frame = engine.rollups.read_spark(
+                spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
+            )
+            where = "read on Spark"
         return Work(
             FOLD,
             f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
-            "differences and cell pointers folded)",
+            f"differences and cell pointers folded), {where}",
             {},
             recomputed=Recomputed(frame, None, {}),
             nothing="nothing to fold",
