@@ -5,10 +5,14 @@ ends, and ISO week 2025-W01 (which spans the 2024/2025 year end); optional colum
 some readings are missing.
 """
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from rollup_assets.model.jobs import Trigger
+from rollup_assets.services.maintenance import maintain
 from tests.conftest import ON_SPARK, World, day_spans, meter_readings
 from tests.oracle import compare_all
 
@@ -36,7 +40,7 @@ def build_chain(world: World, spans: list[tuple[date, int]] = SPANS, meters: int
 
 
 @pytest.mark.parametrize("world", ["the driver", ON_SPARK], indirect=True)
-def test_every_level_equals_pandas(world: World) -> None:
+def test_every_level_equals_pandas(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     build_chain(world)
     daily = world.query("energy_daily")
     starts = {r["bucket_start"].isoformat() for r in daily.select(["bucket_start"]).to_pylist()}
@@ -59,3 +63,43 @@ def test_every_level_equals_pandas(world: World) -> None:
         assert not [p for p in plans if "on the driver" in p], plans
     else:
         assert [p for p in plans if p.startswith("aggregated again on the driver")], plans
+    fold_a_corrected_hour(world, monkeypatch)
+
+
+def fold_a_corrected_hour(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hour corrected for every meter (a cell pointer each), folded by maintenance into one
+    bucket pointer where the world runs such work; every level still equals pandas."""
+    hour = datetime(2025, 10, 28, 7, tzinfo=UTC)  # within the raw retention at NOW
+    raw = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+    rows = raw.filter(
+        pc.and_(
+            pc.greater_equal(raw["ts"], pa.scalar(hour, raw["ts"].type)),
+            pc.less(raw["ts"], pa.scalar(hour + timedelta(hours=1), raw["ts"].type)),
+        )
+    ).select(["entity_id", "ts", "energy_kwh"])
+    world.ingest(
+        rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)), source="Manual"
+    )
+    world.tick(NOW)
+    assert hourly_cell_pointers(world, hour) == METERS
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
+    truth = world.raw()  # maintenance applies the raw retention; the rollups keep their values
+    maintain(world.engine, now=NOW)
+    folds = [
+        j
+        for j in world.engine.ledger.snapshot().pending("energy_hourly")
+        if j.trigger is Trigger.MAINTENANCE
+    ]
+    assert len(folds) == 1, folds
+    world.tick(NOW)
+    done = world.engine.ledger.job(folds[0].job_id)
+    where = "on Spark" if world.engine.partials.driver_rows == 0 else "on the driver"
+    assert done is not None and f"read {where}" in (done.plan or ""), done
+    assert hourly_cell_pointers(world, hour) == 0
+    assert compare_all(world.query, truth, world.catalog) == []
+
+
+def hourly_cell_pointers(world: World, start: datetime) -> int:
+    pointers = world.engine.rollups.snapshot(world.catalog.rollup("energy_hourly")).pointers
+    at = pc.equal(pointers["bucket_start"], pa.scalar(start, pointers["bucket_start"].type))
+    return pc.sum(pc.is_valid(pointers.filter(at)["entity_id"])).as_py() or 0

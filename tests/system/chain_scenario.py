@@ -84,10 +84,11 @@ def run(
     spark = session_for(spark_url, conf)
     result: dict = {"session": describe(spark), "error": None, "problems": None}
     catalog = load_catalog()
-    # Every aggregation on Spark, however small (these worlds' would run on the driver).
-    resource = WarehouseResource(root=warehouse_root, driver_source_rows=0)
+    # Every aggregation that reads a row on Spark, however few (this world's would run on the
+    # driver); only the forward lane's empty open buckets stay there.
+    resource = WarehouseResource(root=warehouse_root, driver_source_rows=1)
     defs = build_definitions(catalog, resource, settings=Settings.from_env())
-    engine = Engine(catalog, Warehouse(warehouse_root), driver_source_rows=0)
+    engine = Engine(catalog, Warehouse(warehouse_root), driver_source_rows=1)
     try:
         with instance_in(home, catalog) as instance:
             world = World(root, catalog, engine, defs, instance)
