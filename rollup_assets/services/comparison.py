@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -32,7 +31,7 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.resources.rollup_snapshots import Snapshot
-from rollup_assets.resources.rollup_table import cell_keys
+from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.partials import cell_targets
 
@@ -180,7 +179,6 @@ def _compared_on_driver(
 ) -> Recomputed:
     """The fresh partials `rows` of `cells`, compared on the driver with the stored rows of
     those cells: the rows of the cells to write."""
-    own = engine.rollups.snapshot(spec)
     # Stored as the rows hold it: a cell they cannot tell (a read would aggregate it again
     # from the source: the fresh value) holds no value, so it counts as changed and is
     # written, or emptied when the source has no row left for it. Only named cells: each
@@ -189,7 +187,7 @@ def _compared_on_driver(
         spec,
         merge_windows(list(cells.windows)),
         cells.entities,
-        own,
+        engine.rollups.snapshot(spec),
         cells=cells,
         exact=cells.named is not None,
         unknown=Unknown.BLANK,
@@ -209,10 +207,10 @@ def _compared_on_driver(
 def rows_in(rows: pa.Table, cells: Cells) -> pa.Table:
     """The rows of `rows` in `cells`: every row of a bucket for every entity, the named ones
     of the others."""
-    whole = [w.start for w, scope in cells if scope is None]
+    whole = [w for w, scope in cells if scope is None]
     parts = []
     if whole:
-        parts.append(rows.filter(pc.is_in(rows["bucket_start"], pa.array(whole, TS))))
+        parts.append(rows.filter(in_windows(rows["bucket_start"], whole)))
     if any(scope is not None for _, scope in cells):
         parts.append(rows_with_keys(rows, cell_keys(cells), KEYS))
     return pa.concat_tables(parts) if parts else rows.slice(0, 0)
