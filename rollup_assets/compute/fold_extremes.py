@@ -91,6 +91,31 @@ def _ordered(side: Side, largest: bool) -> Side:
     return Side(side.values.take(pa.array(order, pa.int64())), side.cell[order])
 
 
+def _joined(prefix: Side, joining: Side, cells: int, typ: pa.DataType, largest: bool) -> Side:
+    """The prefixes (in order, by cell) with the `joining` values in their place. A stored
+    prefix is kept in the extreme's order, so only the cells some value joins are sorted
+    again; a stable sort by cell then interleaves them with the others (two sorted runs)."""
+    joined = np.zeros(cells, bool)
+    joined[joining.cell] = True
+    moved = joined[prefix.cell]
+    if not len(joining.cell):
+        return prefix
+    resorted = _ordered(Side.concat([prefix.pick(moved), joining], typ), largest)
+    both = Side.concat([prefix.pick(~moved), resorted], typ)
+    order = np.argsort(both.cell, kind="stable")
+    return Side(both.values.take(pa.array(order, pa.int64())), both.cell[order])
+
+
+def _removed_in_cells(known: Side, leaving: Side, cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_removed` over the known values of the cells some value leaves only."""
+    left = np.zeros(cells, bool)
+    left[leaving.cell] = True
+    mine = left[known.cell]
+    drop = np.zeros(len(known.cell), bool)
+    drop[mine], short = _removed(known.pick(mine), leaving)
+    return drop, short
+
+
 def _removed(known: Side, leaving: Side) -> tuple[np.ndarray, np.ndarray]:
     """Which values of `known` (ordered) the `leaving` ones take out, each the first value
     equal to it, as `ExtremeState.apply` does; and per leaving value, whether its cell held
@@ -134,7 +159,7 @@ def fold_extreme(
     joins = complete[entering.cell] | (
         (lengths[entering.cell] > 0) & _inside(entering, ends(prefix, lengths), largest)
     )
-    known = _ordered(Side.concat([prefix, entering.pick(joins)], typ), largest)
+    known = _joined(prefix, entering.pick(joins), cells, typ, largest)
     counts = np.bincount(known.cell, minlength=cells)
     unknown = base_n + entering.count(cells) - counts
     # What leaves: a value ranking inside the prefix takes out the first value equal to it; one
@@ -142,7 +167,7 @@ def fold_extreme(
     # when the prefix holds every value inside it that leaves and there are at least as many
     # unknown values as values leaving after it; any other cell is folded by the reference.
     inside = _inside(leaving, ends(known, counts), largest)
-    drop, short = _removed(known, leaving.pick(inside))
+    drop, short = _removed_in_cells(known, leaving.pick(inside), cells)
     after = np.bincount(leaving.cell[~inside], minlength=cells)
     slow = (after > unknown) | (np.bincount(leaving.cell[inside][short], minlength=cells) > 0)
     keep = known.pick(~drop & ~slow[known.cell])
