@@ -259,37 +259,28 @@ class RollupReads(RollupSnapshots):
             or not pc.any(pc.fill_null(rows[DELTA_COLUMN], False)).as_py()
         ):
             return _requested(rows, columns)
-        # Corrected cells: every column of their rows, folded into one row each.
-        changed = rows.filter(pc.fill_null(rows[DELTA_COLUMN], False))
-        named = Cells.collect(
-            (
-                (Window(b, e), frozenset([x]))
-                for x, b, e in zip(
-                    changed[ENTITY_COLUMN].to_pylist(),
-                    changed["bucket_start"].to_pylist(),
-                    changed["bucket_end"].to_pylist(),
-                    strict=True,
-                )
-            ),
-            limit=None,
-        )
-        mine = _not_in(rows, cell_keys(named))
-        whole = self._cells_rows(spec, snap, named)
+        # Corrected cells: every column of their rows, folded into one row each. Their keys
+        # stay in Arrow (a wave of corrections leaves tens of thousands of them).
+        changed = _changed_cells(rows)
+        keys = changed.select(["bucket_start", ENTITY_COLUMN])
+        mine = _not_in(rows, keys)
+        if columns is None:
+            whole = rows_with_keys(rows, keys, keys.column_names)
+        else:
+            whole = self._cells_rows(spec, snap, _by_bucket(changed), keys, files)
         folded = self._folded_arrow(spec, whole, snap, unknown).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
         return _requested(out, columns)
 
-    def _cells_rows(self, spec: RollupSpec, snap: Snapshot, cells: Cells) -> pa.Table:
-        """Every column of the visible rows of named `cells` at `snap`."""
+    def _cells_rows(
+        self, spec: RollupSpec, snap: Snapshot, cells: Cells, keys: pa.Table, live: list[dict]
+    ) -> pa.Table:
+        """Every column of the visible rows of named `cells` at `snap` (`keys`: the same cells
+        as (bucket_start, entity_id) rows), from the `live` files of a read holding them."""
         schema = data_schema(spec)
-        if snap.table is None:
-            return schema.empty_table()
         spans = merge_windows(list(cells.windows))
         targets = TargetIndex(list(cells))
-        keys = cell_keys(cells)
-        files = live_files(
-            self.overlapping(file_actions(snap.table), spans, cells.entities), snap.pointers
-        )
+        files = self.overlapping(live, spans, cells.entities)
 
         def read(f: dict) -> pa.Table:
             data = self._read_file(spec, f, schema.names, targets).cast(schema)
@@ -355,13 +346,38 @@ def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
     return rows_with_keys(rows, keys, keys.column_names)
 
 
+def _changed_cells(rows: pa.Table) -> pa.Table:
+    """The cells (bucket_start, entity_id, bucket_end) of the difference rows among `rows`."""
+    changed = rows.filter(pc.fill_null(rows[DELTA_COLUMN], False))
+    return changed.group_by(["bucket_start", ENTITY_COLUMN, "bucket_end"]).aggregate([])
+
+
+def _by_bucket(keys: pa.Table) -> Cells:
+    """`keys` (bucket_start, entity_id, bucket_end) as named cells, grouped per bucket in
+    Arrow: a Python object per bucket, not per cell."""
+    grouped = keys.group_by(["bucket_start", "bucket_end"]).aggregate([(ENTITY_COLUMN, "list")])
+    return Cells(
+        tuple(
+            sorted(
+                (Window(b, e), frozenset(names))
+                for b, e, names in zip(
+                    grouped["bucket_start"].to_pylist(),
+                    grouped["bucket_end"].to_pylist(),
+                    grouped[f"{ENTITY_COLUMN}_list"].to_pylist(),
+                    strict=True,
+                )
+            )
+        )
+    )
+
+
 def _not_in(rows: pa.Table, keys: pa.Table) -> pa.Table:
     """`rows` of cells other than `keys` (bucket_start, entity_id)."""
     names = ["bucket_start", "entity_id"]
-    # Only the keys and a row index join (a join carries no list column).
-    index = pa.table({n: rows[n] for n in names}).append_column(
-        "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    )
+    # Only the rows of the keys' entities, their keys and a row index join (a join carries no
+    # list column; a few corrected cells join a few rows).
+    near = pc.indices_nonzero(pc.is_in(rows["entity_id"], value_set=pc.unique(keys["entity_id"])))
+    index = pa.table({"__i": near, **{n: pc.take(rows[n], near) for n in names}})
     hit = index.join(keys.select(names), names, join_type="left semi")["__i"].to_numpy()
     keep = np.ones(rows.num_rows, dtype=bool)
     keep[hit] = False
