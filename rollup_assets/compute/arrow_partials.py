@@ -225,12 +225,8 @@ def _extremes(
     """Per cell, its `SPARES` smallest (largest) values, NaN ranked above every number."""
     valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
     kept = values.filter(pa.array(valid))
-    return _top(
-        kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept,
-        index[valid],
-        n_cells,
-        largest,
-    )
+    kept = kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept
+    return _top(kept, _ranks(kept, largest), index[valid], n_cells)
 
 
 def _merged_extremes(
@@ -250,53 +246,60 @@ def _merged_extremes(
     incomplete = sizes < counts
     exhausted = np.zeros(n_cells, dtype=bool)
     np.logical_or.at(exhausted, index[incomplete & (sizes == 0)], True)
+    # One ranking of every value, for the bounds and the order alike.
+    ranks = _ranks(values, largest)
     keep = np.ones(len(values), dtype=bool)
     ends = incomplete & (sizes > 0)
     if ends.any():
-        # One ranking of every value; a cell knows the values ranking no later than the last
-        # value of its first-ending incomplete list.
-        ranks = _ranks(values, largest)
+        # A cell knows the values ranking no later than the last value of its first-ending
+        # incomplete list.
         last = np.cumsum(sizes) - 1
         bound = np.full(n_cells, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(bound, index[ends], ranks[last[ends]])
         keep = ranks <= bound[cell_of]
     keep &= ~exhausted[cell_of]
-    return _top(values.filter(pa.array(keep)), cell_of[keep], n_cells, largest)
+    at = np.flatnonzero(keep)
+    return _top(values.take(pa.array(at, pa.int64())), ranks[at], cell_of[at], n_cells)
 
 
 def _ranks(values: pa.Array, largest: bool) -> np.ndarray:
     """Dense ranks of `values` in Spark's order (NaN above every number), ascending, or
     descending when `largest`; equal values share a rank."""
-    # Arrow sorts NaN last in either order: rank ascending (NaN last is Spark's order) and
-    # turn the ranks around for the largest.
-    order = pc.array_sort_indices(values, order="ascending")
-    arr = values.take(order).to_numpy(zero_copy_only=False)
-    differs = np.ones(len(arr), dtype=bool)
-    if len(arr) > 1:
-        a, b = arr[1:], arr[:-1]
+    typ = values.type
+    if pa.types.is_floating(typ) or pa.types.is_integer(typ) or pa.types.is_timestamp(typ):
+        # NumPy sorts NaN last, as Spark orders it; a timestamp ranks as its integer.
+        arr = values.cast(pa.int64()) if pa.types.is_timestamp(typ) else values
+        numbers = arr.to_numpy(zero_copy_only=False)
+        order = np.argsort(numbers)
+        arr_sorted = numbers[order]
+    else:
+        # Arrow sorts NaN last in either order: rank ascending (NaN last is Spark's order).
+        order = pc.array_sort_indices(values, order="ascending").to_numpy()
+        arr_sorted = values.take(pa.array(order)).to_numpy(zero_copy_only=False)
+    differs = np.ones(len(arr_sorted), dtype=bool)
+    if len(arr_sorted) > 1:
+        a, b = arr_sorted[1:], arr_sorted[:-1]
         same = a == b
-        if arr.dtype.kind == "f":
+        if arr_sorted.dtype.kind == "f":
             same |= np.isnan(a) & np.isnan(b)
         differs[1:] = ~same
-    ranks = np.empty(len(arr), dtype=np.int64)
-    ranks[order.to_numpy()] = np.cumsum(differs) - 1
+    ranks = np.empty(len(arr_sorted), dtype=np.int64)
+    ranks[order] = np.cumsum(differs) - 1
+    # Turned around for the largest.
     return ranks.max(initial=0) - ranks if largest else ranks
 
 
-def _top(
-    values: pa.Array | pa.ChunkedArray, cell_of: np.ndarray, n_cells: int, largest: bool
-) -> pa.ChunkedArray:
-    """Per cell, the first `SPARES` of its `values` in Spark's order, as a list column."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
+def _top(values: pa.Array, ranks: np.ndarray, cell_of: np.ndarray, n_cells: int) -> pa.ChunkedArray:
+    """Per cell, the first `SPARES` of its `values` by their `ranks`, as a list column."""
     typ = values.type
     if len(values) == 0:
         empty = pa.ListArray.from_arrays(
             pa.array(np.zeros(n_cells + 1, np.int32)), pa.array([], typ)
         )
         return pa.chunked_array([empty])
-    ranks = _ranks(values, largest)
-    order = np.lexsort((ranks, cell_of))
+    # By cell, then rank: one key (cells and ranks are both below 2**31 here), sorted stably.
+    key = cell_of.astype(np.int64) * (int(ranks.max()) + 1) + ranks
+    order = np.argsort(key, kind="stable")
     cells_sorted = cell_of[order]
     starts = np.searchsorted(cells_sorted, np.arange(n_cells), side="left")
     position = np.arange(len(order)) - starts[cells_sorted]
