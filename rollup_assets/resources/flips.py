@@ -6,6 +6,7 @@ previous difference pointer (`visible_rows`). A rollback puts back the pointers 
 superseded, once nothing newer covers its cells and the flip's own pointers are all still there.
 """
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import GENMAP_SCHEMA
 from rollup_assets.resources.visible_rows import is_delta_pointer
 
@@ -21,6 +23,35 @@ from rollup_assets.resources.visible_rows import is_delta_pointer
 def flipped_since(pointers: pa.Table, since: datetime) -> pa.Table:
     """The pointers flipped after `since`."""
     return pointers.filter(pc.greater(pointers["flipped_at"], pa.scalar(since, TS)))
+
+
+def buckets_flipped_when(pointers: pa.Table, when: Callable[[datetime], bool]) -> set[datetime]:
+    """The starts of the buckets with a pointer whose flip time `when` holds for (asked once per
+    distinct flip time: a flip sets the same time on every pointer it writes)."""
+    times = pc.unique(pointers["flipped_at"].drop_null()).to_pylist()
+    chosen = [t for t in times if when(t)]
+    if not chosen:
+        return set()
+    hit = pc.is_in(pointers["flipped_at"], value_set=pa.array(chosen, TS))
+    return set(pc.unique(pointers.filter(hit)["bucket_start"]).to_pylist())
+
+
+def cell_pointer_counts(pointers: pa.Table, closed_before: datetime | None) -> dict[Window, int]:
+    """Per bucket (ending by `closed_before`, when given), how many cell pointers it has."""
+    cells = pointers.filter(pc.is_valid(pointers["entity_id"]))
+    if closed_before is not None:
+        ended = pc.less_equal(cells["bucket_end"], pa.scalar(closed_before, TS))
+        cells = cells.filter(pc.fill_null(ended, False))
+    counted = cells.group_by(["bucket_start", "bucket_end"]).aggregate([("entity_id", "count")])
+    return {
+        Window(s, e): n
+        for s, e, n in zip(
+            counted["bucket_start"].to_pylist(),
+            counted["bucket_end"].to_pylist(),
+            counted["entity_id_count"].to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def flipped_pointers(

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, iso_utc
+from rollup_assets.model.windows import Window, iso_utc, merge_windows
 from rollup_assets.resources.delta_commits import CommitPlan
 from rollup_assets.resources.delta_tables import file_actions, open_table
 from rollup_assets.resources.flips import flipped_since
@@ -67,6 +67,8 @@ class RollupDeletions(RollupTable):
         maintenance sweep: rewriting it would make a small correction cost what the archive
         costs. Without them every file holding superseded rows in `buckets` is rewritten.
         """
+        # Merged once: a fold sweeps thousands of buckets, tested against every file it reads.
+        buckets = merge_windows(list(buckets))
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
         recent = None
         if self.keeping.keeps:

@@ -24,6 +24,7 @@ from rollup_assets.model.specs import ArchiveSpec, Catalog, RollupSpec, schema_f
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.archive_states import ArchiveStateStore
+from rollup_assets.resources.flips import buckets_flipped_when, cell_pointer_counts
 from rollup_assets.resources.ledger import Ledger
 from rollup_assets.resources.raw_store import RawStore
 from rollup_assets.resources.rollup_store import RollupStore
@@ -187,19 +188,9 @@ class Engine:
         was flipped recently enough to be rolled back then (`model.keeping`): a fold supersedes
         every pointer of its buckets, so it would take that rollback away."""
         pointers = self.rollups.snapshot(spec).pointers
-        counts: dict[Window, int] = {}
         recent: set[datetime] = set()
-        for r in pointers.select(
-            ["bucket_start", "bucket_end", "entity_id", "flipped_at"]
-        ).to_pylist():
-            flipped = r["flipped_at"]
-            if now is not None and flipped is not None and self.keeping.may_roll_back(flipped, now):
-                recent.add(r["bucket_start"])
-            if r["entity_id"] is None:
-                continue
-            if closed_before is not None and r["bucket_end"] > closed_before:
-                continue
-            w = Window(r["bucket_start"], r["bucket_end"])
-            counts[w] = counts.get(w, 0) + 1
+        if now is not None:
+            recent = buckets_flipped_when(pointers, lambda t: self.keeping.may_roll_back(t, now))
+        counts = cell_pointer_counts(pointers, closed_before)
         foldable = {w: n for w, n in counts.items() if w.start not in recent}
         return buckets_to_fold(foldable, lambda t: storage_partition(spec, t))
