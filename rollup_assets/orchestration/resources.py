@@ -219,6 +219,7 @@ class WarehouseResource(dg.ConfigurableResource):
     )
     driver_source_rows: int = Field(
         default=DEFAULT_DRIVER_SOURCE_ROWS,
+        ge=0,
         description="Work on buckets for every entity whose source files hold at most this "
         "many rows runs on the driver, with no Spark job; 0 sends it all to Spark.",
     )

@@ -143,7 +143,11 @@ def run_forward(
             if on_driver
             else "aggregated on Spark: its source files hold "
             + ("an unknown number of rows" if bound is None else f"{bound:,} rows")
-            + f" (the driver takes at most {engine.partials.driver_rows:,})"
+            + (
+                f" (the driver takes at most {engine.partials.driver_rows:,})"
+                if engine.partials.driver_rows
+                else " (ROLLUPS_DRIVER_SOURCE_ROWS is 0: such work always runs on Spark)"
+            )
         )
         say(f"{spec.name}: forward {plan}")
         try:

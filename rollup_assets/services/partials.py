@@ -55,6 +55,11 @@ class Partials:
         self.catalog = catalog
         self.raw = raw
         self.rollups = rollups
+        if driver_rows < 0:
+            raise ValueError(
+                f"driver source rows must be 0 (every aggregation on Spark) or more, not "
+                f"{driver_rows}"
+            )
         self.driver_rows = driver_rows
 
     def fits_driver(self, bound: int | None) -> bool:

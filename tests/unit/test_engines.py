@@ -5,9 +5,13 @@ every control table whole."""
 from pathlib import Path
 
 import dagster as dg
+import pydantic
+import pytest
 
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.orchestration.resources import WarehouseResource
+from rollup_assets.resources.warehouse import Warehouse
+from rollup_assets.services.engine import Engine
 from rollup_assets.settings import DEFAULT_SPECS
 
 CATALOG = load_catalog(DEFAULT_SPECS)
@@ -27,3 +31,12 @@ def test_every_tick_of_one_configuration_gets_the_same_engine(tmp_path: Path) ->
     assert engine_of_a_fresh_resource(tmp_path / "w", generation_retention_hours=0) is not first
     another_catalog = load_catalog(DEFAULT_SPECS)
     assert WarehouseResource(root=str(tmp_path / "w")).engine(another_catalog) is not first
+
+
+def test_a_negative_driver_bound_is_refused_where_it_is_given(tmp_path: Path) -> None:
+    """0 sends every aggregation of buckets for every entity to Spark; below that means
+    nothing, and is refused by the resource (naming the field) and by the engine."""
+    with pytest.raises(pydantic.ValidationError, match="driver_source_rows"):
+        WarehouseResource(root=str(tmp_path / "w"), driver_source_rows=-1)
+    with pytest.raises(ValueError, match="not -5"):
+        Engine(CATALOG, Warehouse(str(tmp_path / "w")), driver_source_rows=-5)
