@@ -266,7 +266,8 @@ def _ranks(values: pa.Array, largest: bool) -> np.ndarray:
     """Dense ranks of `values` in Spark's order (NaN above every number), ascending, or
     descending when `largest`; equal values share a rank."""
     typ = values.type
-    if pa.types.is_floating(typ) or pa.types.is_integer(typ) or pa.types.is_timestamp(typ):
+    numeric = pa.types.is_floating(typ) or pa.types.is_integer(typ) or pa.types.is_timestamp(typ)
+    if numeric and values.null_count == 0:
         # NumPy sorts NaN last, as Spark orders it; a timestamp ranks as its integer.
         arr = values.cast(pa.int64()) if pa.types.is_timestamp(typ) else values
         numbers = arr.to_numpy(zero_copy_only=False)

@@ -264,7 +264,9 @@ class RollupReads(RollupSnapshots):
         changed = _changed_cells(rows)
         keys = changed.select(["bucket_start", ENTITY_COLUMN])
         mine = _not_in(rows, keys)
-        if columns is None:
+        if columns is None and (cells is None or exact):
+            # Every row of these cells is among those read (without `exact`, a row group read
+            # for other cells may hold some rows of a cell, not all: those are read again).
             whole = rows_with_keys(rows, keys, keys.column_names)
         else:
             whole = self._cells_rows(spec, snap, _by_bucket(changed), keys, files)
