@@ -301,13 +301,19 @@ def run_recompute(
                 )
                 change = None
         states = engine.states.all()
-        propagated = propagation_jobs(
-            engine.catalog,
-            spec,
-            changed,
-            flipped if change is not None else version,
-            states,
-            parts=None if change is None else change.parts,
+        # A fold rewrites what readers already saw (it never changes a value): the levels above
+        # hold it already, and aggregating them again would only find every cell unchanged.
+        propagated = (
+            []
+            if job.trigger is Trigger.MAINTENANCE
+            else propagation_jobs(
+                engine.catalog,
+                spec,
+                changed,
+                flipped if change is not None else version,
+                states,
+                parts=None if change is None else change.parts,
+            )
         )
         current = engine.ledger.job(job.job_id)
         if current is not None and current.state is JobState.COMPLETED:

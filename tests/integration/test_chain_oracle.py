@@ -93,6 +93,14 @@ def fold_a_corrected_hour(world: World, monkeypatch: pytest.MonkeyPatch) -> None
     assert len(folds) == 1, folds
     world.tick(NOW)
     done = world.engine.ledger.job(folds[0].job_id)
+    # A fold changes no value: the levels above are not aggregated again.
+    above = [
+        (name, j.windows)
+        for name in world.catalog.rollups
+        for j in world.engine.ledger.history(name, limit=1000)
+        if j.trigger is Trigger.CHAIN and j.created_at >= folds[0].created_at
+    ]
+    assert above == [], above
     where = "on Spark" if world.engine.partials.driver_rows == 0 else "on the driver"
     assert done is not None and f"read {where}" in (done.plan or ""), done
     assert hourly_cell_pointers(world, hour) == 0
