@@ -301,20 +301,16 @@ def run_recompute(
                 )
                 change = None
         states = engine.states.all()
-        # A fold rewrites what readers already saw (it never changes a value): the levels above
-        # hold it already, and aggregating them again would only find every cell unchanged.
-        propagated = (
-            []
-            if job.trigger is Trigger.MAINTENANCE
-            else propagation_jobs(
-                engine.catalog,
-                spec,
-                changed,
-                flipped if change is not None else version,
-                states,
-                parts=None if change is None else change.parts,
-            )
+        propagated = propagation_jobs(
+            engine.catalog,
+            spec,
+            changed,
+            flipped if change is not None else version,
+            states,
+            parts=None if change is None else change.parts,
         )
+        if job.trigger is Trigger.MAINTENANCE:  # a fold changes no value: nothing to carry up
+            propagated = []
         current = engine.ledger.job(job.job_id)
         if current is not None and current.state is JobState.COMPLETED:
             # An operator action found the flip landed and completed the job, queuing the levels
