@@ -250,9 +250,9 @@ class RollupReads(RollupSnapshots):
         )
         if not files:
             return schema.empty_table()
-        # Reading and decoding Parquet releases the GIL: files are read side by side.
-        parts = list(READERS.map(read, files))
-        rows = pa.concat_tables(parts)
+        # Reading and decoding Parquet releases the GIL: files are read side by side. What the
+        # files held is let go once the visible rows are copied out of it.
+        rows = pa.concat_tables(list(READERS.map(read, files)))
         rows = rows.filter(visible_mask(rows, snap.pointers))
         if (
             DELTA_COLUMN not in rows.column_names
@@ -270,6 +270,7 @@ class RollupReads(RollupSnapshots):
             whole = rows_with_keys(rows, keys, keys.column_names)
         else:
             whole = self._cells_rows(spec, snap, _by_bucket(changed), keys, files)
+        del rows  # `mine` and `whole` are copies: the fold holds them alone
         folded = self._folded_arrow(spec, whole, snap, unknown).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
         return _requested(out, columns)
