@@ -57,6 +57,13 @@ def propagation_jobs(
     return jobs
 
 
+def carries_up(job: Job) -> bool:
+    """Does the flip of `job` give the levels above anything to take? Not a fold's (maintenance):
+    it rewrites what readers already saw and never changes a value, which the levels above hold
+    already."""
+    return job.trigger is not Trigger.MAINTENANCE
+
+
 def completed_after_flip(
     catalog: Catalog,
     spec: RollupSpec,
@@ -81,5 +88,7 @@ def completed_after_flip(
     parts = None
     if job.parts is not None and flipped_at is not None:
         parts = tuple(replace(p, seen_at=flipped_at) for p in job.parts)
+    if not carries_up(job):
+        return [done]
     above = propagation_jobs(catalog, spec, cells_of(spec, job), flipped_at, states, parts)
     return [done, *above]

@@ -15,7 +15,8 @@
              pointing readers at rows that action removed or computed from what it changed.
 3. Completed, together with the jobs the changed cells cause one level up (one ledger commit):
    a correction queues the same source changes for the cells above, a recompute their
-   aggregation again from the level below. Then the generations the flip superseded are swept.
+   aggregation again from the level below, a fold nothing (`model.propagation.carries_up`).
+   Then the generations the flip superseded are swept.
 
 A run does not publish the rollup's surface (`services.surface`): the surface publish sensor
 does, off the correction's critical path, within `ROLLUPS_SURFACE_MAX_LAG_SECONDS` of the flip.
@@ -50,7 +51,7 @@ from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.placement import buckets_in, cells_of, place
 from rollup_assets.model.progress import Progress
-from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.propagation import carries_up, propagation_jobs
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
@@ -301,16 +302,16 @@ def run_recompute(
                 )
                 change = None
         states = engine.states.all()
-        propagated = propagation_jobs(
-            engine.catalog,
-            spec,
-            changed,
-            flipped if change is not None else version,
-            states,
-            parts=None if change is None else change.parts,
-        )
-        if job.trigger is Trigger.MAINTENANCE:  # a fold changes no value: nothing to carry up
-            propagated = []
+        propagated: list[Job] = []
+        if carries_up(job):
+            propagated = propagation_jobs(
+                engine.catalog,
+                spec,
+                changed,
+                flipped if change is not None else version,
+                states,
+                parts=None if change is None else change.parts,
+            )
         current = engine.ledger.job(job.job_id)
         if current is not None and current.state is JobState.COMPLETED:
             # An operator action found the flip landed and completed the job, queuing the levels

@@ -14,7 +14,7 @@ from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
 from rollup_assets.model.placement import buckets_in
-from rollup_assets.model.propagation import propagation_jobs
+from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, micros
@@ -83,6 +83,23 @@ def test_a_job_narrowed_to_its_ready_buckets_narrows_its_parts() -> None:
         .parts
         is None
     )
+
+
+def test_a_fold_whose_flip_landed_queues_nothing_above_however_it_is_completed() -> None:
+    """A fold (maintenance) changes no value: completed by its own run or after a crash, a
+    failure or a disable, it queues nothing for the levels above; a recompute queues them."""
+    states = {
+        "energy_daily": ArchiveState(
+            "energy_daily", status=ArchiveStatus.ACTIVATED, watermark=T0 + 48 * H
+        )
+    }
+    windows = tuple(hours(1, 2))
+    fold = Job(HOURLY.name, Trigger.MAINTENANCE, windows, entities=None, state=JobState.SWAPPING)
+    [done] = completed_after_flip(CATALOG, HOURLY, fold, states, "died after its flip")
+    assert done.state is JobState.COMPLETED
+    recompute = Job(HOURLY.name, Trigger.PERIODIC, windows, entities=None, state=JobState.SWAPPING)
+    [_, up] = completed_after_flip(CATALOG, HOURLY, recompute, states, "died after its flip")
+    assert up.rollup == "energy_daily" and up.trigger is Trigger.CHAIN
 
 
 def test_a_correction_goes_up_the_chain_as_a_correction_of_the_same_changes() -> None:
