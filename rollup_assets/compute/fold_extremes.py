@@ -95,11 +95,11 @@ def _joined(prefix: Side, joining: Side, cells: int, typ: pa.DataType, largest: 
     """The prefixes (in order, by cell) with the `joining` values in their place. A stored
     prefix is kept in the extreme's order, so only the cells some value joins are sorted
     again; a stable sort by cell then interleaves them with the others (two sorted runs)."""
+    if not len(joining.cell):
+        return prefix
     joined = np.zeros(cells, bool)
     joined[joining.cell] = True
     moved = joined[prefix.cell]
-    if not len(joining.cell):
-        return prefix
     resorted = _ordered(Side.concat([prefix.pick(moved), joining], typ), largest)
     both = Side.concat([prefix.pick(~moved), resorted], typ)
     order = np.argsort(both.cell, kind="stable")
