@@ -4,6 +4,7 @@ rows already there) and the commit that adds them, still invisible until a flip
 """
 
 import json
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +50,7 @@ class RollupWrites(RollupSnapshots):
 
     def write_rows(
         self,
-        frame: DataFrame | pa.Table,
+        frame: DataFrame | pa.Table | Iterator[pa.Table],
         spec: RollupSpec,
         *,
         generation: int,
@@ -59,16 +60,24 @@ class RollupWrites(RollupSnapshots):
     ) -> Written:
         """Executors write `frame` (entity_id, bucket_start, bucket_end, partials) as Parquet files
         stamped with `generation`; returns the Delta add actions (nothing is committed yet). A
-        table of a few rows already on the driver is written there, with the same writer."""
+        table of a few rows already on the driver is written there, with the same writer; so are
+        tables of rows made one after another (each written before the next is made)."""
+        stamp = {
+            "generation": generation,
+            "job_id": job_id,
+            "run_id": run_id,
+            "source_versions": source_versions,
+        }
         if isinstance(frame, pa.Table):
-            return self._write_local(
-                frame,
-                spec,
-                generation=generation,
-                job_id=job_id,
-                run_id=run_id,
-                source_versions=source_versions,
-            )
+            return self._write_local(frame, spec, **stamp)  # type: ignore[arg-type]
+        if not isinstance(frame, DataFrame):
+            adds, count = [], 0
+            for table in frame:
+                part = self._write_local(table, spec, **stamp)  # type: ignore[arg-type]
+                del table  # the next table is made once this one is gone
+                adds += part.adds
+                count += part.rows
+            return Written(adds, count)
         df = (
             frame.withColumn("generation", F.lit(generation).cast("long"))
             .withColumn("run_id", F.lit(run_id))

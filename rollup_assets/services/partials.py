@@ -19,10 +19,10 @@ from rollup_assets.compute.aggregation import SOURCE_ROWS, rollup_partials
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.folding import CellKey
-from rollup_assets.model.bucketing import Bucketing
+from rollup_assets.model.bucketing import Bucketing, storage_partition
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import DAY_COLUMN, ENTITY_COLUMN, Catalog, RollupSpec
-from rollup_assets.model.windows import merge_windows
+from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import file_actions, span_pruner
 from rollup_assets.resources.fill import (
     MAX_FILL_SOURCE_ROWS,
@@ -193,6 +193,28 @@ class Partials:
             return 0
         spans = merge_windows(list(cells.windows))
         return _records(self.rollups.overlapping(file_actions(table), spans, cells.entities))
+
+    def in_groups(
+        self, spec: RollupSpec, snap: Snapshot, buckets: list[Window], most: int
+    ) -> list[list[Window]]:
+        """`buckets` in time order, in groups of whole storage partitions
+        (`bucketing.storage_partition`) whose files in `snap` hold at most `most` rows by their
+        statistics; a partition holding more is a group of its own."""
+        files = file_actions(snap.table) if snap.table is not None else []
+        by_part: dict[Window, list[Window]] = {}
+        for w in sorted(buckets):
+            by_part.setdefault(storage_partition(spec, w.start), []).append(w)
+        groups: list[list[Window]] = []
+        held = 0
+        for _, members in sorted(by_part.items()):
+            rows = _records(self.rollups.overlapping(files, merge_windows(members), None)) or 0
+            if groups and held + rows <= most:
+                groups[-1] += members
+                held += rows
+            else:
+                groups.append(list(members))
+                held = rows
+        return groups
 
     def corrected_below(self, spec: RollupSpec, cells: Cells, below: Snapshot | None) -> bool:
         """Has the level below `spec` difference rows in `cells`' buckets? Spark tasks cannot

@@ -208,8 +208,15 @@ def run_recompute(
                 "that died before its flip"
             )
         say(f"{spec.name}: correcting {describe_cells(cells)} at generation {generation}")
-        try:
+        try:  # a fold on the driver reads as it writes: either may meet such cells
             work = compute_work(engine, spark, spec, running, cells, below, say)
+            say(f"{spec.name}: {work.technique}: {work.reason}")
+            try:
+                written, found = write_work(
+                    engine, spark, spec, work, generation, running, run_id, cells
+                )
+            finally:
+                work.release()
         except CellsUnknowable as unknown:
             events = refresh_first(engine, running, unknown)
             engine.ledger.record(events)
@@ -217,13 +224,6 @@ def run_recompute(
             note = done.plan or done.error or ""
             say(f"{spec.name}: {note}")
             return RunOutcome(done, [], note=note)
-        say(f"{spec.name}: {work.technique}: {work.reason}")
-        try:
-            written, found = write_work(
-                engine, spark, spec, work, generation, running, run_id, cells
-            )
-        finally:
-            work.release()
         changed = found.cells
         say(
             f"{spec.name}: {found.cells_changed} cell(s) changed, {found.cells_skipped} "

@@ -2,10 +2,12 @@
 
 A correction's difference rows, made from its source changes without reading the cells it
 corrects (`services.correction`), while the change feed still holds them; a fold's (maintenance)
-rewrite of its buckets whole from their visible rows; otherwise its cells aggregated again from
-their source and compared with the stored ones (`services.comparison`). The rows are written
-and not committed: the lane commits and flips them. A job that meets a cell whose rows a fold
-cannot know, in its source or (a fold) its own rollup, refreshes it first (`refresh_first`).
+rewrite of its buckets whole from their visible rows (on the driver, a group of storage
+partitions at a time, each read once the one before is written); otherwise its cells aggregated
+again from their source and compared with the stored ones (`services.comparison`). The rows are
+written and not committed: the lane commits and flips them. A job that meets a cell whose rows
+a fold cannot know, in its source or (a fold) its own rollup, refreshes it first
+(`refresh_first`).
 """
 
 import dataclasses
@@ -13,17 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, JobState, Trigger
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import merge_windows
+from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import ChangeFeedGone
 from rollup_assets.resources.fill import Fill
 from rollup_assets.resources.rollup_reads import CellsUnknowable, Unknown
+from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import Written
 from rollup_assets.services.comparison import CellOutcome, Recomputed, filled, recompute_cells
 from rollup_assets.services.correction import (
@@ -40,6 +42,20 @@ RECOMPUTE = "recompute"
 FOLD = "fold"
 
 
+# The rollup rows a fold on the driver holds at once: a rollup row, with its spare extremes,
+# takes several times the memory of a source row (`Partials.driver_rows`).
+FOLD_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class DriverFold:
+    """A fold on the driver: its buckets' visible rows in `snapshot`, read and written one group
+    of storage partitions at a time (`Partials.in_groups`: at most `FOLD_ROWS` rows each)."""
+
+    snapshot: Snapshot
+    groups: list[list[Window]]
+
+
 @dataclass
 class Work:
     """What a job computes: difference rows (a correction), or partials aggregated from the
@@ -50,6 +66,7 @@ class Work:
     versions: dict[str, int]
     correction: Correction | None = None
     recomputed: Recomputed | None = None
+    fold: DriverFold | None = None  # a fold on the driver (read as it is written)
     change_rows: int = 0
     cells_applied: int = 0
     read_version: int | None = None
@@ -94,21 +111,29 @@ def compute_work(
             say(f"{spec.name}: {gone}: its cells are aggregated again from the source")
     if job.trigger is Trigger.MAINTENANCE:
         # Read as a reader sees them: on the driver when their files hold few rows.
-        spans = merge_windows(list(cells.windows))
+        reason = (
+            f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
+            "differences and cell pointers folded), "
+        )
         held = engine.partials.rows_at_most(spec, cells)
-        frame: DataFrame | pa.Table
         if engine.partials.fits_driver(held):
-            frame = engine.rollups.read_arrow(spec, spans, cells.entities, unknown=Unknown.REFUSE)
-            where = f"read on the driver: their files hold {held:,} rows"
-        else:
-            frame = engine.rollups.read_spark(
-                spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
+            snap = engine.rollups.snapshot(spec)
+            groups = engine.partials.in_groups(spec, snap, sorted(cells.windows), FOLD_ROWS)
+            return Work(
+                FOLD,
+                f"{reason}read on the driver in {len(groups)} group(s) of storage partitions: "
+                f"their files hold {held:,} rows",
+                {},
+                fold=DriverFold(snap, groups),
+                nothing="nothing to fold",
             )
-            where = "read on Spark"
+        spans = merge_windows(list(cells.windows))
+        frame = engine.rollups.read_spark(
+            spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
+        )
         return Work(
             FOLD,
-            f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
-            f"differences and cell pointers folded), {where}",
+            f"{reason}read on Spark",
             {},
             recomputed=Recomputed(frame, None, {}),
             nothing="nothing to fold",
@@ -154,6 +179,14 @@ def write_work(
         if not fix.changed:
             return Written([], 0), found
         return engine.rollups.write_rows(fix.rows, spec, **stamp), found  # type: ignore[arg-type]
+    if work.fold is not None:
+        fold = work.fold
+        groups = (
+            engine.rollups.read_arrow(spec, spans, snapshot=fold.snapshot, unknown=Unknown.REFUSE)
+            for spans in fold.groups
+        )
+        written = engine.rollups.write_rows(groups, spec, **stamp)  # type: ignore[arg-type]
+        return written, CellOutcome(Cells.of(cells.windows), written.rows, 0, 0)
     result = work.recomputed
     assert result is not None
     if isinstance(result.rows, Fill):

@@ -25,6 +25,7 @@ from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick
+from rollup_assets.resources.rollup_reads import CellsUnknowable, RollupReads, Unknown
 from rollup_assets.services.maintenance import fold_jobs, maintain
 from tests.conftest import World, days
 from tests.integration.test_crash_points import open_world, template_root, world_copy
@@ -142,5 +143,96 @@ def test_a_fold_failing_at_any_point_changes_no_value_and_is_done_later(
         and j.windows_processed
     ]
     assert done, world.engine.ledger.history(HOURLY)
+    assert cell_pointers(world, HOUR) == 0
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+def correct_another_day(world: World) -> datetime:
+    """Every meter's readings of an hour of the first day doubled as well: the hourly fold then
+    spans two storage partitions (UTC days). The hour's start."""
+    hour = HOUR - timedelta(days=1)
+    stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
+    ts = stored["ts"]
+    rows = stored.filter(
+        pc.and_(
+            pc.greater_equal(ts, pa.scalar(hour, ts.type)),
+            pc.less(ts, pa.scalar(hour + timedelta(hours=1), ts.type)),
+        )
+    ).select(["entity_id", "ts", "energy_kwh"])
+    world.ingest(
+        rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)),
+        "energy_raw",
+        "Manual",
+    )
+    world.tick(NOW)
+    return hour
+
+
+def test_a_fold_on_the_driver_reads_and_writes_a_group_of_partitions_at_a_time(
+    corrected: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each storage partition a group of its own (`FOLD_ROWS` 1): the fold reads and writes
+    them one after another, into one generation under one flip; every value is unchanged."""
+    world = corrected
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
+    monkeypatch.setattr("rollup_assets.services.recompute_work.FOLD_ROWS", 1)
+    other = correct_another_day(world)
+    truth = world.raw()
+    assert compare_all(world.query, truth, world.catalog) == []
+    maintain(world.engine, now=NOW)
+    [fold] = [
+        j
+        for j in world.engine.ledger.snapshot().pending(HOURLY)
+        if j.trigger is Trigger.MAINTENANCE
+    ]
+    assert {w.start for w in fold.windows} >= {HOUR, other}
+    world.tick(NOW)
+    done = world.engine.ledger.job(fold.job_id)
+    assert done is not None and done.state is JobState.COMPLETED, done
+    assert "read on the driver in 2 group(s)" in (done.plan or ""), done.plan
+    assert cell_pointers(world, HOUR) == cell_pointers(world, other) == 0
+    assert compare_all(world.query, truth, world.catalog) == []
+
+
+def test_a_fold_meeting_unknowable_cells_in_a_later_group_refreshes_them_first(
+    corrected: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fold on the driver reads its second group only once the first is written: cells it
+    cannot know met there still queue their refresh, and the fold runs again after it, as they
+    would met in the first group."""
+    world = corrected
+    monkeypatch.setattr("rollup_assets.model.cells.FOLD_MIN_POINTERS", METERS)
+    monkeypatch.setattr("rollup_assets.services.recompute_work.FOLD_ROWS", 1)
+    correct_another_day(world)
+    truth = world.raw()
+    read_arrow = RollupReads.read_arrow
+    reads: list[int] = []
+
+    def second_unknowable(self, spec, spans=None, *args, unknown=Unknown.REFILL, **kwargs):
+        rows = read_arrow(self, spec, spans, *args, unknown=unknown, **kwargs)
+        if spec.name == HOURLY and unknown is Unknown.REFUSE:
+            reads.append(len(reads))
+            if len(reads) == 2:  # the fold's second group, as a cell's spares had run out
+                start = spans[0].start
+                raise CellsUnknowable(spec.name, [(rows["entity_id"][0].as_py(), start)])
+        return rows
+
+    monkeypatch.setattr(RollupReads, "read_arrow", second_unknowable)
+    maintain(world.engine, now=NOW)
+    [fold] = [
+        j
+        for j in world.engine.ledger.snapshot().pending(HOURLY)
+        if j.trigger is Trigger.MAINTENANCE
+    ]
+    world.tick(NOW)
+    waited = [
+        j
+        for j in world.engine.ledger.history(HOURLY)
+        if j.job_id == fold.job_id and "waits for a refresh" in (j.plan or "")
+    ]
+    assert len(reads) >= 2 and waited, world.engine.ledger.history(HOURLY)
+    assert compare_all(world.query, truth, world.catalog) == []
+    monkeypatch.setattr(RollupReads, "read_arrow", read_arrow)
+    world.tick(NOW)
     assert cell_pointers(world, HOUR) == 0
     assert compare_all(world.query, world.raw(), world.catalog) == []
