@@ -6,3 +6,14 @@ Layers, bottom up: `model` (the domain, pure Python), `compute` (Spark transform
 `sensors` live inside this package so that a project installing it keeps its own top-level
 `resources` and `sensors` packages.
 """
+
+import os
+
+# delta-rs allocates with a jemalloc of its own, which by default keeps the pages a merge or a
+# read freed until later allocations happen to purge them: a long-lived process (a code server,
+# runs executed in-process, a notebook) would carry a large ingest's memory into every later
+# step. Its settings are read once, when deltalake loads, so they are given here, before
+# anything imports it; a process that sets `_RJEM_MALLOC_CONF` itself keeps its own.
+os.environ.setdefault(
+    "_RJEM_MALLOC_CONF", "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+)
