@@ -96,18 +96,31 @@ PACKAGE = Path(rollup_assets.__file__).parent
 # Where a process reads its configuration and hands it down (the settings module's docstring).
 EDGES = ("settings.py", "definitions.py", "component.py", "cli/", "demo/")
 # Variables a library reads from the process environment itself: written from a passed-down
-# value where that library is started, never read.
-LIBRARY_VARIABLES = {"resources/spark.py": {"PYSPARK_PYTHON"}}
+# value where that library is started (or given a default the process may already have set,
+# `os.environ.setdefault`), never read.
+LIBRARY_VARIABLES = {
+    "resources/spark.py": {"PYSPARK_PYTHON"},
+    "__init__.py": {"_RJEM_MALLOC_CONF"},  # delta-rs' allocator, before deltalake loads
+}
 ENVIRONMENT = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
 
 def environment_uses(source: str, writable: frozenset[str] = frozenset()) -> list[int]:
     """The lines of `source` that reach the process environment (`os.environ`, `os.getenv`,
     `from os import environ`, any `.from_env`), but for a plain write `os.environ[NAME] = ...`
-    of a name in `writable`."""
+    or a default `os.environ.setdefault(NAME, ...)` of a name in `writable`."""
     tree = ast.parse(source)
     written: set[int] = set()
     for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setdefault"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in writable
+        ):
+            written.add(id(node.func.value))
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if (
@@ -162,7 +175,7 @@ def test_only_the_edges_read_the_environment() -> None:
         "import os\nhome = os.environ['DAGSTER_HOME']\n",
         "import os\nsize = os.getenv('DAGSTER_EVENT_BATCH_SIZE')\n",
         "import os\nenv = {**os.environ}\n",
-        "import os\nos.environ.setdefault('PYSPARK_PYTHON', 'python3')\n",
+        "import os\nos.environ.setdefault('DAGSTER_HOME', '/tmp')\n",
         "import os\nos.environ['PYSPARK_DRIVER_PYTHON'] = 'python3'\n",
         "from os import environ\n",
         "from rollup_assets.settings import Settings\nspecs = Settings.from_env().specs\n",
@@ -175,5 +188,9 @@ def test_every_way_of_reading_the_environment_is_found(source: str) -> None:
 
 def test_a_library_variable_may_be_written_where_it_is_listed() -> None:
     source = "import os\nos.environ['PYSPARK_PYTHON'] = python\n"
+    assert environment_uses(source, frozenset({"PYSPARK_PYTHON"})) == []
+    assert environment_uses(source) == [2]
+    # Given a default that a value the process set itself overrides: still a write.
+    source = "import os\nos.environ.setdefault('PYSPARK_PYTHON', python)\n"
     assert environment_uses(source, frozenset({"PYSPARK_PYTHON"})) == []
     assert environment_uses(source) == [2]
