@@ -77,6 +77,30 @@ def cell_keys(cells: Cells) -> pa.Table:
     )
 
 
+def cells_of_rows(rows: pa.Table) -> Cells:
+    """The cells of `rows` (entity_id, bucket_start, bucket_end), each bucket's entities
+    gathered in Arrow: Python sees each bucket once, not each row."""
+    if rows.num_rows == 0:
+        return Cells()
+    grouped = (
+        rows.select(["bucket_start", "bucket_end", "entity_id"])
+        .group_by(["bucket_start", "bucket_end"], use_threads=False)
+        .aggregate([("entity_id", "distinct")])
+    )
+    return Cells.collect(
+        (
+            (Window(start, end), frozenset(entities))
+            for start, end, entities in zip(
+                grouped["bucket_start"].to_pylist(),
+                grouped["bucket_end"].to_pylist(),
+                grouped["entity_id_distinct"].to_pylist(),
+                strict=True,
+            )
+        ),
+        limit=None,
+    )
+
+
 @dataclass(frozen=True)
 class Written:
     adds: list[AddAction]

@@ -43,6 +43,7 @@ from rollup_assets.model.specs import ENTITY_COLUMN, Catalog, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION
 from rollup_assets.resources.delta_tables import read_commit
+from rollup_assets.resources.rollup_table import cells_of_rows
 from rollup_assets.resources.visible_rows import base_generation
 from rollup_assets.services.engine import Engine
 
@@ -127,18 +128,7 @@ def correct(
     skipped = int((~new).sum())
     kept = rows.filter(pa.array(new & _within(cells, ready)))
     differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine)
-    changed = Cells.collect(
-        (
-            (Window(b, e), frozenset([x]))
-            for x, b, e in zip(
-                differences[ENTITY_COLUMN].to_pylist(),
-                differences["bucket_start"].to_pylist(),
-                differences["bucket_end"].to_pylist(),
-                strict=True,
-            )
-        ),
-        limit=None,
-    )
+    changed = cells_of_rows(differences)
     applied = SourceChange(kept, time_column, _parts_of(kept, root, time_column))
     return Correction(differences, changed, applied, read, skipped)
 
