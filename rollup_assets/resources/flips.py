@@ -72,20 +72,32 @@ def flipped_pointers(
     previous difference pointer. Superseded pointers are dropped, so the table keeps one bucket
     pointer per bucket at most, plus cell pointers newer than it.
     """
-    whole = [w for w, scope in cells if scope is None]
-    named = [(w, e) for w, scope in cells if scope is not None for e in sorted(scope)]
-    assert not (delta and whole), "a difference flip names its cells"
-    superseded = pc.is_in(current["bucket_start"], value_set=pa.array([w.start for w in whole], TS))
+    # One row per pointer made, whole buckets first: each window converted once, its start
+    # and end repeated for the entities it names.
+    windows = [w for w, scope in cells if scope is None]
+    repeats = [1] * len(windows)
+    entities: list[str | None] = [None] * len(windows)
+    n_whole = len(windows)
+    for w, scope in cells:
+        if scope is not None and scope:
+            windows.append(w)
+            repeats.append(len(scope))
+            entities += sorted(scope)
+    assert not (delta and n_whole), "a difference flip names its cells"
+    at = np.repeat(np.arange(len(windows)), repeats)
+    starts = pa.array([w.start for w in windows], TS).take(at)
+    ends = pa.array([w.end for w in windows], TS).take(at)
+    superseded = pc.is_in(current["bucket_start"], value_set=starts.slice(0, n_whole))
     superseded = pc.fill_null(superseded, False).to_numpy(zero_copy_only=False).copy()
-    if named and current.num_rows:
+    if len(entities) > n_whole and current.num_rows:
         hits = (
             current.select(["bucket_start", "entity_id"])
             .append_column("__i", pa.array(np.arange(current.num_rows), pa.int64()))
             .join(
                 pa.table(
                     {
-                        "bucket_start": pa.array([w.start for w, _ in named], TS),
-                        "entity_id": pa.array([e for _, e in named], pa.string()),
+                        "bucket_start": starts.slice(n_whole),
+                        "entity_id": pa.array(entities[n_whole:], pa.string()),
                     }
                 ),
                 ["bucket_start", "entity_id"],
@@ -98,23 +110,19 @@ def flipped_pointers(
             hit = hit[is_delta_pointer(current).to_numpy(zero_copy_only=False)[hit]]
         superseded[hit] = True
     kept = current.filter(pa.array(~superseded, pa.bool_()))
-    now = datetime.now(UTC)
-    new = pa.Table.from_pylist(
-        [
-            {
-                "bucket_start": w.start,
-                "bucket_end": w.end,
-                "entity_id": e,
-                "generation": generation,
-                "job_id": job_id,
-                "run_id": run_id,
-                "flipped_at": now,
-                "delta": delta,
-            }
-            for w, e in [*((w, None) for w in whole), *named]
-        ],
-        schema=GENMAP_SCHEMA,
-    )
+    n = len(entities)
+    new = pa.table(
+        {
+            "bucket_start": starts,
+            "bucket_end": ends,
+            "entity_id": pa.array(entities, pa.string()),
+            "generation": pa.array(np.full(n, generation, dtype=np.int64)),
+            "job_id": pa.array([job_id] * n, pa.string()),
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "flipped_at": pa.array([datetime.now(UTC)], TS).take(np.zeros(n, dtype=np.int64)),
+            "delta": pa.array(np.full(n, delta, dtype=bool)),
+        }
+    ).cast(GENMAP_SCHEMA)
     return pa.concat_tables([kept, new])
 
 
