@@ -13,7 +13,12 @@ from rollup_assets.orchestration.jobs import build_rollup_job
 from rollup_assets.orchestration.maintenance_jobs import build_maintenance
 from rollup_assets.orchestration.operator_jobs import build_operator_jobs
 from rollup_assets.orchestration.raw_archives import build_raw_archives
-from rollup_assets.orchestration.resources import ClockResource, SparkResource, WarehouseResource
+from rollup_assets.orchestration.resources import (
+    ClockResource,
+    SparkResource,
+    WarehouseResource,
+    register_built,
+)
 from rollup_assets.orchestration.surface_jobs import build_publish_job
 from rollup_assets.orchestration.tenancy import Scope, scopes_of
 from rollup_assets.resources.warehouse import tenant_warehouses
@@ -84,6 +89,8 @@ def build_definitions(
     declared, each tenant gets its own copy of everything, prefixed by its name and bound to
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
     base = warehouse or WarehouseResource.from_settings(settings)
+    warehouses = warehouse_resources(catalog, base)
+    register_built(catalog, list(warehouses.values()))
     return dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],
         dg.Definitions(
@@ -98,7 +105,7 @@ def build_definitions(
                     if settings.uses_warm_spark
                     else None,
                 ),
-                **warehouse_resources(catalog, base),
+                **warehouses,
                 **{
                     scope.raw_archives_key: build_raw_archives(catalog, scope)
                     for scope in scopes_of(catalog)

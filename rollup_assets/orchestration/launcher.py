@@ -22,8 +22,9 @@ reaping. The tag names its run too: a re-executed run, which carries its parent'
 taken for the parent's worker.
 
 `python -m rollup_assets.orchestration.launcher FD` is the worker. It reads its preload (the
-repository's origin and the instance's ref, a line each) from stdin, then a run id, and reports
-on `FD`.
+repository's origin and the instance's ref, a line each) from stdin, makes the code location's
+engines and reads what every run reads first (`resources.prepare_engines`: the ledger, above
+all, which a new process would otherwise read whole), then reads a run id, and reports on `FD`.
 """
 
 import contextlib
@@ -51,6 +52,7 @@ from dagster._serdes import ConfigurableClassData, deserialize_value, serialize_
 from dagster._utils.hosted_user_process import recon_repository_from_origin
 from dagster._utils.interrupts import capture_interrupts
 
+from rollup_assets.orchestration.resources import prepare_engines
 from rollup_assets.orchestration.tags import TAG_HOST, TAG_WORKER, worker_pid, worker_tag
 from rollup_assets.resources.processes import exit_after_python, pid_alive
 
@@ -327,6 +329,11 @@ def serve(report_fd: int) -> int:
         recon_repository_from_origin(origin).get_definition()
     except Exception as exc:
         failure = f"loading the code location failed: {type(exc).__name__}: {exc}"
+    if failure is None:
+        try:
+            prepare_engines()
+        except Exception as exc:  # the run reads what could not be read now
+            log.warning("preparing the engines failed: %s: %s", type(exc).__name__, exc)
     run_id = sys.stdin.readline().strip()
     if not run_id:
         return 0  # discarded, or its launcher ended

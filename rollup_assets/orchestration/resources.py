@@ -2,7 +2,7 @@
 provides the engine), and the clock of the forward lane."""
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -191,6 +191,28 @@ class _Engines:
 
 
 _ENGINES = _Engines()
+# The code locations built in this process (`build_definitions` registers each): the catalog and
+# its warehouse resources, whose engines a run worker makes before it is handed a run.
+_BUILT: deque[tuple[Catalog, tuple["WarehouseResource", ...]]] = deque(maxlen=8)
+
+
+def register_built(catalog: Catalog, warehouses: list["WarehouseResource"]) -> None:
+    """`catalog`'s code location, over `warehouses`, was built in this process."""
+    _BUILT.append((catalog, tuple(warehouses)))
+
+
+def prepare_engines() -> None:
+    """Make the engines of every code location built in this process and read what each run
+    reads first (the ledger, the archives' states, each rollup's pointers): a run worker made
+    ready beforehand (`orchestration/launcher.py`) then starts its run with them in memory, and
+    reads only what changed since. A table that cannot be read now is read by the run."""
+    for catalog, warehouses in _BUILT:
+        for warehouse in warehouses:
+            engine = warehouse.engine(catalog)
+            engine.ledger.snapshot()
+            engine.states.all()
+            for spec in catalog.rollups.values():
+                engine.rollups.snapshot(spec)
 
 
 class WarehouseResource(dg.ConfigurableResource):
