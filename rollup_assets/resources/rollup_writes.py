@@ -3,12 +3,15 @@ rows already there) and the commit that adds them, still invisible until a flip
 (`rollup_pointers`); and the forward lane's replacement of generation-0 rows in one commit.
 """
 
+import contextlib
 import json
+import urllib.parse
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -29,6 +32,7 @@ from rollup_assets.resources.schemas import (
     table_schema,
     with_row_shape,
 )
+from rollup_assets.resources.warehouse import filesystem_for
 
 
 class RollupWrites(RollupSnapshots):
@@ -62,22 +66,17 @@ class RollupWrites(RollupSnapshots):
         stamped with `generation`; returns the Delta add actions (nothing is committed yet). A
         table of a few rows already on the driver is written there, with the same writer; so are
         tables of rows made one after another (each written before the next is made)."""
-        stamp = {
-            "generation": generation,
-            "job_id": job_id,
-            "run_id": run_id,
-            "source_versions": source_versions,
-        }
         if isinstance(frame, pa.Table):
-            return self._write_local(frame, spec, **stamp)  # type: ignore[arg-type]
+            frame = iter([frame])
         if not isinstance(frame, DataFrame):
-            adds, count = [], 0
-            for table in frame:
-                part = self._write_local(table, spec, **stamp)  # type: ignore[arg-type]
-                del table  # the next table is made once this one is gone
-                adds += part.adds
-                count += part.rows
-            return Written(adds, count)
+            return self._write_tables(
+                frame,
+                spec,
+                generation=generation,
+                job_id=job_id,
+                run_id=run_id,
+                source_versions=source_versions,
+            )
         df = (
             frame.withColumn("generation", F.lit(generation).cast("long"))
             .withColumn("run_id", F.lit(run_id))
@@ -120,6 +119,42 @@ class RollupWrites(RollupSnapshots):
             "source_versions": json.dumps(source_versions, sort_keys=True),
         }
         return run_fill(spark, fill, self.uri(fill.spec), self.options, stamp)
+
+    def _write_tables(
+        self,
+        tables: Iterator[pa.Table],
+        spec: RollupSpec,
+        *,
+        generation: int,
+        job_id: str,
+        run_id: str,
+        source_versions: dict[str, int],
+    ) -> Written:
+        """`_write_local` of each table in turn, each made once the one before is written. When
+        making or writing one fails, the files the earlier ones wrote (committed nowhere) are
+        deleted before the error goes on."""
+        adds: list[AddAction] = []
+        count = 0
+        try:
+            for table in tables:
+                part = self._write_local(
+                    table,
+                    spec,
+                    generation=generation,
+                    job_id=job_id,
+                    run_id=run_id,
+                    source_versions=source_versions,
+                )
+                del table  # the next table is made once this one is gone
+                adds += part.adds
+                count += part.rows
+        except BaseException:
+            fs, root = filesystem_for(self.uri(spec), self.options)
+            for add in adds:
+                with contextlib.suppress(OSError):
+                    fs.delete_file(f"{root}/{urllib.parse.unquote(add.path)}")
+            raise
+        return Written(adds, count)
 
     def _write_local(
         self,

@@ -185,10 +185,12 @@ class Partials:
         raw = self.raw.table(source)
         return _records(self.raw.files_for(raw, source, spans, cells.entities) if raw else [])
 
-    def rows_at_most(self, spec: RollupSpec, cells: Cells) -> int | None:
-        """How many rows the files of rollup `spec` that may hold `cells` contain, by their
-        statistics; None when a file does not say."""
-        table = self.rollups.snapshot(spec).table
+    def rows_at_most(
+        self, spec: RollupSpec, cells: Cells, snap: Snapshot | None = None
+    ) -> int | None:
+        """How many rows the files of rollup `spec` (in `snap`, else its latest snapshot) that
+        may hold `cells` contain, by their statistics; None when a file does not say."""
+        table = (snap or self.rollups.snapshot(spec)).table
         if table is None:
             return 0
         spans = merge_windows(list(cells.windows))
@@ -207,7 +209,9 @@ class Partials:
         groups: list[list[Window]] = []
         held = 0
         for _, members in sorted(by_part.items()):
-            rows = _records(self.rollups.overlapping(files, merge_windows(members), None)) or 0
+            rows = _records(self.rollups.overlapping(files, merge_windows(members), None))
+            if rows is None:  # a file does not say: the partition is a group of its own
+                rows = most + 1
             if groups and held + rows <= most:
                 groups[-1] += members
                 held += rows

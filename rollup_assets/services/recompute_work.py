@@ -58,8 +58,9 @@ class DriverFold:
 
 @dataclass
 class Work:
-    """What a job computes: difference rows (a correction), or partials aggregated from the
-    source (a table on the driver, a Spark frame, or a first fill written as it aggregates)."""
+    """What a job computes: difference rows (a correction), partials aggregated from the
+    source (a table on the driver, a Spark frame, or a first fill written as it aggregates), or
+    a fold's rows (a Spark frame, or groups read on the driver as they are written: `fold`)."""
 
     technique: str
     reason: str
@@ -115,9 +116,9 @@ def compute_work(
             f"{len(cells)} bucket(s) rewritten whole from their visible rows (their "
             "differences and cell pointers folded), "
         )
-        held = engine.partials.rows_at_most(spec, cells)
+        snap = engine.rollups.snapshot(spec)
+        held = engine.partials.rows_at_most(spec, cells, snap)
         if engine.partials.fits_driver(held):
-            snap = engine.rollups.snapshot(spec)
             groups = engine.partials.in_groups(spec, snap, sorted(cells.windows), FOLD_ROWS)
             return Work(
                 FOLD,

@@ -15,16 +15,19 @@ in that build, so the maintenance pass of each case queues the hour's fold alone
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable
 
 from rollup_assets import faults
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.jobs import JobState, Trigger
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.runner import tick
+from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.rollup_reads import CellsUnknowable, RollupReads, Unknown
 from rollup_assets.services.maintenance import fold_jobs, maintain
 from tests.conftest import World, days
@@ -168,6 +171,10 @@ def correct_another_day(world: World) -> datetime:
     return hour
 
 
+def data_files(table: Path) -> set[Path]:
+    return {p for p in table.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
 def test_a_fold_on_the_driver_reads_and_writes_a_group_of_partitions_at_a_time(
     corrected: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,7 +231,12 @@ def test_a_fold_meeting_unknowable_cells_in_a_later_group_refreshes_them_first(
         for j in world.engine.ledger.snapshot().pending(HOURLY)
         if j.trigger is Trigger.MAINTENANCE
     ]
+    table = Path(world.engine.rollups.uri(world.catalog.rollup(HOURLY)))
+    before = data_files(table)
     world.tick(NOW)
+    # The first group's file, written before the second group was read, went with the attempt.
+    live = {table / unquote(f["path"]) for f in file_actions(DeltaTable(str(table)))}
+    assert data_files(table) - before <= live
     waited = [
         j
         for j in world.engine.ledger.history(HOURLY)
