@@ -90,8 +90,7 @@ def build_definitions(
     its own warehouse (`Scope`), so nothing of one tenant can reach another's tables."""
     base = warehouse or WarehouseResource.from_settings(settings)
     warehouses = warehouse_resources(catalog, base)
-    register_built(catalog, list(warehouses.values()))
-    return dg.Definitions.merge(
+    defs = dg.Definitions.merge(
         *[_scope_definitions(catalog, scope, settings) for scope in scopes_of(catalog)],
         dg.Definitions(
             resources={
@@ -115,3 +114,5 @@ def build_definitions(
             executor=dg.in_process_executor,
         ),
     )
+    register_built(catalog, list(warehouses.values()))  # what a run worker prepares
+    return defs

@@ -22,9 +22,10 @@ reaping. The tag names its run too: a re-executed run, which carries its parent'
 taken for the parent's worker.
 
 `python -m rollup_assets.orchestration.launcher FD` is the worker. It reads its preload (the
-repository's origin and the instance's ref, a line each) from stdin, makes the code location's
-engines and reads what every run reads first (`resources.prepare_engines`: the ledger, above
-all, which a new process would otherwise read whole), then reads a run id, and reports on `FD`.
+repository's origin, the instance's ref, and whether it is made ready ahead of its run: a line
+each) from stdin; made ready ahead, it makes the code location's engines and reads what every
+run reads first (`resources.prepare_engines`: the ledger, above all, which a new process would
+otherwise read whole) while it waits. Then it reads a run id, and reports on `FD`.
 """
 
 import contextlib
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 WORKER = "rollup_assets.orchestration.launcher"
 # A new worker imports Dagster and the code location before it can take a run.
 HANDOFF_TIMEOUT_S = 300.0
+# The preload line of a worker made ready ahead of its run: it prepares the engines as it waits.
+PREPARE = "prepare"
 
 
 class WorkerFailedError(DagsterLaunchFailedError):
@@ -77,8 +80,15 @@ class _Worker:
 
     @classmethod
     def start(
-        cls, origin: RepositoryPythonOrigin, ref: InstanceRef, key: tuple[str, str]
+        cls,
+        origin: RepositoryPythonOrigin,
+        ref: InstanceRef,
+        key: tuple[str, str],
+        *,
+        ahead: bool = False,
     ) -> "_Worker":
+        """A worker loading the code location; made `ahead` of its run, it also prepares the
+        engines while it waits (a worker started for a run at hand leaves that to the run)."""
         read, write = os.pipe()
         try:
             proc = subprocess.Popen(
@@ -94,7 +104,10 @@ class _Worker:
         worker = cls(proc, read, key)
         stdin: IO[bytes] = proc.stdin  # type: ignore[assignment]
         try:
-            stdin.write(f"{serialize_value(origin)}\n{serialize_value(ref)}\n".encode())
+            preload = (
+                f"{serialize_value(origin)}\n{serialize_value(ref)}\n{PREPARE if ahead else ''}\n"
+            )
+            stdin.write(preload.encode())
             stdin.flush()
         except BaseException:
             worker.discard()
@@ -231,7 +244,9 @@ class WarmRunLauncher(dg.DefaultRunLauncher):
             if self._disposed or origin.get_id() in self._ready:
                 return
             try:
-                self._ready[origin.get_id()] = _Worker.start(origin, self._instance.get_ref(), key)
+                self._ready[origin.get_id()] = _Worker.start(
+                    origin, self._instance.get_ref(), key, ahead=True
+                )
             except OSError as exc:
                 log.warning("could not make a run worker ready (%s); the next run starts one", exc)
 
@@ -325,11 +340,13 @@ def serve(report_fd: int) -> int:
     try:
         origin = deserialize_value(sys.stdin.readline(), RepositoryPythonOrigin)
         ref = deserialize_value(sys.stdin.readline(), InstanceRef)
+        ahead = sys.stdin.readline().strip() == PREPARE
         instance = dg.DagsterInstance.from_ref(ref)
         recon_repository_from_origin(origin).get_definition()
     except Exception as exc:
         failure = f"loading the code location failed: {type(exc).__name__}: {exc}"
-    if failure is None:
+        ahead = False
+    if ahead and failure is None:
         try:
             prepare_engines()
         except Exception as exc:  # the run reads what could not be read now

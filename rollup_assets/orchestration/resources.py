@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from rollup_assets.model.jobs import RetryPolicy
 from rollup_assets.model.specs import Catalog
 from rollup_assets.model.windows import parse_instant
+from rollup_assets.resources.genmap import read_pointers
 from rollup_assets.resources.spark import (
     LazySession,
     active_session,
@@ -194,11 +195,16 @@ _ENGINES = _Engines()
 # The code locations built in this process (`build_definitions` registers each): the catalog and
 # its warehouse resources, whose engines a run worker makes before it is handed a run.
 _BUILT: deque[tuple[Catalog, tuple["WarehouseResource", ...]]] = deque(maxlen=8)
+_BUILT_LOCK = threading.Lock()
 
 
 def register_built(catalog: Catalog, warehouses: list["WarehouseResource"]) -> None:
-    """`catalog`'s code location, over `warehouses`, was built in this process."""
-    _BUILT.append((catalog, tuple(warehouses)))
+    """`catalog`'s code location, over `warehouses`, was built in this process (once: building
+    it again registers nothing more)."""
+    built = (catalog, tuple(warehouses))
+    with _BUILT_LOCK:
+        if not any(c is catalog and w == built[1] for c, w in _BUILT):
+            _BUILT.append(built)
 
 
 def prepare_engines() -> None:
@@ -206,13 +212,15 @@ def prepare_engines() -> None:
     reads first (the ledger, the archives' states, each rollup's pointers): a run worker made
     ready beforehand (`orchestration/launcher.py`) then starts its run with them in memory, and
     reads only what changed since. A table that cannot be read now is read by the run."""
-    for catalog, warehouses in _BUILT:
+    with _BUILT_LOCK:
+        built = list(_BUILT)
+    for catalog, warehouses in built:
         for warehouse in warehouses:
             engine = warehouse.engine(catalog)
             engine.ledger.snapshot()
             engine.states.all()
             for spec in catalog.rollups.values():
-                engine.rollups.snapshot(spec)
+                read_pointers(engine.rollups.genmap_uri(spec), engine.rollups.options)
 
 
 class WarehouseResource(dg.ConfigurableResource):

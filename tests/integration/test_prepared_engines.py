@@ -2,6 +2,7 @@
 code location it loaded (`resources.prepare_engines`): its run reads only what the ledger gained
 since, instead of reading and decoding it whole as a new process would."""
 
+from collections import deque
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
@@ -10,7 +11,11 @@ import pytest
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration import resources
-from rollup_assets.orchestration.resources import WarehouseResource, prepare_engines
+from rollup_assets.orchestration.resources import (
+    WarehouseResource,
+    prepare_engines,
+    register_built,
+)
 from rollup_assets.resources.ledger import Ledger
 from rollup_assets.settings import DEFAULT_DRIVER_SOURCE_ROWS
 from tests.conftest import World, days
@@ -31,8 +36,20 @@ def test_a_prepared_worker_folds_only_what_the_ledger_gained_since(
     recorded = world.engine.ledger.history("energy_hourly")
     assert recorded
 
+    # The run's resource, made from the same configuration as the code location's.
+    run_resource = WarehouseResource(
+        root=str(world.root / "warehouse"),
+        generation_retention_hours=0,
+        retry_attempts=5,
+        retry_backoff_seconds=0,
+        driver_source_rows=DEFAULT_DRIVER_SOURCE_ROWS,
+    )
     # A new process: no engine yet. It prepares the ones of the code location it loaded.
     monkeypatch.setattr(resources, "_ENGINES", resources._Engines())
+    monkeypatch.setattr(resources, "_BUILT", deque(maxlen=8))
+    register_built(world.catalog, [run_resource])
+    register_built(world.catalog, [run_resource])  # built again: registered once
+    assert len(resources._BUILT) == 1
     prepare_engines()
     folded: list[int] = []
     fold = Ledger._fold
@@ -42,14 +59,6 @@ def test_a_prepared_worker_folds_only_what_the_ledger_gained_since(
         return fold(self, rows, *args, **kwargs)
 
     monkeypatch.setattr(Ledger, "_fold", counting)
-    # The run's resource, made from the same configuration as the code location's.
-    run_resource = WarehouseResource(
-        root=str(world.root / "warehouse"),
-        generation_retention_hours=0,
-        retry_attempts=5,
-        retry_backoff_seconds=0,
-        driver_source_rows=DEFAULT_DRIVER_SOURCE_ROWS,
-    )
     engine = run_resource.engine(world.catalog)
     before = engine.ledger.snapshot()
     assert folded == []  # what was prepared, as it was
