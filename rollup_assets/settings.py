@@ -5,8 +5,10 @@
 values are passed down; nothing below reads the environment. Where a library reads a variable
 from the process environment itself, the value it needs is passed down and written there, never
 read back: `resources/spark.py` exports PYSPARK_PYTHON for PySpark when it starts a session, and
-the edges give Dagster its DAGSTER_HOME and event settings. `tests/unit/test_settings.py` keeps
-this true.
+the edges give Dagster its DAGSTER_HOME and event settings. One is given a default instead: the
+package sets delta-rs' allocator settings (`_RJEM_MALLOC_CONF`, `rollup_assets/__init__.py`)
+when it is imported, before deltalake loads, unless the process set them itself.
+`tests/unit/test_settings.py` keeps this true.
 """
 
 import os
