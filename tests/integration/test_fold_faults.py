@@ -65,20 +65,7 @@ def build_corrected(root: Path) -> None:
             world.backfill([Window(start, start + timedelta(days=N_DAYS))])
             world.tick(NOW)
             # Every meter's readings of one hour corrected: a difference pointer per meter.
-            stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
-            ts = stored["ts"]
-            rows = stored.filter(
-                pc.and_(
-                    pc.greater_equal(ts, pa.scalar(HOUR, ts.type)),
-                    pc.less(ts, pa.scalar(HOUR + timedelta(hours=1), ts.type)),
-                )
-            ).select(["entity_id", "ts", "energy_kwh"])
-            world.ingest(
-                rows.set_column(2, "energy_kwh", pc.multiply(rows["energy_kwh"], 2.0)),
-                "energy_raw",
-                "Manual",
-            )
-            world.tick(NOW)
+            double_hour(world, HOUR)
             assert cell_pointers(world, HOUR) == METERS
             # The levels above got a cell pointer per meter too: fold them here, once, as
             # maintenance would (the hourly level left out), so each case folds the hour alone.
@@ -154,6 +141,12 @@ def correct_another_day(world: World) -> datetime:
     """Every meter's readings of an hour of the first day doubled as well: the hourly fold then
     spans two storage partitions (UTC days). The hour's start."""
     hour = HOUR - timedelta(days=1)
+    double_hour(world, hour)
+    return hour
+
+
+def double_hour(world: World, hour: datetime) -> None:
+    """Every meter's energy readings of the hour from `hour` doubled (a Manual ingest), ticked."""
     stored = world.engine.raw.read_arrow(world.catalog.raw["energy_raw"])
     ts = stored["ts"]
     rows = stored.filter(
@@ -168,7 +161,6 @@ def correct_another_day(world: World) -> datetime:
         "Manual",
     )
     world.tick(NOW)
-    return hour
 
 
 def data_files(table: Path) -> set[Path]:
