@@ -338,9 +338,12 @@ def serve(report_fd: int) -> int:
     failure = None
     instance = None
     try:
-        origin = deserialize_value(sys.stdin.readline(), RepositoryPythonOrigin)
-        ref = deserialize_value(sys.stdin.readline(), InstanceRef)
-        ahead = sys.stdin.readline().strip() == PREPARE
+        # The whole preload is read first: a line that fails to load leaves no other behind,
+        # to be taken for the run id.
+        preload = [sys.stdin.readline() for _ in range(3)]
+        origin = deserialize_value(preload[0], RepositoryPythonOrigin)
+        ref = deserialize_value(preload[1], InstanceRef)
+        ahead = preload[2].strip() == PREPARE
         instance = dg.DagsterInstance.from_ref(ref)
         recon_repository_from_origin(origin).get_definition()
     except Exception as exc:

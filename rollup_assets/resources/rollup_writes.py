@@ -149,10 +149,11 @@ class RollupWrites(RollupSnapshots):
                 adds += part.adds
                 count += part.rows
         except BaseException:
-            fs, root = filesystem_for(self.uri(spec), self.options)
-            for add in adds:
-                with contextlib.suppress(OSError):
-                    fs.delete_file(f"{root}/{urllib.parse.unquote(add.path)}")
+            with contextlib.suppress(Exception):  # the error that ended the writes goes on
+                fs, root = filesystem_for(self.uri(spec), self.options)
+                for add in adds:
+                    with contextlib.suppress(OSError):
+                        fs.delete_file(f"{root}/{urllib.parse.unquote(add.path)}")
             raise
         return Written(adds, count)
 

@@ -150,7 +150,14 @@ def test_run_monitoring_learns_that_a_run_whose_worker_is_gone_failed(
     assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
     os.kill(int(probe.read_text()), 9)  # as an out-of-memory kill would
     wait_for(lambda: not _alive(int(probe.read_text())), 30, interval=0.1, what="the worker's end")
-    assert launcher.check_run_worker_health(run).status == WorkerStatus.FAILED
+    # Gone once the launcher's thread waiting on the worker has reaped it (at once, unless the
+    # machine is busy).
+    wait_for(
+        lambda: launcher.check_run_worker_health(run).status == WorkerStatus.FAILED,
+        30,
+        interval=0.1,
+        what="run monitoring to learn that the worker is gone",
+    )
     # A run no worker of this launcher holds is left to the code server, as before.
     other = dg.DagsterRun(job_name="probe", run_id="not-handed", status=dg.DagsterRunStatus.STARTED)
     assert launcher.check_run_worker_health(other).status == WorkerStatus.RUNNING
