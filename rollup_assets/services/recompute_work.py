@@ -130,7 +130,7 @@ def compute_work(
             )
         spans = merge_windows(list(cells.windows))
         frame = engine.rollups.read_spark(
-            spark, spec, spans, cells.entities, unknown=Unknown.REFUSE
+            spark, spec, spans, cells.entities, snapshot=snap, unknown=Unknown.REFUSE
         )
         return Work(
             FOLD,
@@ -183,7 +183,9 @@ def write_work(
     if work.fold is not None:
         fold = work.fold
         groups = (
-            engine.rollups.read_arrow(spec, spans, snapshot=fold.snapshot, unknown=Unknown.REFUSE)
+            engine.rollups.read_arrow(
+                spec, spans, cells.entities, snapshot=fold.snapshot, unknown=Unknown.REFUSE
+            )
             for spans in fold.groups
         )
         written = engine.rollups.write_rows(groups, spec, **stamp)  # type: ignore[arg-type]
