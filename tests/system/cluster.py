@@ -9,6 +9,7 @@ status, the Connect gRPC port plus its start line), and each stopped by its proc
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,8 @@ from rollup_assets.settings import Settings
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
+MASTER_URL = r"Starting Spark master at (spark://\S+)"
+MASTER_UI_PORT = r"Successfully started service 'MasterUI' on port (\d+)"
 
 
 class SparkProcessError(RuntimeError):
@@ -104,37 +107,51 @@ class StandaloneCluster:
 def _status_or_none(cluster: StandaloneCluster) -> dict | None:
     try:
         return cluster.status()
-    except OSError:
+    except (OSError, ValueError):  # not serving yet, or not (yet) its JSON
         return None
+
+
+def _bound(process: SparkProcess, pattern: str) -> str | None:
+    """The first group of `pattern` in the process's log so far, None while it is absent."""
+    found = re.search(pattern, process.tail(400))
+    return found.group(1) if found else None
 
 
 @contextlib.contextmanager
 def standalone_cluster(
     scratch: Path, cores: int = 2, memory: str = "1g"
 ) -> Iterator[StandaloneCluster]:
-    """A master and one worker (`cores`, `memory`), stopped on exit whatever happened."""
-    port, ui, worker_ui = free_port(), free_port(), free_port()
+    """A master and one worker (`cores`, `memory`), stopped on exit whatever happened.
+
+    Every port is the one the process itself bound (port 0, read back from its log): a port
+    picked here and handed over could be taken in between, by a process of a test running
+    beside this one, whose page then answers for the master."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    cluster = StandaloneCluster(f"spark://{HOST}:{port}", f"http://{HOST}:{ui}", [])
+    cluster = StandaloneCluster("", "", [])
     try:
-        # The master's REST submission server binds a fixed port (6066) by default: off. A
-        # port taken since `free_port` makes a process fail (and us report it), never move on.
+        # The master's REST submission server binds a fixed port (6066) by default: off.
         (scratch / "conf").mkdir(parents=True, exist_ok=True)
-        (scratch / "conf" / "spark-defaults.conf").write_text(
-            "spark.master.rest.enabled false\nspark.port.maxRetries 0\n"
-        )
-        master_args = ["--host", HOST, "--port", str(port), "--webui-port", str(ui)]
+        (scratch / "conf" / "spark-defaults.conf").write_text("spark.master.rest.enabled false\n")
+        master_args = ["--host", HOST, "--port", "0", "--webui-port", "0"]
         master = launch(
             "master", [spark_class, "org.apache.spark.deploy.master.Master", *master_args], scratch
         )
         cluster.processes.append(master)
         wait_until(
+            "spark master's ports",
+            lambda: bool(_bound(master, MASTER_URL) and _bound(master, MASTER_UI_PORT)),
+            [master],
+        )
+        cluster.master_url = str(_bound(master, MASTER_URL))
+        cluster.ui_url = f"http://{HOST}:{_bound(master, MASTER_UI_PORT)}"
+        wait_until(
             "spark master",
             lambda: (_status_or_none(cluster) or {}).get("status") == "ALIVE",
             [master],
         )
-        worker_args = ["--host", HOST, "--cores", str(cores), "--memory", memory]
-        worker_args += ["--webui-port", str(worker_ui), "--work-dir", str(scratch / "work")]
+        worker_args = ["--host", HOST, "--port", "0", "--webui-port", "0"]
+        worker_args += ["--cores", str(cores), "--memory", memory]
+        worker_args += ["--work-dir", str(scratch / "work")]
         worker = launch(
             "worker",
             [
