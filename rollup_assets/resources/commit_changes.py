@@ -29,7 +29,7 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import commit_info, read_commit
 from rollup_assets.resources.raw_columns import formula_changed
 from rollup_assets.resources.raw_tables import RawTables
-from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.rollup_table import WindowBounds, in_windows
 from rollup_assets.resources.schemas import archive_data_schema
 from rollup_assets.resources.warehouse import filesystem_for
 
@@ -135,13 +135,14 @@ def rows_changed_by(
     spec: SourceSpec,
     commit: SourceCommit,
     schema: pa.Schema,
-    spans: Sequence[Window] | None = None,
+    spans: Sequence[Window] | WindowBounds | None = None,
 ) -> Iterable[pa.Table]:
     """The row changes of `commit` (one table per file it read): the columns of `schema` (of
     the archive's columns as stored) and `CHANGE_TYPE`. With `spans` (merged), only the files
     of UTC days that may hold rows in them are read. Raises ChangeFeedGone when a file it names
     is no longer there."""
     files = commit.changed_files
+    bounds = WindowBounds.of(spans) if isinstance(spans, Sequence) else spans
     if not commit.change_files and any(body.get("deletionVector") for body, _ in files):
         # Rows deleted through deletion vectors: the commit has no change files, and its files
         # read whole would hold the deleted rows.
@@ -149,7 +150,7 @@ def rows_changed_by(
     return (
         _read_change_file(tables, spec, body["path"], change_type, schema)
         for body, change_type in files
-        if spans is None or _day_may_overlap(body, spans)
+        if bounds is None or _day_may_overlap(body, bounds)
     )
 
 
@@ -178,6 +179,7 @@ def row_changes(
             raise ChangeFeedGone(f"'{spec.name}': its computed columns changed at {version}")
         commits.append(commit)
     merged = merge_windows(list(spans))
+    bounds = WindowBounds.of(merged)
     stored = archive_data_schema(spec)
     schema = archive_data_schema(tables.applied(spec))
     out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
@@ -193,9 +195,9 @@ def row_changes(
             first, last = recorded
             if not any(first < w.end and w.start <= last for w in merged):
                 continue
-        for rows in rows_changed_by(tables, spec, commit, stored, merged):
+        for rows in rows_changed_by(tables, spec, commit, stored, bounds):
             read += rows.num_rows
-            mask = in_windows(rows[spec.time_column], merged)
+            mask = in_windows(rows[spec.time_column], bounds)
             if entities is not None:
                 wanted = pa.array(sorted(entities), pa.string())
                 mask = pc.and_(mask, pc.is_in(rows["entity_id"], value_set=wanted))
@@ -254,11 +256,10 @@ def _read_change_file(
     return data.select(schema.names).cast(schema).append_column(CHANGE_TYPE, kinds)
 
 
-def _day_may_overlap(body: dict, merged: Sequence[Window]) -> bool:
-    """Could a file of the UTC-day partition in `body` hold rows in `merged`?"""
+def _day_may_overlap(body: dict, bounds: WindowBounds) -> bool:
+    """Could a file of the UTC-day partition in `body` hold rows in `bounds`?"""
     day = (body.get("partitionValues") or {}).get(DAY_COLUMN)
     if not day:
         return True
     d0 = dt.datetime.combine(dt.date.fromisoformat(day), dt.time(0), tzinfo=dt.UTC)
-    d1 = d0 + dt.timedelta(days=1)
-    return any(w.start < d1 and d0 < w.end for w in merged)
+    return bounds.overlaps(d0, d0 + dt.timedelta(days=1))

@@ -50,18 +50,42 @@ from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 REPLACED_KEY = "rollups.replaced"
 
 
-def in_windows(starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window]) -> pa.ChunkedArray:
+@dataclass(frozen=True)
+class WindowBounds:
+    """Windows merged, as sorted arrays of their starts and ends (Unix microseconds): made once
+    for many masks (`in_windows`) and overlap tests, however many windows there are."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @classmethod
+    def of(cls, windows: Sequence[Window]) -> "WindowBounds":
+        merged = merge_windows(list(windows))
+        return cls(
+            np.array([micros(w.start) for w in merged], dtype=np.int64),
+            np.array([micros(w.end) for w in merged], dtype=np.int64),
+        )
+
+    def overlaps(self, start: datetime, end: datetime) -> bool:
+        """Does one of the windows overlap [start, end)? (Merged windows are disjoint, so the
+        last one starting before `end` is the one reaching furthest.)"""
+        i = int(np.searchsorted(self.lo, micros(end), side="left")) - 1
+        return i >= 0 and int(self.hi[i]) > micros(start)
+
+
+def in_windows(
+    starts: pa.ChunkedArray | pa.Array, windows: Sequence[Window] | WindowBounds
+) -> pa.ChunkedArray:
     """Mask: does each bucket start fall in one of `windows`? (Null for a null start.) One
     binary search per row over the merged windows, however many there are."""
-    merged = merge_windows(list(windows))
+    bounds = windows if isinstance(windows, WindowBounds) else WindowBounds.of(windows)
     values = pc.cast(starts, TS)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     at = pc.fill_null(values.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
-    lo = np.array([micros(w.start) for w in merged], dtype=np.int64)
-    hi = np.array([micros(w.end) for w in merged], dtype=np.int64)
+    lo, hi = bounds.lo, bounds.hi
     i = np.searchsorted(lo, at, side="right") - 1
-    inside = (i >= 0) & (at < hi[np.clip(i, 0, None)]) if len(merged) else i >= 0
+    inside = (i >= 0) & (at < hi[np.clip(i, 0, None)]) if len(lo) else i >= 0
     nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
     return pa.chunked_array([pa.array(inside, pa.bool_(), mask=nulls)])
 

@@ -19,7 +19,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
 from rollup_assets.resources.rollup_reads import _cells_only
-from rollup_assets.resources.rollup_table import in_windows
+from rollup_assets.resources.rollup_table import WindowBounds, in_windows
 from rollup_assets.services.comparison import rows_in
 
 HOURLY = load_catalog().rollup("energy_hourly")
@@ -144,6 +144,14 @@ def test_in_windows_matches_a_row_by_row_check() -> None:
     expected = [any(w.start <= t < w.end for w in windows) for t in instants]
     assert mask == [*expected, None]
     assert in_windows(pa.array(instants[:3], TS), []).to_pylist() == [False] * 3
+    bounds = WindowBounds.of(windows)
+    assert in_windows(starts, bounds).to_pylist() == mask  # made once, used for many masks
+    for k in range(-12, 432):
+        for length in (timedelta(minutes=1), H, 7 * H):
+            a = T0 + k * H + timedelta(minutes=30)
+            overlapping = any(w.start < a + length and a < w.end for w in windows)
+            assert bounds.overlaps(a, a + length) == overlapping, (a, length)
+    assert not WindowBounds.of([]).overlaps(T0, T0 + H)
 
 
 def test_rows_with_keys_keep_no_buffer_of_the_rows_they_drop() -> None:
