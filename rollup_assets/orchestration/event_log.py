@@ -267,11 +267,17 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         rows = [self._event_to_row(e) for e in events]
         with self.run_connection(events[0].run_id) as conn:
             conn.execute(SqlEventLogStorageTable.insert(), rows)
-        ids: list[int] = []
         with self.index_transaction() as conn:
-            for row in rows:
-                result = conn.execute(SqlEventLogStorageTable.insert().values(**row))
-                ids.append(int(check.not_none(result.inserted_primary_key)[0]))
+            # One statement for the batch (SQLite's multi-row insert), its ids in the rows' order.
+            inserted = conn.execute(
+                SqlEventLogStorageTable.insert().returning(
+                    SqlEventLogStorageTable.c.id, sort_by_parameter_order=True
+                ),
+                rows,
+            )
+            ids = [int(row[0]) for row in inserted.fetchall()]
+            if len(ids) != len(rows):
+                raise RuntimeError(f"stored {len(rows)} events, got {len(ids)} ids back")
             self._store_asset_event_tags(conn, events, ids)
             # As Dagster's PostgreSQL storage does: the asset's latest-event entry from the last.
             self._store_asset_event(conn, events[-1], ids[-1])
