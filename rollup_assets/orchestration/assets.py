@@ -87,14 +87,27 @@ def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
     return [key for w in outcome.buckets for key in keys_of_bucket(spec, pdef, w)]
 
 
+# What each partition's materialization of a run says: which job and generation wrote it, and
+# what the run used. A correction rewrites thousands of scattered partitions, and Dagster
+# serializes every entry of every event, so the run's other figures are said once (below).
+BRIEF = ("spark", "spark_ready_ms", "generation", "trigger", "job_id", "table_version")
+
+
 def _materializations(
     spec: RollupSpec, outcome: RunOutcome, spark: SparkResource, scope: Scope
 ) -> Iterator[dg.AssetMaterialization]:
-    """One materialization per partition of the buckets the run rewrote, all with the run's
-    figures."""
+    """One materialization per partition of the buckets the run rewrote, each with the `BRIEF`
+    entries; the last (the asset's latest materialization) with all the run's figures. The
+    job's figures are also in the ledger (`rollups jobs`) and the run's log."""
     meta = _metadata(outcome, spark)
-    for key in _partition_keys(spec, outcome):
-        yield dg.AssetMaterialization(asset_key=scope.key(spec.name), partition=key, metadata=meta)
+    brief = {k: meta[k] for k in BRIEF}
+    keys = _partition_keys(spec, outcome)
+    for i, key in enumerate(keys):
+        yield dg.AssetMaterialization(
+            asset_key=scope.key(spec.name),
+            partition=key,
+            metadata=meta if i == len(keys) - 1 else brief,
+        )
 
 
 def _own_materializations(
