@@ -36,7 +36,7 @@ from rollup_assets.model.partials import (
     ExtremeState,
     SumState,
 )
-from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
+from rollup_assets.model.specs import ENTITY_COLUMN, Alignment, RollupSpec
 from rollup_assets.model.windows import EPOCH, micros
 
 # What a folded row says of the rows it folds: the newest's generation and run.
@@ -55,6 +55,12 @@ def bucket_bounds(
     microseconds: each bucket is worked out once, from the first of its distinct instants in
     order, and holds every instant before its end."""
     at = times.cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if bucketing.alignment is Alignment.FIXED_SIZE and bucketing.size is not None:
+        # An absolute duration from the origin (`Bucketing.floor`), for every row at once;
+        # numpy's remainder floors as Python's does, so times before the origin fall right too.
+        step = bucketing.size // timedelta(microseconds=1)
+        starts = at - np.remainder(at - micros(bucketing.origin), step)
+        return starts, starts + step
     distinct, index = np.unique(at, return_inverse=True)
     starts = np.empty(len(distinct), dtype=np.int64)
     ends = np.empty(len(distinct), dtype=np.int64)

@@ -2,6 +2,7 @@
 buckets a run takes, kept through the ledger, and handed up the chain."""
 
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, 
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import Alignment
 from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import Window, micros
 from rollup_assets.resources.commit_changes import COMMIT_VERSION
@@ -158,6 +160,7 @@ def test_the_parts_of_change_rows_are_their_commits_first_level_cells(rows) -> N
 # whether a newer aggregation holds it, whether its cell is ready) against the same questions
 # asked row by row.
 DST_NIGHT = datetime(2025, 10, 25, 20, tzinfo=UTC)  # before the autumn switch in Vienna
+ORIGIN = datetime(2025, 11, 2, 1, 7, tzinfo=UTC)
 ENTITIES = ["m1", "m2", "m3"]
 
 
@@ -327,11 +330,18 @@ def test_the_rows_in_ready_cells_grouped_are_those_row_by_row(rows, picks, level
 @settings(max_examples=60, deadline=None)
 @given(
     minutes=st.lists(st.integers(-3 * 24 * 60, 400 * 24 * 60), max_size=30),
-    level=st.sampled_from(["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"]),
+    level=st.sampled_from(
+        ["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly", "5h from an origin"]
+    ),
 )
 def test_bucket_bounds_are_each_instants_window(minutes, level) -> None:
-    # Instants on and between bucket boundaries, over both DST switches and a year end.
-    b = Bucketing.of(CATALOG.rollup(level))
+    # Instants on and between bucket boundaries, over both DST switches and a year end; fixed
+    # sizes counted from an origin amid them (instants before it too).
+    b = (
+        Bucketing(Alignment.FIXED_SIZE, ZoneInfo("Europe/Vienna"), timedelta(hours=5), ORIGIN)
+        if level == "5h from an origin"
+        else Bucketing.of(CATALOG.rollup(level))
+    )
     times = [DST_NIGHT + timedelta(minutes=15 * (m // 15)) for m in minutes]
     starts, ends = bucket_bounds(pa.array(times, TS), b)
     windows = [b.window_of(t) for t in times]
