@@ -110,6 +110,9 @@ class ChangePart:
         kept = []
         for w, scope in self.cells:
             i = max(bisect.bisect_right(starts, w.start) - 1, 0)
+            if i < len(spans) and spans[i].start <= w.start and w.end <= spans[i].end:
+                kept.append((w, scope))  # inside one span (the common case): kept as it is
+                continue
             while i < len(spans) and spans[i].start < w.end:
                 lo, hi = max(w.start, spans[i].start), min(w.end, spans[i].end)
                 if lo < hi:

@@ -132,12 +132,14 @@ def job_row(job: Job) -> dict:
 def encode_cells(cells: Cells) -> str:
     """[[entities or null, [[start, end], ...]], ...]: the buckets of each scope as merged spans
     (`placement.cells_of` expands them to buckets again)."""
-    return json.dumps(
-        [
-            [None if scope is None else sorted(scope), json.loads(encode_windows(windows))]
-            for scope, windows in cells.groups()
-        ]
-    )
+    return json.dumps(_cell_lists(cells))
+
+
+def _cell_lists(cells: Cells) -> list:
+    return [
+        [None if scope is None else sorted(scope), _window_pairs(windows)]
+        for scope, windows in cells.groups()
+    ]
 
 
 @functools.lru_cache(maxsize=32)
@@ -165,7 +167,15 @@ def _encoded_windows(windows: tuple[Window, ...]) -> str:
 
 
 def encode_windows(windows: Iterable[Window]) -> str:
-    return json.dumps([[iso_utc(w.start), iso_utc(w.end)] for w in merge_windows(list(windows))])
+    return json.dumps(_window_pairs(windows))
+
+
+def _window_pairs(windows: Iterable[Window]) -> list[list[str]]:
+    return [[_iso(w.start), _iso(w.end)] for w in merge_windows(list(windows))]
+
+
+# A correction's cells name the same few thousand bucket bounds in every job it records.
+_iso = functools.lru_cache(maxsize=65_536)(iso_utc)
 
 
 @functools.lru_cache(maxsize=32)
@@ -227,9 +237,7 @@ def _job_from_row(row: dict) -> Job:
 
 @functools.lru_cache(maxsize=32)
 def _encoded_parts(parts: tuple[ChangePart, ...]) -> str:
-    return json.dumps(
-        [[list(p.commits), json.loads(encode_cells(p.cells)), p.seen_at] for p in parts]
-    )
+    return json.dumps([[list(p.commits), _cell_lists(p.cells), p.seen_at] for p in parts])
 
 
 @functools.lru_cache(maxsize=1024)
