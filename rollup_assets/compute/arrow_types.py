@@ -1,9 +1,14 @@
 """The Arrow types of what the warehouse stores: every instant in microseconds, UTC, and each
 type a column of the model may have (`model.specs.ColumnType`)."""
 
+from datetime import datetime, timedelta
+
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rollup_assets.model.column_types import ColumnType
+from rollup_assets.model.windows import EPOCH
 
 TS = pa.timestamp("us", tz="UTC")
 ARROW_TYPES: dict[ColumnType, pa.DataType] = {
@@ -21,3 +26,20 @@ def arrow_type(column_type: ColumnType, listed: bool = False) -> pa.DataType:
     companion's spare extremes, a difference row's values entering and leaving its cell)."""
     t = ARROW_TYPES[column_type]
     return pa.list_(t) if listed else t
+
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def instants(micros: np.ndarray) -> list[datetime]:
+    """Microseconds since the epoch as UTC datetimes."""
+    return [EPOCH + v * _MICROSECOND for v in np.asarray(micros, dtype=np.int64).tolist()]
+
+
+def instants_of(values: pa.Array | pa.ChunkedArray) -> list[datetime]:
+    """A timestamp column's values (none null) as UTC datetimes. Arrow's `to_pylist` of zoned
+    timestamps converts each value through its zone, some fifteen times slower."""
+    micros = pc.cast(pc.cast(values, TS), pa.int64())
+    if micros.null_count:
+        raise ValueError(f"{micros.null_count} null instant(s) where none may be")
+    return instants(micros.to_numpy())

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.compute.folding import CellKey, entity_ranks
 from rollup_assets.model.partials import DELTA_COLUMN, GENERATION
 from rollup_assets.model.specs import ENTITY_COLUMN
@@ -82,5 +83,5 @@ class CellRows:
         """The (entity, bucket_start) of some cells."""
         picked = self.table.take(pa.array(self.starts[cells], pa.int64()))
         return list(
-            zip(picked[ENTITY_COLUMN].to_pylist(), picked["bucket_start"].to_pylist(), strict=True)
+            zip(picked[ENTITY_COLUMN].to_pylist(), instants_of(picked["bucket_start"]), strict=True)
         )

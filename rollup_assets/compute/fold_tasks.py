@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.folding import CellKey
 from rollup_assets.model.partials import DELTA_COLUMN
@@ -83,7 +84,9 @@ def _newest(rows: pa.Table, cells: list[CellKey]) -> pa.Table:
 def newest_generations(rows: pa.Table, cells: list[CellKey]) -> dict[CellKey, int]:
     """The newest generation among each of `cells`' rows in `rows`."""
     grouped = _newest(rows, cells)
-    keys = zip(grouped[ENTITY_COLUMN].to_pylist(), grouped["bucket_start"].to_pylist(), strict=True)
+    keys = zip(
+        grouped[ENTITY_COLUMN].to_pylist(), instants_of(grouped["bucket_start"]), strict=True
+    )
     return dict(zip(keys, grouped["generation_max"].to_pylist(), strict=True))
 
 
@@ -92,7 +95,7 @@ def as_stored_rows(again: pa.Table, schema: pa.Schema, generation: dict[CellKey,
     visible generation."""
     n = again.num_rows
     keys = list(
-        zip(again[ENTITY_COLUMN].to_pylist(), again["bucket_start"].to_pylist(), strict=True)
+        zip(again[ENTITY_COLUMN].to_pylist(), instants_of(again["bucket_start"]), strict=True)
     )
     columns = {}
     for f in schema:

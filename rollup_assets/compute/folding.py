@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, instants
 from rollup_assets.model.aggregates import DELTA_KINDS, AggregateFunction, Companion
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.partials import (
@@ -105,11 +105,6 @@ class RowCells:
         """Per row, `answer(bucket_start, entity)` for its cell."""
         per_cell = np.fromiter((answer(s, e) for s, e in self.cells), dtype, len(self.cells))
         return per_cell[self.index]
-
-
-def instants(micros: np.ndarray) -> list[datetime]:
-    """Microseconds since the epoch as UTC datetimes."""
-    return pa.array(micros, pa.int64()).cast(TS).to_pylist()
 
 
 def entity_ranks(entities: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, instants_of
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.genmap import GENMAP_SCHEMA
@@ -46,8 +46,8 @@ def cell_pointer_counts(pointers: pa.Table, closed_before: datetime | None) -> d
     return {
         Window(s, e): n
         for s, e, n in zip(
-            counted["bucket_start"].to_pylist(),
-            counted["bucket_end"].to_pylist(),
+            instants_of(counted["bucket_start"]),
+            instants_of(counted["bucket_end"]),
             counted["entity_id_count"].to_pylist(),
             strict=True,
         )
@@ -130,7 +130,7 @@ def _cell_keys(pointers: pa.Table) -> tuple[set[datetime], set[tuple[datetime, s
     """(bucket starts of global pointers, (bucket start, entity) of entity pointers)."""
     whole, named = set(), set()
     for b, e in zip(
-        pointers["bucket_start"].to_pylist(), pointers["entity_id"].to_pylist(), strict=True
+        instants_of(pointers["bucket_start"]), pointers["entity_id"].to_pylist(), strict=True
     ):
         if e is None:
             whole.add(b)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.specs import RollupSpec
@@ -115,8 +116,8 @@ def cells_of_rows(rows: pa.Table) -> Cells:
         (
             (Window(start, end), frozenset(entities))
             for start, end, entities in zip(
-                grouped["bucket_start"].to_pylist(),
-                grouped["bucket_end"].to_pylist(),
+                instants_of(grouped["bucket_start"]),
+                instants_of(grouped["bucket_end"]),
                 grouped["entity_id_distinct"].to_pylist(),
                 strict=True,
             )

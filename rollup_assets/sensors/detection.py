@@ -20,7 +20,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, instants_of
 from rollup_assets.model.bucketing import first_bucket_start
 from rollup_assets.model.dirty import dirty_before, dirty_cells
 from rollup_assets.model.jobs import ChangeKind, ChangePart, Job, LedgerSnapshot, Trigger
@@ -209,7 +209,7 @@ def _dirty_job(
             return None
         # An update shows a reading twice (its old and its new row): each is placed once.
         keys = retro.group_by(["entity_id", "ts"]).aggregate([])
-        rows = list(zip(keys["ts"].to_pylist(), keys["entity_id"].to_pylist(), strict=True))
+        rows = list(zip(instants_of(keys["ts"]), keys["entity_id"].to_pylist(), strict=True))
     cells = dirty_cells(
         dep,
         consumed,

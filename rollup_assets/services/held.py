@@ -18,6 +18,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Job, LedgerSnapshot
@@ -111,7 +112,7 @@ def _rows(engine: Engine, spec: RollupSpec, job: Job, cells: Cells) -> int | Non
     b = Bucketing.of(spec)
     scopes = dict(cells.by_window)
     count = 0
-    for entity, t in zip(rows["entity_id"].to_pylist(), times.to_pylist(), strict=True):
+    for entity, t in zip(rows["entity_id"].to_pylist(), instants_of(times), strict=True):
         w = b.window_of(t)
         if w in scopes:
             scope = scopes[w]

@@ -64,6 +64,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from rollup_assets import metrics
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
@@ -135,7 +136,7 @@ class Known:
             return False
         pairs = zip(
             changed.pointers["entity_id"].to_pylist(),
-            changed.pointers["bucket_start"].to_pylist(),
+            instants_of(changed.pointers["bucket_start"]),
             strict=True,
         )
         return all(e is not None and (e, t) in self.cells for e, t in pairs)

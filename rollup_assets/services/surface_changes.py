@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.exceptions import DeltaError
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import Trigger
 from rollup_assets.model.operations import (
@@ -67,8 +68,8 @@ class Changed:
     @cached_property
     def spans(self) -> list[Window]:
         """The merged bucket windows holding every changed cell."""
-        starts = self.pointers["bucket_start"].to_pylist()
-        ends = self.pointers["bucket_end"].to_pylist()
+        starts = instants_of(self.pointers["bucket_start"])
+        ends = instants_of(self.pointers["bucket_end"])
         return merge_windows(
             [*(Window(a, b) for a, b in zip(starts, ends, strict=True)), *self.written]
         )
@@ -77,8 +78,8 @@ class Changed:
     def cells(self) -> Cells:
         """The changed cells, for reading the row groups that may hold them."""
         pairs = zip(
-            self.pointers["bucket_start"].to_pylist(),
-            self.pointers["bucket_end"].to_pylist(),
+            instants_of(self.pointers["bucket_start"]),
+            instants_of(self.pointers["bucket_end"]),
             self.pointers["entity_id"].to_pylist(),
             strict=True,
         )

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, instants, instants_of
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.folding import Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
@@ -217,3 +217,13 @@ def test_more_retractions_of_a_cells_minimum_than_it_keeps_spares_is_refused_not
     ).to_pylist()
     with pytest.raises(Unknowable, match="voltage_v"):
         fold_cell(cell[0], cell[1:], HOURLY)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(-(2**52), 2**52), max_size=20), min_size=1, max_size=4))
+def test_instants_are_arrows_own_reading_of_the_timestamps(chunks) -> None:
+    column = pa.chunked_array([pa.array(c, pa.int64()).cast(TS) for c in chunks], TS)
+    assert instants_of(column) == column.to_pylist()
+    assert instants(column.cast(pa.int64()).to_numpy()) == column.to_pylist()
+    with pytest.raises(ValueError, match="null instant"):
+        instants_of(pa.array([0, None], pa.int64()).cast(TS))
