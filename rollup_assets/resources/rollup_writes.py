@@ -5,9 +5,12 @@ rows already there) and the commit that adds them, still invisible until a flip
 
 import contextlib
 import json
+import os
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -33,6 +36,17 @@ from rollup_assets.resources.schemas import (
     with_row_shape,
 )
 from rollup_assets.resources.warehouse import filesystem_for
+
+# Partitions of a driver-side write written side by side.
+WRITE_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _by_partition(data: pa.Table) -> list[pa.Table]:
+    """Slices of `data` (sorted by `PART_COLUMN`, not empty) holding one partition each."""
+    values = data[PART_COLUMN].combine_chunks()
+    starts = [0, *(np.flatnonzero(pc.not_equal(values[1:], values[:-1])) + 1).tolist()]
+    ends = [*starts[1:], data.num_rows]
+    return [data.slice(a, b - a) for a, b in zip(starts, ends, strict=True)]
 
 
 class RollupWrites(RollupSnapshots):
@@ -149,13 +163,18 @@ class RollupWrites(RollupSnapshots):
                 adds += part.adds
                 count += part.rows
         except BaseException:
-            with contextlib.suppress(Exception):  # the error that ended the writes goes on
-                fs, root = filesystem_for(self.uri(spec), self.options)
-                for add in adds:
-                    with contextlib.suppress(OSError):
-                        fs.delete_file(f"{root}/{urllib.parse.unquote(add.path)}")
+            self._discard(spec, adds)
             raise
         return Written(adds, count)
+
+    def _discard(self, spec: RollupSpec, adds: list[AddAction]) -> None:
+        """Delete files written for a commit that will not happen; the error that ended the
+        writes goes on whatever this meets."""
+        with contextlib.suppress(Exception):
+            fs, root = filesystem_for(self.uri(spec), self.options)
+            for add in adds:
+                with contextlib.suppress(OSError):
+                    fs.delete_file(f"{root}/{urllib.parse.unquote(add.path)}")
 
     def _write_local(
         self,
@@ -194,7 +213,20 @@ class RollupWrites(RollupSnapshots):
             [(PART_COLUMN, "ascending"), ("entity_id", "ascending"), ("bucket_start", "ascending")]
         )
         writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
-        files = [r for batch in writer(iter(data.to_batches())) for r in batch.to_pylist()]
+
+        def write(part: pa.Table) -> list[dict]:
+            return [r for batch in writer(iter(part.to_batches())) for r in batch.to_pylist()]
+
+        # Partitions are written side by side (encoding and writing Parquet release the GIL): a
+        # correction's rows lie in hundreds of partitions, a few rows in each.
+        parts = _by_partition(data)
+        with ThreadPoolExecutor(max_workers=min(WRITE_WORKERS, len(parts))) as pool:
+            futures = [pool.submit(write, part) for part in parts]
+        files = [r for f in futures if f.exception() is None for r in f.result()]
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            self._discard(spec, [add_action(r) for r in files])
+            raise failed
         return Written([add_action(r) for r in files], sum(int(r["num_rows"]) for r in files))
 
     def commit_generation(
