@@ -6,6 +6,7 @@ race an in-flight forward run), a manual request there is a no-op. Frozen bucket
 unfreeze.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
@@ -18,12 +19,21 @@ from rollup_assets.model.windows import Window, merge_windows
 
 def buckets_in(spec: RollupSpec, spans: list[Window]) -> list[Window]:
     """The rollup's buckets covering `spans`, never before its first partition, in order."""
+    out: set[Window] = set()
+    for buckets in buckets_of_each(spec, merge_windows(spans)):
+        out.update(buckets)
+    return sorted(out)
+
+
+def buckets_of_each(spec: RollupSpec, spans: Sequence[Window]) -> list[list[Window]]:
+    """For each of `spans`, `buckets_in` it alone: the bucketing and the first partition worked
+    out once for them all (a correction's cells are thousands of one-bucket spans)."""
     b = Bucketing.of(spec)
     first = first_bucket_start(spec)
-    out: set[Window] = set()
-    for span in merge_windows(spans):
-        out.update(w for w in b.windows(max(span.start, first), span.end) if w.start >= first)
-    return sorted(out)
+    return [
+        [w for w in b.windows(max(span.start, first), span.end) if w.start >= first]
+        for span in spans
+    ]
 
 
 def cells_of(spec: RollupSpec, job: Job) -> Cells:
@@ -33,8 +43,9 @@ def cells_of(spec: RollupSpec, job: Job) -> Cells:
     if job.cells is None:
         return Cells.of(buckets, job.entities)
     named: dict[Window, Scope] = {}
-    for span, scope in job.cells:
-        for w in buckets_in(spec, [span]):
+    spans = [span for span, _ in job.cells]
+    for (_, scope), each in zip(job.cells, buckets_of_each(spec, spans), strict=True):
+        for w in each:
             named[w] = scope
     return Cells(tuple((w, named.get(w, job.entities)) for w in buckets))
 

@@ -146,8 +146,13 @@ def _cell_lists(cells: Cells) -> list:
 def decode_cells(text: str | None) -> Cells | None:
     if not text:
         return None
+    return _cells_of_lists(json.loads(text))
+
+
+def _cells_of_lists(lists: list) -> Cells:
+    """`decode_cells` of the parsed text."""
     by_window: dict[Window, frozenset[str] | None] = {}
-    for scope, spans in json.loads(text):
+    for scope, spans in lists:
         entities = None if scope is None else frozenset(scope)
         for w in _windows(spans):
             by_window[w] = entities
@@ -246,8 +251,7 @@ def _decoded_parts(text: str | None) -> tuple[ChangePart, ...] | None:
         return None
     out = []
     for commits, cells, seen_at in json.loads(text):
-        decoded = decode_cells(json.dumps(cells))
-        part = ChangePart(tuple(commits), decoded if decoded is not None else Cells(), seen_at)
+        part = ChangePart(tuple(commits), _cells_of_lists(cells) if cells else Cells(), seen_at)
         out.append(part)
     return tuple(out)
 

@@ -38,7 +38,7 @@ from rollup_assets.compute.folding import (
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
-from rollup_assets.model.placement import buckets_in, cells_of
+from rollup_assets.model.placement import buckets_of_each, cells_of
 from rollup_assets.model.specs import ENTITY_COLUMN, Catalog, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.commit_changes import CHANGE_TYPE, COMMIT_VERSION
@@ -193,8 +193,9 @@ def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[
     buckets it names for every entity, and the (bucket start, entity) cells."""
     whole: set[datetime] = set()
     named: set[tuple[datetime, str]] = set()
-    for span, scope in part.cells:
-        for w in buckets_in(root, [span]):
+    spans = [span for span, _ in part.cells]
+    for (_, scope), buckets in zip(part.cells, buckets_of_each(root, spans), strict=True):
+        for w in buckets:
             if scope is None:
                 whole.add(w.start)
             else:

@@ -14,7 +14,7 @@ from rollup_assets.compute.folding import RowCells, bucket_bounds
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.jobs import ChangePart, Job, JobState, LedgerSnapshot, Trigger
-from rollup_assets.model.placement import buckets_in
+from rollup_assets.model.placement import buckets_in, buckets_of_each
 from rollup_assets.model.propagation import completed_after_flip, propagation_jobs
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import Alignment
@@ -347,3 +347,19 @@ def test_bucket_bounds_are_each_instants_window(minutes, level) -> None:
     windows = [b.window_of(t) for t in times]
     assert starts.tolist() == [micros(w.start) for w in windows]
     assert ends.tolist() == [micros(w.end) for w in windows]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(st.integers(-3 * 24 * 4, 400 * 24 * 4), st.integers(0, 40 * 24 * 4)), max_size=12
+    ),
+    level=st.sampled_from(["energy_hourly", "energy_daily", "energy_weekly", "energy_monthly"]),
+)
+def test_the_buckets_of_each_span_are_buckets_in_it_alone(spans, level) -> None:
+    spec = CATALOG.rollup(level)
+    windows = [
+        Window(DST_NIGHT + timedelta(minutes=15 * a), DST_NIGHT + timedelta(minutes=15 * (a + n)))
+        for a, n in spans
+    ]
+    assert buckets_of_each(spec, windows) == [buckets_in(spec, [w]) for w in windows]
