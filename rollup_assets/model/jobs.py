@@ -110,7 +110,8 @@ class ChangePart:
         kept = []
         for w, scope in self.cells:
             i = max(bisect.bisect_right(starts, w.start) - 1, 0)
-            if i < len(spans) and spans[i].start <= w.start and w.end <= spans[i].end:
+            inside = i < len(spans) and spans[i].start <= w.start < w.end <= spans[i].end
+            if inside:
                 kept.append((w, scope))  # inside one span (the common case): kept as it is
                 continue
             while i < len(spans) and spans[i].start < w.end:

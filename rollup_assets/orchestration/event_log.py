@@ -58,7 +58,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
 )
 from dagster._serdes import ConfigurableClassData
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine, select
 from sqlalchemy.pool import NullPool
 
 from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE
@@ -268,16 +268,16 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         with self.run_connection(events[0].run_id) as conn:
             conn.execute(SqlEventLogStorageTable.insert(), rows)
         with self.index_transaction() as conn:
-            # One statement for the batch (SQLite's multi-row insert), its ids in the rows' order.
-            inserted = conn.execute(
-                SqlEventLogStorageTable.insert().returning(
-                    SqlEventLogStorageTable.c.id, sort_by_parameter_order=True
-                ),
-                rows,
-            )
-            ids = [int(row[0]) for row in inserted.fetchall()]
-            if len(ids) != len(rows):
-                raise RuntimeError(f"stored {len(rows)} events, got {len(ids)} ids back")
+            # One executemany for the batch. Its first insert takes the database's write lock,
+            # held until this transaction commits, and each insert takes the next id: the batch's
+            # ids are the last len(rows), in the rows' order.
+            conn.execute(SqlEventLogStorageTable.insert(), rows)
+            newest = conn.execute(
+                select(SqlEventLogStorageTable.c.id)
+                .order_by(SqlEventLogStorageTable.c.id.desc())
+                .limit(len(rows))
+            ).fetchall()
+            ids = sorted(int(row[0]) for row in newest)
             self._store_asset_event_tags(conn, events, ids)
             # As Dagster's PostgreSQL storage does: the asset's latest-event entry from the last.
             self._store_asset_event(conn, events[-1], ids[-1])

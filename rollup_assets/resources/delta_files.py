@@ -8,6 +8,7 @@ committed with `add_action`.
 """
 
 import bisect
+import contextlib
 import datetime as dt
 import json
 import time
@@ -168,6 +169,7 @@ def build_file_writer(
     partition_column: str | None,
     storage_options: dict[str, str] | None = None,
     row_group_rows: int = ROW_GROUP_ROWS,
+    filesystem: tuple[pafs.FileSystem, str] | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A `mapInArrow` function: write each task's rows as Parquet files under `table_root`.
 
@@ -175,11 +177,13 @@ def build_file_writer(
     streaming writer per value, flushed every `row_group_rows` rows, so a task holds at most one
     row group per open partition. Sort the frame within partitions first for useful row-group
     statistics. Each task yields one row per file: path (relative, URI-encoded), size, partition
-    values (JSON), Delta stats (JSON), mtime (ms) and row count.
+    values (JSON), Delta stats (JSON), mtime (ms) and row count. A task that fails deletes the
+    files it wrote (committed nowhere). `filesystem` (the table's, from `filesystem_for`) spares
+    a driver that writes many calls' worth of files looking it up for each.
     """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        fs, root = filesystem_for(table_root, storage_options)
+        fs, root = filesystem or filesystem_for(table_root, storage_options)
         open_files: dict[str | None, tuple[pq.ParquetWriter, object, str]] = {}
         pending: dict[str | None, list[pa.Table]] = {}
         counts: dict[str | None, int] = {}
@@ -222,14 +226,21 @@ def build_file_writer(
                         flush(value)
             for value in list(pending):
                 flush(value)
-        finally:
             for writer, sink, _ in open_files.values():
                 writer.close()
                 sink.close()  # type: ignore[attr-defined]
-        rows = [
-            describe_file(fs, root, rel, {partition_column: value} if partition_column else {})
-            for value, (_, _, rel) in open_files.items()
-        ]
+            rows = [
+                describe_file(fs, root, rel, {partition_column: value} if partition_column else {})
+                for value, (_, _, rel) in open_files.items()
+            ]
+        except BaseException:
+            for writer, sink, rel in open_files.values():
+                with contextlib.suppress(Exception):  # the error that ended the task goes on
+                    writer.close()
+                    sink.close()  # type: ignore[attr-defined]
+                with contextlib.suppress(Exception):
+                    fs.delete_file(f"{root}/{rel}")
+            raise
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=WRITTEN_FILES_SCHEMA)
 

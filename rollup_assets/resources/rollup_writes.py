@@ -8,7 +8,7 @@ import json
 import os
 import urllib.parse
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +47,11 @@ def _by_partition(data: pa.Table) -> list[pa.Table]:
     starts = [0, *(np.flatnonzero(pc.not_equal(values[1:], values[:-1])) + 1).tolist()]
     ends = [*starts[1:], data.num_rows]
     return [data.slice(a, b - a) for a, b in zip(starts, ends, strict=True)]
+
+
+def _written(futures: list[Future]) -> list[dict]:
+    """The files of the partition writes that succeeded."""
+    return [r for f in futures if f.exception() is None for r in f.result()]
 
 
 class RollupWrites(RollupSnapshots):
@@ -212,21 +217,31 @@ class RollupWrites(RollupSnapshots):
         data = data.sort_by(
             [(PART_COLUMN, "ascending"), ("entity_id", "ascending"), ("bucket_start", "ascending")]
         )
-        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options)
+        table_fs = filesystem_for(self.uri(spec), self.options)
+        writer = build_file_writer(self.uri(spec), PART_COLUMN, self.options, filesystem=table_fs)
 
         def write(part: pa.Table) -> list[dict]:
             return [r for batch in writer(iter(part.to_batches())) for r in batch.to_pylist()]
 
         # Partitions are written side by side (encoding and writing Parquet release the GIL): a
-        # correction's rows lie in hundreds of partitions, a few rows in each.
+        # correction's rows lie in hundreds of partitions, a few rows in each. A partition that
+        # fails deletes its own files (`build_file_writer`); the others' are deleted here, as
+        # are those written when this thread is interrupted meanwhile.
         parts = _by_partition(data)
-        with ThreadPoolExecutor(max_workers=min(WRITE_WORKERS, len(parts))) as pool:
-            futures = [pool.submit(write, part) for part in parts]
-        files = [r for f in futures if f.exception() is None for r in f.result()]
+        pool = ThreadPoolExecutor(max_workers=min(WRITE_WORKERS, len(parts)))
+        futures = [pool.submit(write, part) for part in parts]
+        try:
+            pool.shutdown(wait=True)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            futures = [f for f in futures if not f.cancelled()]
+            self._discard(spec, [add_action(r) for r in _written(futures)])
+            raise
         failed = next((f.exception() for f in futures if f.exception() is not None), None)
         if failed is not None:
-            self._discard(spec, [add_action(r) for r in files])
+            self._discard(spec, [add_action(r) for r in _written(futures)])
             raise failed
+        files = _written(futures)
         return Written([add_action(r) for r in files], sum(int(r["num_rows"]) for r in files))
 
     def commit_generation(

@@ -28,7 +28,7 @@ from rollup_assets.settings import Settings
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
 MASTER_URL = r"Starting Spark master at (spark://\S+)"
-MASTER_UI_PORT = r"Successfully started service 'MasterUI' on port (\d+)"
+MASTER_UI_PORT = r"Successfully started service 'MasterUI' on port (\d+)\."
 
 
 class SparkProcessError(RuntimeError):
@@ -113,7 +113,8 @@ def _status_or_none(cluster: StandaloneCluster) -> dict | None:
 
 def _bound(process: SparkProcess, pattern: str) -> str | None:
     """The first group of `pattern` in the process's log so far, None while it is absent."""
-    found = re.search(pattern, process.tail(400))
+    text = process.log.read_text(errors="replace") if process.log.exists() else ""
+    found = re.search(pattern, text)
     return found.group(1) if found else None
 
 

@@ -44,7 +44,10 @@ SCATTERED = KEYS[3:50:5]  # partitions a correction rewrote, inside the run's ra
 def corrected(context: dg.AssetExecutionContext) -> Iterator[dg.AssetMaterialization]:
     for key in SCATTERED:
         yield dg.AssetMaterialization(
-            asset_key="corrected", partition=key, metadata={"partition": key}
+            asset_key="corrected",
+            partition=key,
+            metadata={"partition": key},
+            tags={"dagster/data_version": f"v-{key}"},  # an indexed tag: stored by event id
         )
     context.log.info(f"corrected {len(SCATTERED)} partitions")
 
@@ -153,6 +156,11 @@ def test_scattered_materializations_yielded_one_by_one_are_stored_in_batches(
     records = instance.fetch_materializations(key, limit=1000).records
     meta = {r.partition_key: r.asset_materialization.metadata for r in records}  # type: ignore[union-attr]
     assert {k: m["partition"].value for k, m in meta.items()} == {k: k for k in SCATTERED}
+    # Each event's indexed tags are stored under its own id (the batch's ids, in its order).
+    storage = instance.event_log_storage
+    for r in records:
+        tags = storage.get_event_tags_for_asset(key, filter_event_id=r.storage_id)
+        assert [t["dagster/data_version"] for t in tags] == [f"v-{r.partition_key}"]
     latest = instance.get_latest_materialization_event(key)
     assert latest is not None and latest.dagster_event is not None
     assert latest.dagster_event.partition == SCATTERED[-1]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import rollup_assets.resources.delta_files as delta_files
 import rollup_assets.resources.rollup_writes as rollup_writes
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.resources.warehouse import Warehouse
@@ -80,5 +81,21 @@ def test_a_partition_that_fails_leaves_no_file_of_the_others(
 
     monkeypatch.setattr(rollup_writes, "build_file_writer", failing)
     with pytest.raises(OSError, match="disk full"):
+        write(engine, rows(engine))
+    assert parquet_files(engine) == []
+
+
+def test_a_partition_that_fails_after_writing_its_file_deletes_it_too(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = delta_files.describe_file
+
+    def describe(fs, root, rel, partition):  # type: ignore[no-untyped-def]
+        if "2025-01-31" in rel:
+            raise OSError("lost the footer of 2025-01-31")
+        return real(fs, root, rel, partition)
+
+    monkeypatch.setattr(delta_files, "describe_file", describe)
+    with pytest.raises(OSError, match="lost the footer"):
         write(engine, rows(engine))
     assert parquet_files(engine) == []
