@@ -21,7 +21,12 @@ from pyspark.sql import functions as F
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, iso_utc, merge_windows
 from rollup_assets.resources.delta_commits import CommitPlan
-from rollup_assets.resources.delta_files import WRITTEN_FILES_DDL, add_action, build_file_writer
+from rollup_assets.resources.delta_files import (
+    ROW_GROUP_ROWS,
+    WRITTEN_FILES_DDL,
+    add_action,
+    build_file_writer,
+)
 from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.fill import Fill, run_fill
 from rollup_assets.resources.rollup_snapshots import RollupSnapshots
@@ -223,12 +228,15 @@ class RollupWrites(RollupSnapshots):
         def write(part: pa.Table) -> list[dict]:
             return [r for batch in writer(iter(part.to_batches())) for r in batch.to_pylist()]
 
-        # Partitions are written side by side (encoding and writing Parquet release the GIL): a
-        # correction's rows lie in hundreds of partitions, a few rows in each. A partition that
-        # fails deletes its own files (`build_file_writer`); the others' are deleted here, as
-        # are those written when this thread is interrupted meanwhile.
+        # Small partitions are written side by side (encoding and writing Parquet release the
+        # GIL): a correction's rows lie in hundreds of partitions, a few rows in each, and a
+        # file's own cost dominates. Large ones (a fold's) one at a time, so that the write
+        # holds one partition's buffers. A partition that fails deletes its own files
+        # (`build_file_writer`); the others' are deleted here, as are those written when this
+        # thread is interrupted meanwhile.
         parts = _by_partition(data)
-        pool = ThreadPoolExecutor(max_workers=min(WRITE_WORKERS, len(parts)))
+        small = data.num_rows <= len(parts) * ROW_GROUP_ROWS
+        pool = ThreadPoolExecutor(max_workers=min(WRITE_WORKERS, len(parts)) if small else 1)
         futures = [pool.submit(write, part) for part in parts]
         try:
             pool.shutdown(wait=True)
