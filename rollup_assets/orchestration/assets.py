@@ -87,10 +87,20 @@ def _partition_keys(spec: RollupSpec, outcome: RunOutcome) -> list[str]:
     return [key for w in outcome.buckets for key in keys_of_bucket(spec, pdef, w)]
 
 
-# What each partition's materialization of a run says: which job and generation wrote it, and
-# what the run used. A correction rewrites thousands of scattered partitions, and Dagster
-# serializes every entry of every event, so the run's other figures are said once (below).
-BRIEF = ("spark", "spark_ready_ms", "generation", "trigger", "job_id", "table_version")
+# What each partition's materialization of a run says: which job and generation wrote it from
+# which source versions, the run's rows, and what the run used. A correction rewrites thousands
+# of scattered partitions, and Dagster serializes every entry of every event, so the run's
+# other figures are said once (below).
+BRIEF = (
+    "spark",
+    "spark_ready_ms",
+    "generation",
+    "rows",
+    "trigger",
+    "job_id",
+    "source_versions",
+    "table_version",
+)
 
 
 def _materializations(
