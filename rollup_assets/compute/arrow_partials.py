@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_types import ARROW_TYPES, TS
+from rollup_assets.compute.arrow_types import ARROW_TYPES, TS, by_start_and_entity
 from rollup_assets.model.aggregates import BASE_KINDS, AggregateFunction, Companion
 from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.partials import EXTREMES, RAW_ROWS, SPARES
@@ -328,4 +328,4 @@ def logical_arrow(rows: pa.Table, spec: RollupSpec) -> pa.Table:
             )
         else:
             cols[out] = rows[out]
-    return pa.table(cols).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    return by_start_and_entity(pa.table(cols))

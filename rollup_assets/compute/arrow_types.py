@@ -43,3 +43,19 @@ def instants_of(values: pa.Array | pa.ChunkedArray) -> list[datetime]:
     if micros.null_count:
         raise ValueError(f"{micros.null_count} null instant(s) where none may be")
     return instants(micros.to_numpy())
+
+
+def by_start_and_entity(rows: pa.Table) -> pa.Table:
+    """`rows` sorted by `bucket_start`, then `entity_id` (the order a query returns), as Arrow's
+    `sort_by` on both sorts them. Arrow compares the strings of a multi-column sort row by row;
+    here each distinct entity is ranked once (in Arrow's own string order) and numpy sorts the
+    two integer keys, several times faster for the rows a read returns."""
+    entity = rows["entity_id"]
+    if rows.num_rows < 2 or entity.null_count or rows["bucket_start"].null_count:
+        return rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    encoded = pc.dictionary_encode(entity).combine_chunks()
+    rank = np.empty(len(encoded.dictionary), dtype=np.int64)
+    rank[pc.sort_indices(encoded.dictionary).to_numpy()] = np.arange(len(rank))
+    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
+    order = np.lexsort((rank[encoded.indices.to_numpy()], starts))
+    return rows.take(pa.array(order))

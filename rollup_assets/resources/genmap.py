@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, by_start_and_entity
 from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.model.operations import RETAINED_FROM_KEY
 from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
@@ -142,7 +142,7 @@ def write_pointer_table(
                 "retention or disable came in between); nothing was committed"
             )
         current = _conform(snapshot) if snapshot is not None else GENMAP_SCHEMA.empty_table()
-        new = change(current).sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+        new = by_start_and_entity(change(current))
         add = add_action(write_file(fs, root, "", new, row_group_rows=None))
         removes = [remove_action(a) for a in file_actions(snapshot)] if snapshot is not None else []
         if snapshot is None:

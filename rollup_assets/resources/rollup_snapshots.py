@@ -7,8 +7,10 @@ table did not move in between (a sweep only ever follows a flip, so an unchanged
 proves that every visible row is still in the snapshot); otherwise it is taken again.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -21,8 +23,10 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.resources.delta_tables import commit_history, open_table, with_retries
 from rollup_assets.resources.genmap import read_pointers, read_pointers_at
-from rollup_assets.resources.latest_versions import committed_after
+from rollup_assets.resources.latest_versions import LatestCache, committed_after
 from rollup_assets.resources.rollup_table import RollupTable
+
+T = TypeVar("T")
 
 
 class PointersMoved(Exception):
@@ -40,6 +44,10 @@ class Reflected:
     def at_or_before(self, other: "Reflected") -> bool:
         """Is this state no later than `other` (both tables at or before its versions)?"""
         return self.genmap <= other.genmap and self.rows <= other.rows
+
+    def lineage(self, spec: RollupSpec) -> dict[str, int]:
+        """The source versions a row computed from this state of `spec` records."""
+        return {spec.name: self.rows, spec.genmap_name: self.genmap}
 
 
 @dataclass(frozen=True)
@@ -60,12 +68,15 @@ class Snapshot:
 
     def lineage(self, spec: RollupSpec) -> dict[str, int]:
         """The source versions a row computed from this snapshot of `spec` records."""
-        state = self.reflects
-        return {spec.name: state.rows, spec.genmap_name: state.genmap}
+        return self.reflects.lineage(spec)
 
 
 def _v(version: int | None) -> int:
     return -1 if version is None else version
+
+
+# The latest version of each row table, checked with two file stats while it has not moved.
+_ROW_VERSIONS: LatestCache[None] = LatestCache(lambda _table: None)
 
 
 class RollupSnapshots(RollupTable):
@@ -79,6 +90,23 @@ class RollupSnapshots(RollupTable):
                 raise PointersMoved(f"'{spec.name}': pointers kept moving")
             return Snapshot(table, pointers, gv)
 
+        return self._consistent(spec, attempt, attempts)
+
+    def reflects_now(self, spec: RollupSpec, attempts: int = 20) -> Reflected:
+        """What a `snapshot` taken now reflects, taken the same way (the pointers' version, then
+        the row table's, again if the pointers moved in between) without opening the row table:
+        for a read that the surface answers while it holds exactly those versions' rows."""
+
+        def attempt() -> Reflected:
+            _, gv = read_pointers(self.genmap_uri(spec), self.options)
+            latest = _ROW_VERSIONS.get(self.uri(spec), self.options)
+            if committed_after(self.genmap_uri(spec), gv, self.options):
+                raise PointersMoved(f"'{spec.name}': pointers kept moving")
+            return Reflected(_v(gv), -1 if latest is None else latest[1])
+
+        return self._consistent(spec, attempt, attempts)
+
+    def _consistent(self, spec: RollupSpec, attempt: Callable[[], T], attempts: int) -> T:
         try:
             return with_retries(
                 attempt,

@@ -184,12 +184,12 @@ def _stored(
 ) -> pa.Table:
     """The active partial rows of `spec` in `window`: every entity's from the surface while it
     is current (it holds each average's sum and count), otherwise resolved from the pointers."""
-    snap = engine.rollups.snapshot(spec)
     if entities is None:
-        rows = current_rows(engine, spec, snap, window, partials=True, ordered=False)
+        now = engine.rollups.reflects_now(spec)
+        rows = current_rows(engine, spec, now, window, partials=True, ordered=False)
         if rows is not None:
             return rows.cast(partial_schema(spec))
-    return stored_partials(engine, spec, window, entities, snapshot=snap)
+    return stored_partials(engine, spec, window, entities)
 
 
 def _source_arrow(engine: Engine, query: SourceQuery, group_by: str) -> pa.Table:

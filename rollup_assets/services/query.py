@@ -77,18 +77,19 @@ def _read_versions(
 ) -> tuple[pa.Table, dict[str, int]]:
     ents = frozenset(entities) if entities else None
     if isinstance(spec, RollupSpec):
+        # The surface is sorted by bucket, the row table by entity: a read of a few entities
+        # decodes fewer rows from the row table.
+        if as_of is None and ents is None:
+            now = engine.rollups.reflects_now(spec)
+            current = current_rows(engine, spec, now, span(start, end))
+            if current is not None:
+                return current, now.lineage(spec)
         snap = (
             engine.rollups.snapshot(spec)
             if as_of is None
             else engine.rollups.snapshot_at(spec, as_of)
         )
         versions = snap.lineage(spec)
-        # The surface is sorted by bucket, the row table by entity: a read of a few entities
-        # decodes fewer rows from the row table.
-        if as_of is None and ents is None:
-            current = current_rows(engine, spec, snap, span(start, end))
-            if current is not None:
-                return current, versions
         needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
         rows = engine.rollups.read_arrow(
             spec, [span(start, end)], ents, snapshot=snap, columns=needed

@@ -125,7 +125,7 @@ def realtime_arrow(
             else None
         )
         stored = (
-            current_rows(engine, spec, engine.rollups.snapshot(spec), below)
+            current_rows(engine, spec, engine.rollups.reflects_now(spec), below)
             if below.start < below.end
             else None
         )

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.faults import checkpoint
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.durations import format_duration
@@ -359,4 +360,4 @@ def _require_unchanged(what: str, current: pa.Table, flipped: pa.Table, generati
 def _cells_rows(rows: pa.Table, flipped: pa.Table) -> pa.Table:
     """The rows of the cells `flipped` covers, in a fixed order."""
     picked = rows.filter(covered_mask(rows, flipped))
-    return picked.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    return by_start_and_entity(picked)

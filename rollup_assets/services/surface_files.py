@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from rollup_assets.compute.arrow_partials import logical_arrow
-from rollup_assets.compute.arrow_types import TS
+from rollup_assets.compute.arrow_types import TS, by_start_and_entity
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
@@ -37,7 +37,6 @@ from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import Changed
 from rollup_assets.services.surface_layout import (
-    ORDER,
     averaged_partials,
     by_partition,
     claims,
@@ -103,7 +102,7 @@ def active_rows(
     if changed is not None:
         rows = rows.filter(changed.mask(rows))
     # In query order, as `logical_arrow` returns them, so the averages' partials line up.
-    rows = rows.sort_by(ORDER)
+    rows = by_start_and_entity(rows)
     out = logical_arrow(rows, spec)
     out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))
     for name in averaged_partials(spec):

@@ -13,7 +13,7 @@ A partition's rows are cut into files in (entity, bucket start) order, between e
 a file they are ordered by bucket start, then entity: a reader filtering on time skips row
 groups (its entity filter skips whole files), and the query path puts a partition's files back
 in query order (bucket start, entity) by merging as many sorted runs as there are files
-(`in_query_order`), not by sorting every row.
+(`in_query_order`), not by sorting on both columns.
 
 How files stay within the cap. A rewritten file that would exceed it is split into
 `ceil(rows / SURFACE_FILE_ROWS)` files of about equal size, cut between entities; a cell of an
@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from rollup_assets.compute.arrow_partials import logical_arrow
+from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
@@ -56,7 +57,6 @@ from rollup_assets.resources.schemas import PART_COLUMN, data_schema
 # took 1.5x; at 10,000 meters both read faster than partition-sized files. A one-cell publish
 # reads and writes at most this many rows of each level at any number of meters.
 SURFACE_FILE_ROWS = 16_384
-ORDER = [("bucket_start", "ascending"), ("entity_id", "ascending")]
 # The surface's format, recorded by each publish as a Delta application transaction (a surface
 # recording none is of format 1: logical columns only).
 FORMAT_APP = "rollups.surface.format"
@@ -135,7 +135,7 @@ def split_by_entity(rows: pa.Table, cap: int | None = None) -> list[pa.Table]:
     if n == 0:
         return []
     if n <= cap:
-        return [rows.sort_by(ORDER)]
+        return [by_start_and_entity(rows)]
     by_entity = rows.sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
     entity = by_entity["entity_id"]
     changes = pc.not_equal(entity.slice(1), entity.slice(0, n - 1)).to_numpy(zero_copy_only=False)
@@ -157,33 +157,22 @@ def split_by_entity(rows: pa.Table, cap: int | None = None) -> list[pa.Table]:
         cuts.append(
             int(within[np.argmin(np.abs(within - target))]) if len(within) else int(bounds[lo])
         )
-    return [by_entity.slice(a, b - a).sort_by(ORDER) for a, b in itertools.pairwise(cuts)]
+    return [by_start_and_entity(by_entity.slice(a, b - a)) for a, b in itertools.pairwise(cuts)]
 
 
 def in_query_order(parts: Sequence[pa.Table]) -> pa.Table:
     """The rows of one partition's files, given in entity order (each ordered by bucket start,
     then entity, with disjoint entity ranges), merged into query order (bucket start, entity):
-    for each bucket start, each file's slice of it in turn. Slices copy nothing; a file not
-    ordered by bucket start is merged by a stable sort instead."""
+    a stable sort on bucket start, which keeps each bucket's rows in file order. The sorted runs
+    make it one pass, and one `take` leaves a single contiguous chunk, not a slice per bucket and
+    file that every later Arrow kernel would pay for."""
     if not parts:
         raise ValueError("in_query_order needs at least one file's rows")
     if len(parts) == 1:
         return parts[0]
-    starts = [p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts]
-    if any(len(s) > 1 and bool((np.diff(s) < 0).any()) for s in starts):
-        rows = pa.concat_tables(parts)
-        order = np.argsort(np.concatenate(starts), kind="stable")
-        return rows.take(pa.array(order))
-    keys = np.unique(np.concatenate(starts))
-    lows = [np.searchsorted(s, keys, side="left") for s in starts]
-    highs = [np.searchsorted(s, keys, side="right") for s in starts]
-    pieces = [
-        part.slice(int(lo[k]), int(hi[k] - lo[k]))
-        for k in range(len(keys))
-        for part, lo, hi in zip(parts, lows, highs, strict=True)
-        if hi[k] > lo[k]
-    ]
-    return pa.concat_tables(pieces)
+    starts = np.concatenate([p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts])
+    order = np.argsort(starts, kind="stable")
+    return pa.concat_tables(parts).take(pa.array(order))
 
 
 def by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:

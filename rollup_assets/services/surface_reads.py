@@ -9,6 +9,7 @@ the pointers itself.
 """
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,13 +17,15 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import read_row_groups
-from rollup_assets.resources.delta_tables import file_actions, open_table, prune_files, read_commit
+from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
+from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.rollup_reads import READERS
-from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
@@ -51,39 +54,62 @@ def reflected(surface: DeltaTable | None) -> Reflected | None:
     return None if g is None or r is None else Reflected(g, r)
 
 
+@dataclass(frozen=True)
+class SurfaceState:
+    """What a read needs of one version of a surface: the versions it reflects (None: none
+    recorded, or an older format), its columns, and its files (`file_actions`)."""
+
+    reflects: Reflected | None
+    names: tuple[str, ...]
+    files: tuple[dict, ...]
+
+    @classmethod
+    def of(cls, surface: DeltaTable) -> "SurfaceState":
+        names = tuple(f.name for f in surface.schema().fields)
+        return cls(reflected(surface), names, tuple(file_actions(surface)))
+
+
+# Each surface's state at its latest version, read again only when the surface has moved: a read
+# between publishes costs two file stats instead of replaying the surface's log.
+_STATES: LatestCache[SurfaceState] = LatestCache(SurfaceState.of)
+
+
 def current_rows(
     engine: Engine,
     spec: RollupSpec,
-    snap: Snapshot,
+    now: Reflected,
     window: Window,
     partials: bool = False,
     ordered: bool = True,
 ) -> pa.Table | None:
-    """What a query of `snap` returns for buckets starting in `window`, every entity: their
-    logical rows (with `partials`, their stored partials: `entity_id`, `bucket_start`,
-    `bucket_end` and `spec.stored_columns`), ordered by bucket start and entity (unless not
-    `ordered`: then in the surface's file order, for a caller that groups them), read from the
-    surface when it holds exactly `snap`'s active rows (the versions it records are `snap`'s, or
-    older by commits that leave the active rows as they were: `_still_current`). None when it
-    does not (no surface, one lagging behind the rollup, one of other columns or an older
-    format, or one that cannot be read): the caller resolves the active rows itself."""
+    """What a query of the rollup's state `now` (a snapshot's `reflects`) returns for buckets
+    starting in `window`, every entity: their logical rows (with `partials`, their stored
+    partials: `entity_id`, `bucket_start`, `bucket_end` and `spec.stored_columns`), ordered by
+    bucket start and entity (unless not `ordered`: then in the surface's file order, for a
+    caller that groups them), read from the surface when it holds exactly the active rows of
+    `now` (the versions it records are those, or older by commits that leave the active rows as
+    they were: `_still_current`). None when it does not (no surface, one lagging behind the
+    rollup, one of other columns or an older format, or one that cannot be read): the caller
+    resolves the active rows itself."""
     try:
-        return _current_rows(engine, spec, snap, window, partials, ordered)
+        return _current_rows(engine, spec, now, window, partials, ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
         return None
 
 
 def _current_rows(
-    engine: Engine, spec: RollupSpec, snap: Snapshot, window: Window, partials: bool, ordered: bool
+    engine: Engine, spec: RollupSpec, now: Reflected, window: Window, partials: bool, ordered: bool
 ) -> pa.Table | None:
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
-    surface = open_table(uri, options)
-    done = reflected(surface)
-    if surface is None or done is None or not _still_current(engine, spec, done, snap.reflects):
+    latest = _STATES.get(uri, options)
+    state = None if latest is None else latest[0]
+    if state is None or state.reflects is None:
+        return None
+    if not _still_current(engine, spec, state.reflects, now):
         return None
     schema = surface_schema(spec)
-    if [f.name for f in surface.schema().fields] != schema.names:
+    if list(state.names) != schema.names:
         return None
     cells = ["entity_id", "bucket_start", "bucket_end"]
     averaged = set(averaged_partials(spec))
@@ -94,7 +120,7 @@ def _current_rows(
     )
     logical = pa.schema([schema.field(n) for n in names])
     files = prune_files(
-        file_actions(surface), time_column="bucket_start", spans=[window], entities=None
+        list(state.files), time_column="bucket_start", spans=[window], entities=None
     )
     # Partitions name UTC days, months or years (their names sort in time order), and a publish
     # writes a partition's rows as files of disjoint entity ranges, each ordered by bucket start,
@@ -112,13 +138,13 @@ def _current_rows(
 
     tables = iter(READERS.map(read, [f for group in by_part for f in group]))
     if not ordered:
-        # A chunk per file's row group read; merged into query order, a partition's rows would
-        # be a slice per bucket and file, and every later Arrow kernel pays per chunk.
+        # A chunk per file's row group read, without the copy that merging into query order
+        # makes.
         return pa.concat_tables([logical.empty_table(), *tables])
     merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])
     if not _in_query_order(rows):
-        rows = rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+        rows = by_start_and_entity(rows)
     return rows
 
 

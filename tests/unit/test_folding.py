@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
-from rollup_assets.compute.arrow_types import TS, instants, instants_of
+from rollup_assets.compute.arrow_types import TS, by_start_and_entity, instants, instants_of
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.folding import Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
@@ -227,3 +227,30 @@ def test_instants_are_arrows_own_reading_of_the_timestamps(chunks) -> None:
     assert instants(column.cast(pa.int64()).to_numpy()) == column.to_pylist()
     with pytest.raises(ValueError, match="null instant"):
         instants_of(pa.array([0, None], pa.int64()).cast(TS))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["m-b", "m-a", "m-ä", "M-z", "m-a ", ""]),
+            st.integers(-5, 5),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 3),
+)
+def test_rows_sort_by_start_and_entity_as_arrow_sorts_them(rows, chunks) -> None:
+    """Ties keep their input order (both sorts are stable); a null falls back to Arrow's."""
+    table = pa.table(
+        {
+            "entity_id": pa.array([None if null else e for e, _, null in rows], pa.string()),
+            "bucket_start": pa.array([s * 3_600_000_000 for _, s, _ in rows], pa.int64()).cast(TS),
+            "n": pa.array(range(len(rows)), pa.int64()),
+        }
+    )
+    cut = len(rows) // chunks
+    table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    expected = table.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
+    assert by_start_and_entity(table).to_pylist() == expected.to_pylist()

@@ -412,11 +412,37 @@ def test_a_query_merges_the_files_back_into_query_order(engine, spec, cap) -> No
     cells = wide()
     write_forward(engine, spec, cells)
     publish(engine, spec)
-    snap = engine.rollups.snapshot(spec)
-    rows = current_rows(engine, spec, snap, Window(WINDOWS[0].start, WINDOWS[-1].end))
+    now = engine.rollups.reflects_now(spec)
+    assert now == engine.rollups.snapshot(spec).reflects
+    rows = current_rows(engine, spec, now, Window(WINDOWS[0].start, WINDOWS[-1].end))
     assert rows is not None
     # By bucket start, then entity; a query's logical columns only.
     assert rows.to_pylist() == expected(spec, cells, partials=False)
+
+
+def test_reads_of_the_surface_follow_every_commit_and_publish(engine, spec, cap) -> None:
+    """Reads between publishes take the surface's state and the rollup's versions from caches
+    checked against the logs: a flip makes the next read resolve the pointers, and the publish
+    after it is read at once."""
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    window = Window(WINDOWS[0].start, WINDOWS[-1].end)
+    before = engine.rollups.reflects_now(spec)
+    assert current_rows(engine, spec, before, window) is not None
+    new = {("meter-03", WINDOWS[1]): 7.5, ("meter-11", WINDOWS[-1]): 8.5}
+    correct(engine, spec, new)
+    now = engine.rollups.reflects_now(spec)
+    assert now == engine.rollups.snapshot(spec).reflects
+    assert now.genmap > before.genmap and now.rows > before.rows
+    assert current_rows(engine, spec, now, window) is None  # the surface lags the flip
+    # Read at `before`, the surface still holds exactly its rows.
+    held = current_rows(engine, spec, before, window)
+    assert held is not None and held.to_pylist() == expected(spec, cells, partials=False)
+    publish(engine, spec)
+    rows = current_rows(engine, spec, engine.rollups.reflects_now(spec), window)
+    assert rows is not None
+    assert rows.to_pylist() == expected(spec, {**cells, **new}, partials=False)
 
 
 def test_maintenance_merges_small_neighbouring_files_and_keeps_what_the_surface_reflects(
@@ -523,14 +549,14 @@ def test_a_surface_of_the_older_format_is_not_read_and_its_next_publish_rebuilds
     )
     window = Window(WINDOWS[0].start, WINDOWS[-1].end)
     assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) is None
-    assert current_rows(engine, spec, snap, window) is None
+    assert current_rows(engine, spec, snap.reflects, window) is None
     assert surface_lag(engine, spec).needs_publish
     assert compact_surface(engine, spec) == 0
     done = publish(engine, spec)
     assert done.rebuilt and done.rows_written == len(cells)
     assert surface_rows(engine, spec) == expected(spec, cells)
     assert reflected(DeltaTable(engine.rollups.surface_uri(spec))) == snap.reflects
-    partials = current_rows(engine, spec, engine.rollups.snapshot(spec), window, partials=True)
+    partials = current_rows(engine, spec, engine.rollups.reflects_now(spec), window, partials=True)
     assert partials is not None
     assert partials.column_names == [
         "entity_id",

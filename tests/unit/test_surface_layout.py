@@ -120,6 +120,7 @@ def test_files_in_entity_order_merge_into_query_order() -> None:
     assert len(pieces) > 2
     merged = in_query_order(pieces)
     assert merged.equals(table.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")]))
+    assert {c.num_chunks for c in merged.columns} == {1}  # one chunk, not a slice per bucket
     # A file not ordered by bucket start (another writer's) is merged by a stable sort: every
     # row once, by bucket start.
     backwards = pieces[0].take(pa.array(range(pieces[0].num_rows - 1, -1, -1)))
