@@ -82,7 +82,12 @@ class LatestCache(Generic[T]):
         self, uri: str, version: int, stamp: tuple[int | None, int | None], value: T
     ) -> None:
         with self._lock:
-            self._entries[uri] = (version, stamp, value)
+            if stamp == (None, None):
+                # The commit file is gone already (the table dropped while it was read): a later
+                # check of a missing file would match this stamp, so nothing is kept.
+                self._entries.pop(uri, None)
+            else:
+                self._entries[uri] = (version, stamp, value)
 
 
 # Actions after which a table's rows are not its earlier rows plus the files added.

@@ -1,11 +1,12 @@
 """Reading a rollup's surface as the project's own reads do: what versions it reflects
-(`reflected`), and the active rows of a snapshot taken from it (`current_rows`), for queries,
-downsampling and real-time reads of every entity.
+(`reflected`), and the active rows of the rollup's state now (`current_rows`, given the
+versions a snapshot would have), for queries, downsampling and real-time reads of every entity.
 
-A surface holds the active rows of the versions it records. When those are the snapshot's (or
+A surface holds the active rows of the versions it records. When those are the state's (or
 older by commits that leave the active rows as they were: `_still_current`), its rows are the
 answer; otherwise (it lags, between a flip and the publish that brings it) the caller resolves
-the pointers itself.
+the pointers itself. The surface's own state (what it reflects, its columns and files) is kept
+per surface until it moves (`LatestCache`): between publishes a read replays no log.
 """
 
 import logging
@@ -18,6 +19,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from rollup_assets.compute.arrow_types import by_start_and_entity
+from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
@@ -57,16 +59,23 @@ def reflected(surface: DeltaTable | None) -> Reflected | None:
 @dataclass(frozen=True)
 class SurfaceState:
     """What a read needs of one version of a surface: the versions it reflects (None: none
-    recorded, or an older format), its columns, and its files (`file_actions`)."""
+    recorded, or an older format), its columns, and its files (`file_actions`), or why they
+    cannot be read (`refusal`: files with deletion vectors, raised by a read that would use
+    them)."""
 
     reflects: Reflected | None
     names: tuple[str, ...]
     files: tuple[dict, ...]
+    refusal: UnsupportedTableFeatureError | None = None
 
     @classmethod
     def of(cls, surface: DeltaTable) -> "SurfaceState":
         names = tuple(f.name for f in surface.schema().fields)
-        return cls(reflected(surface), names, tuple(file_actions(surface)))
+        try:
+            files = tuple(file_actions(surface))
+        except UnsupportedTableFeatureError as exc:
+            return cls(reflected(surface), names, (), exc)
+        return cls(reflected(surface), names, files)
 
 
 # Each surface's state at its latest version, read again only when the surface has moved: a read
@@ -111,6 +120,8 @@ def _current_rows(
     schema = surface_schema(spec)
     if list(state.names) != schema.names:
         return None
+    if state.refusal is not None:
+        raise state.refusal.with_traceback(None)
     cells = ["entity_id", "bucket_start", "bucket_end"]
     averaged = set(averaged_partials(spec))
     names = (

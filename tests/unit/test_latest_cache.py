@@ -94,6 +94,20 @@ def test_derived_values_are_recomputed_only_when_the_table_moves(tmp_path):
     assert calls == [0, 1]
 
 
+def test_a_table_dropped_while_it_is_read_is_not_served_from_memory(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"name": ["a"], "n": [1]}, schema=SCHEMA))
+
+    def derive(table):
+        value = table.version()
+        shutil.rmtree(uri)  # dropped after the read, before its commit file is stamped
+        return value
+
+    cache = LatestCache(derive)
+    assert cache.get(uri) == (0, 0)
+    assert cache.get(uri) is None
+
+
 @pytest.mark.parametrize("version", [None, 0])
 def test_committed_after_on_a_missing_table(tmp_path, version):
     assert not committed_after(str(tmp_path / "none"), version)

@@ -13,8 +13,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
+import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
@@ -443,6 +445,33 @@ def test_reads_of_the_surface_follow_every_commit_and_publish(engine, spec, cap)
     rows = current_rows(engine, spec, engine.rollups.reflects_now(spec), window)
     assert rows is not None
     assert rows.to_pylist() == expected(spec, {**cells, **new}, partials=False)
+
+
+def test_a_surface_whose_files_cannot_be_read_is_refused_only_when_it_would_be_read(
+    engine, spec, monkeypatch
+) -> None:
+    """Files with deletion vectors (another writer's) make a read of a current surface fail with
+    the reason; a lagging surface is not read, so the query resolves the pointers as before."""
+
+    def refused(table, deletion_vectors="refuse"):
+        raise UnsupportedTableFeatureError("surface", "deletionVectors", "files carry vectors")
+
+    cells = base()
+    write_forward(engine, spec, cells)
+    monkeypatch.setattr(surface_reads, "file_actions", refused)
+    publish(engine, spec)
+    new = {(cells_entity(cells), WINDOWS[0]): 4.25}
+    correct(engine, spec, new)
+    window = Window(WINDOWS[0].start, WINDOWS[-1].end)
+    assert current_rows(engine, spec, engine.rollups.reflects_now(spec), window) is None
+    publish(engine, spec)
+    for _ in range(2):  # the reason is kept with the surface's version, and raised each time
+        with pytest.raises(UnsupportedTableFeatureError, match="files carry vectors"):
+            current_rows(engine, spec, engine.rollups.reflects_now(spec), window)
+
+
+def cells_entity(cells: dict[Cell, float]) -> str:
+    return next(iter(cells))[0]
 
 
 def test_maintenance_merges_small_neighbouring_files_and_keeps_what_the_surface_reflects(
