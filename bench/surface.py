@@ -171,7 +171,7 @@ def layout_reads(bench: Bench) -> dict:
         return table.to_pyarrow_dataset().to_table(filter=cond).num_rows
 
     def query(engine: Engine) -> int:
-        got = current_rows(engine, spec, engine.rollups.snapshot(spec), span)
+        got = current_rows(engine, spec, engine.rollups.reflects_now(spec), span)
         assert got is not None, "the surface is current"
         return got.num_rows
 
