@@ -103,7 +103,7 @@ def active_rows(
         rows = rows.filter(changed.mask(rows))
     # In query order, as `logical_arrow` returns them, so the averages' partials line up.
     rows = by_start_and_entity(rows)
-    out = logical_arrow(rows, spec)
+    out = logical_arrow(rows, spec, in_order=True)
     out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))
     for name in averaged_partials(spec):
         out = out.append_column(name, rows[name])
