@@ -91,6 +91,7 @@ class UnsupportedTableFeatureError(RollupsError):
     def __init__(self, table: str, feature: str, message: str) -> None:
         self.table = table
         self.feature = feature
+        self.message = message
         super().__init__(f"'{table}' uses the Delta table feature `{feature}`: {message}")
 
 

@@ -101,7 +101,8 @@ def active_rows(
         rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
     if changed is not None:
         rows = rows.filter(changed.mask(rows))
-    # In query order, as `logical_arrow` returns them, so the averages' partials line up.
+    # In query order (as a query returns them), which `logical_arrow` keeps: the averages'
+    # partials taken from `rows` below line up with its rows.
     rows = by_start_and_entity(rows)
     out = logical_arrow(rows, spec, in_order=True)
     out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))

@@ -60,13 +60,13 @@ def reflected(surface: DeltaTable | None) -> Reflected | None:
 class SurfaceState:
     """What a read needs of one version of a surface: the versions it reflects (None: none
     recorded, or an older format), its columns, and its files (`file_actions`), or why they
-    cannot be read (`refusal`: files with deletion vectors, raised by a read that would use
-    them)."""
+    cannot be read (`refusal`: the table, feature and message of the error a read that would
+    use them raises, files with deletion vectors; each read raises an error of its own)."""
 
     reflects: Reflected | None
     names: tuple[str, ...]
     files: tuple[dict, ...]
-    refusal: UnsupportedTableFeatureError | None = None
+    refusal: tuple[str, str, str] | None = None
 
     @classmethod
     def of(cls, surface: DeltaTable) -> "SurfaceState":
@@ -74,7 +74,7 @@ class SurfaceState:
         try:
             files = tuple(file_actions(surface))
         except UnsupportedTableFeatureError as exc:
-            return cls(reflected(surface), names, (), exc)
+            return cls(reflected(surface), names, (), (exc.table, exc.feature, exc.message))
         return cls(reflected(surface), names, files)
 
 
@@ -99,7 +99,8 @@ def current_rows(
     `now` (the versions it records are those, or older by commits that leave the active rows as
     they were: `_still_current`). None when it does not (no surface, one lagging behind the
     rollup, one of other columns or an older format, or one that cannot be read): the caller
-    resolves the active rows itself."""
+    resolves the active rows itself. Raises UnsupportedTableFeatureError when it would read
+    files with deletion vectors (another writer's), which its reader does not apply."""
     try:
         return _current_rows(engine, spec, now, window, partials, ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
@@ -121,7 +122,7 @@ def _current_rows(
     if list(state.names) != schema.names:
         return None
     if state.refusal is not None:
-        raise state.refusal.with_traceback(None)
+        raise UnsupportedTableFeatureError(*state.refusal)
     cells = ["entity_id", "bucket_start", "bucket_end"]
     averaged = set(averaged_partials(spec))
     names = (

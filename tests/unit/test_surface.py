@@ -465,9 +465,12 @@ def test_a_surface_whose_files_cannot_be_read_is_refused_only_when_it_would_be_r
     window = Window(WINDOWS[0].start, WINDOWS[-1].end)
     assert current_rows(engine, spec, engine.rollups.reflects_now(spec), window) is None
     publish(engine, spec)
+    raised = []
     for _ in range(2):  # the reason is kept with the surface's version, and raised each time
-        with pytest.raises(UnsupportedTableFeatureError, match="files carry vectors"):
+        with pytest.raises(UnsupportedTableFeatureError, match="files carry vectors") as error:
             current_rows(engine, spec, engine.rollups.reflects_now(spec), window)
+        raised.append(error.value)
+    assert raised[0] is not raised[1]  # an error of each read's own (concurrent reads share none)
 
 
 def cells_entity(cells: dict[Cell, float]) -> str:
