@@ -22,21 +22,17 @@ from pyarrow.fs import FileType
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.resources.delta_tables import commit_file, read_commit
-from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS
-from rollup_assets.services.surface_reads import MAX_NEUTRAL_COMMITS, reflected
+from rollup_assets.services.surface_reads import MAX_NEUTRAL_COMMITS, surface_state
 
 log = logging.getLogger(__name__)
 
 # Neutral commits a surface may be behind before a publish records the newer versions: half of
 # what a query trusts, so the publish lands before queries stop reading the surface.
 NEUTRAL_SLACK = MAX_NEUTRAL_COMMITS // 2
-# The versions each surface records, read again only when it has moved (a sensor asks every
-# tick; while nothing is published, that costs two file stats per rollup).
-_RECORDED = LatestCache(reflected)
 
 
 @dataclass(frozen=True)
@@ -71,8 +67,10 @@ def surface_lag(engine: Engine, spec: RollupSpec) -> SurfaceLag:
     records (a rollup with no tables and no surface has nothing to publish: no lag)."""
     options = engine.warehouse.storage_options
     try:
-        cached = _RECORDED.get(engine.rollups.surface_uri(spec), options)
-        recorded = None if cached is None else cached[0]
+        # Kept until the surface moves: a sensor asks every tick, and while nothing is
+        # published that costs two file stats per rollup.
+        state = surface_state(engine, spec)
+        recorded = None if state is None else state.reflects
     except (OSError, DeltaError) as exc:
         log.warning("%s: surface log not readable (%s)", spec.name, exc)
         recorded = None

@@ -79,8 +79,14 @@ class SurfaceState:
 
 
 # Each surface's state at its latest version, read again only when the surface has moved: a read
-# between publishes costs two file stats instead of replaying the surface's log.
+# (or the publish sensor's tick) between publishes costs two file stats, not a log replay.
 _STATES: LatestCache[SurfaceState] = LatestCache(SurfaceState.of)
+
+
+def surface_state(engine: Engine, spec: RollupSpec) -> SurfaceState | None:
+    """The state of the rollup's surface at its latest version (None: no surface)."""
+    latest = _STATES.get(engine.rollups.surface_uri(spec), engine.warehouse.storage_options)
+    return None if latest is None else latest[0]
 
 
 def current_rows(
@@ -112,8 +118,7 @@ def _current_rows(
     engine: Engine, spec: RollupSpec, now: Reflected, window: Window, partials: bool, ordered: bool
 ) -> pa.Table | None:
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
-    latest = _STATES.get(uri, options)
-    state = None if latest is None else latest[0]
+    state = surface_state(engine, spec)
     if state is None or state.reflects is None:
         return None
     if not _still_current(engine, spec, state.reflects, now):
