@@ -1,6 +1,7 @@
 """Noticing that a Delta table has moved without opening it: whether a commit follows a version
-(`committed_after`), and values derived from a small table's latest version, kept while the
-table does not move and extended by what appends added (`LatestCache`).
+(`committed_after`), its latest version (`LatestVersions`), and values derived from a small
+table's latest version, kept while the table does not move and extended by what appends added
+(`LatestCache`).
 """
 
 import threading
@@ -88,6 +89,39 @@ class LatestCache(Generic[T]):
                 self._entries.pop(uri, None)
             else:
                 self._entries[uri] = (version, stamp, value)
+
+
+class LatestVersions:
+    """Each table's latest version, told from its log's commit files. While the version seen
+    last is still in place (its commit file unchanged), the commits after it are found by file
+    stats alone, one per commit and one more; the table is opened only the first time and after
+    it was re-created."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, tuple[int | None, int | None]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+        """The latest version of the table at `uri` (None: no table)."""
+        fs, root = filesystem_for(uri, storage_options)
+        with self._lock:
+            seen = self._seen.get(uri)
+        if seen is not None and _stamp(fs, commit_file(root, seen[0])) == seen[1]:
+            version = seen[0]
+            while _exists(fs, commit_file(root, version + 1)):
+                version += 1
+        else:
+            table = open_table(uri, storage_options)
+            if table is None:
+                return None
+            version = table.version()
+        stamp = _stamp(fs, commit_file(root, version))
+        with self._lock:
+            if stamp == (None, None):  # dropped meanwhile: see `LatestCache._store`
+                self._seen.pop(uri, None)
+            else:
+                self._seen[uri] = (version, stamp)
+        return version
 
 
 # Actions after which a table's rows are not its earlier rows plus the files added.

@@ -23,7 +23,7 @@ from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.resources.delta_tables import commit_history, open_table, with_retries
 from rollup_assets.resources.genmap import read_pointers, read_pointers_at
-from rollup_assets.resources.latest_versions import LatestCache, committed_after
+from rollup_assets.resources.latest_versions import LatestVersions, committed_after
 from rollup_assets.resources.rollup_table import RollupTable
 
 T = TypeVar("T")
@@ -75,8 +75,8 @@ def _v(version: int | None) -> int:
     return -1 if version is None else version
 
 
-# The latest version of each row table, checked with two file stats while it has not moved.
-_ROW_VERSIONS: LatestCache[None] = LatestCache(lambda _table: None)
+# The latest version of each row table, from its commit files' stats, not a log replay.
+_ROW_VERSIONS = LatestVersions()
 
 
 class RollupSnapshots(RollupTable):
@@ -99,10 +99,10 @@ class RollupSnapshots(RollupTable):
 
         def attempt() -> Reflected:
             _, gv = read_pointers(self.genmap_uri(spec), self.options)
-            latest = _ROW_VERSIONS.get(self.uri(spec), self.options)
+            rows = _ROW_VERSIONS.get(self.uri(spec), self.options)
             if committed_after(self.genmap_uri(spec), gv, self.options):
                 raise PointersMoved(f"'{spec.name}': pointers kept moving")
-            return Reflected(_v(gv), -1 if latest is None else latest[1])
+            return Reflected(_v(gv), _v(rows))
 
         return self._consistent(spec, attempt, attempts)
 

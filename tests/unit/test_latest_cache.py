@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+import rollup_assets.resources.latest_versions as latest_versions
 from rollup_assets.resources.control_tables import ControlTable
 from rollup_assets.resources.genmap import GENMAP_SCHEMA, read_pointers, write_pointer_table
-from rollup_assets.resources.latest_versions import LatestCache, committed_after
+from rollup_assets.resources.latest_versions import LatestCache, LatestVersions, committed_after
 
 SCHEMA = pa.schema([("name", pa.string()), ("n", pa.int64())])
 
@@ -106,6 +107,29 @@ def test_a_table_dropped_while_it_is_read_is_not_served_from_memory(tmp_path):
     cache = LatestCache(derive)
     assert cache.get(uri) == (0, 0)
     assert cache.get(uri) is None
+
+
+def test_latest_versions_follow_commits_without_opening_the_table(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    versions = LatestVersions()
+    assert versions.get(uri) is None
+    write_deltalake(uri, pa.table({"name": ["a"], "n": [1]}, schema=SCHEMA))
+    assert versions.get(uri) == 0
+    opened = []
+    real = latest_versions.open_table
+    monkeypatch.setattr(
+        latest_versions, "open_table", lambda *a, **k: opened.append(a) or real(*a, **k)
+    )
+    for n in (2, 3):
+        write_deltalake(uri, pa.table({"name": ["b"], "n": [n]}, schema=SCHEMA), mode="append")
+    assert versions.get(uri) == 2 and versions.get(uri) == 2
+    assert opened == []  # found from the commit files alone
+    # Re-created with fewer commits than before, then dropped: opened afresh, then no table.
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.table({"name": ["new"], "n": [7]}, schema=SCHEMA))
+    assert versions.get(uri) == 0 and len(opened) == 1
+    shutil.rmtree(uri)
+    assert versions.get(uri) is None
 
 
 @pytest.mark.parametrize("version", [None, 0])
