@@ -27,8 +27,8 @@ from rollup_assets.model.errors import FenceMovedError
 from rollup_assets.model.operations import RETAINED_FROM_KEY
 from rollup_assets.resources.delta_commits import CommitPlan, commit, remove_action
 from rollup_assets.resources.delta_files import add_action, write_file
-from rollup_assets.resources.delta_tables import file_actions, open_table
-from rollup_assets.resources.latest_versions import LatestCache
+from rollup_assets.resources.delta_tables import file_actions
+from rollup_assets.resources.latest_versions import LatestCache, VersionCache
 from rollup_assets.resources.warehouse import filesystem_for
 
 GENMAP_SCHEMA = pa.schema(
@@ -83,6 +83,8 @@ def fence_of(table: DeltaTable | None) -> int | None:
 _POINTERS: LatestCache[tuple[pa.Table, int | None]] = LatestCache(
     lambda t: (_conform(t), fence_of(t))
 )
+# The pointers of versions read lately (a lagging surface's, and the versions a run read).
+_AT: VersionCache[pa.Table] = VersionCache(_conform)
 
 
 def read_pointers(
@@ -107,8 +109,8 @@ def read_pointers_at(
 ) -> pa.Table:
     """The pointers of the pointer table at `uri` as of `version` (None or negative: before it
     existed, so no pointer)."""
-    table = None if version is None or version < 0 else open_table(uri, storage_options, version)
-    return GENMAP_SCHEMA.empty_table() if table is None else _conform(table)
+    pointers = None if version is None or version < 0 else _AT.get(uri, version, storage_options)
+    return GENMAP_SCHEMA.empty_table() if pointers is None else pointers
 
 
 # `write_pointer_table(expect=ANY)`: the commit does not depend on the fence.

@@ -1,7 +1,7 @@
 """Noticing that a Delta table has moved without opening it: whether a commit follows a version
 (`committed_after`), its latest version (`LatestVersions`), and values derived from a small
 table's latest version, kept while the table does not move and extended by what appends added
-(`LatestCache`).
+(`LatestCache`), or from one version of it (`VersionCache`).
 """
 
 import threading
@@ -89,6 +89,40 @@ class LatestCache(Generic[T]):
                 self._entries.pop(uri, None)
             else:
                 self._entries[uri] = (version, stamp, value)
+
+
+class VersionCache(Generic[T]):
+    """Something derived from one version of a Delta table, kept for the `size` versions read
+    last. A hit costs one file stat: the version's commit file is the one it was derived from
+    (a Delta version never changes once written; a table re-created at the location since has
+    commit files of its own)."""
+
+    def __init__(self, derive: Callable[[DeltaTable], T], size: int = 8) -> None:
+        self._derive = derive
+        self._size = size
+        self._entries: dict[tuple[str, int], tuple[tuple[int | None, int | None], T]] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, uri: str, version: int, storage_options: dict[str, str] | None = None
+    ) -> T | None:
+        """The value derived from version `version` of the table at `uri` (None: no table)."""
+        fs, root = filesystem_for(uri, storage_options)
+        stamp = _stamp(fs, commit_file(root, version))
+        with self._lock:
+            entry = self._entries.get((uri, version))
+        if entry is not None and entry[0] == stamp and stamp != (None, None):
+            return entry[1]
+        table = open_table(uri, storage_options, version)
+        if table is None:
+            return None
+        value = self._derive(table)
+        with self._lock:
+            self._entries.pop((uri, version), None)
+            self._entries[(uri, version)] = (stamp, value)
+            while len(self._entries) > self._size:
+                self._entries.pop(next(iter(self._entries)))
+        return value
 
 
 class LatestVersions:

@@ -62,7 +62,7 @@ from rollup_assets.services.source_query import (
     rows_spark,
     source_query,
 )
-from rollup_assets.services.surface_reads import current_rows
+from rollup_assets.services.surface_reads import rows_now
 
 GROUP_BY = ("entity", "all")
 # A downsampling query over a raw or time-range archive aggregates its rows on the driver with
@@ -185,10 +185,9 @@ def _stored(
     """The active partial rows of `spec` in `window`: every entity's from the surface while it
     is current (it holds each average's sum and count), otherwise resolved from the pointers."""
     if entities is None:
-        now = engine.rollups.reflects_now(spec)
-        rows = current_rows(engine, spec, now, window, partials=True, ordered=False)
-        if rows is not None:
-            return rows.cast(partial_schema(spec))
+        current = rows_now(engine, spec, window, partials=True, ordered=False)
+        if current is not None:
+            return current.rows.cast(partial_schema(spec))
     return stored_partials(engine, spec, window, entities)
 
 

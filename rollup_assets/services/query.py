@@ -3,10 +3,10 @@
 `query_arrow` needs no Spark (the CLI uses it); `query_spark` returns a lazy DataFrame for large
 reads. Both resolve the active generation per bucket from one consistent snapshot, select buckets
 with `bucket_start` in `[start, end)`, and order by `bucket_start, entity_id`. `query_arrow` of
-every entity reads the rollup's surface (`surface_reads.current_rows`) when it holds exactly that
-snapshot's active rows (it records the versions it reflects), which it does between runs: the
-same rows, without the superseded generations the row table keeps. A read of named entities, an
-as-of read, and any read while the surface lags (or cannot be read) resolve the pointers.
+every entity reads the rollup's surface (`surface_reads.rows_now`): as it stands when it holds
+exactly that snapshot's active rows (it records the versions it reflects), which it does between
+runs; while it lags, with the cells changed since its publish read from the row table. A read of
+named entities, an as-of read, and a read the surface cannot answer resolve the pointers.
 
 With `as_of`, they return what a reader saw at that time: the row and pointer tables (a raw
 archive's table) at the versions current then, found from the commit times in their logs
@@ -25,7 +25,7 @@ from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.specs import ArchiveSpec, RollupSpec
 from rollup_assets.model.windows import as_utc, iso_utc, span
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface_reads import current_rows
+from rollup_assets.services.surface_reads import rows_now
 
 
 def query_arrow(
@@ -80,10 +80,9 @@ def _read_versions(
         # The surface is sorted by bucket, the row table by entity: a read of a few entities
         # decodes fewer rows from the row table.
         if as_of is None and ents is None:
-            now = engine.rollups.reflects_now(spec)
-            current = current_rows(engine, spec, now, span(start, end))
+            current = rows_now(engine, spec, span(start, end))
             if current is not None:
-                return current, now.lineage(spec)
+                return current.rows, current.reflects.lineage(spec)
         snap = (
             engine.rollups.snapshot(spec)
             if as_of is None

@@ -29,7 +29,7 @@ from rollup_assets.model.windows import FAR_FUTURE, Window, as_utc, span
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.schemas import data_schema
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface_reads import current_rows
+from rollup_assets.services.surface_reads import rows_now
 
 _END_OF_TIME = as_utc(FAR_FUTURE)
 # Aggregates the live buckets of a read while it reads the stored ones (its own pool: the stored
@@ -124,11 +124,8 @@ def realtime_arrow(
             if above.start < above.end
             else None
         )
-        stored = (
-            current_rows(engine, spec, engine.rollups.reflects_now(spec), below)
-            if below.start < below.end
-            else None
-        )
+        current = rows_now(engine, spec, below) if below.start < below.end else None
+        stored = None if current is None else current.rows
         if stored is not None:
             live = (
                 [] if fresh is None else [logical_arrow(fresh.result(), spec).cast(stored.schema)]

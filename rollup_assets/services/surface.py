@@ -1,5 +1,5 @@
 """The surface: a Delta table of each rollup's active rows, for readers outside this project
-(and for this project's own reads of every entity: `surface_reads.current_rows`).
+(and for this project's own reads of every entity: `surface_reads.rows_now`).
 
 A rollup's row table (`rollups/<rollup>/`) holds every generation, and its pointer table says
 which one is active; a plain Delta reader (delta-rs, DuckDB, Polars, Trino, Databricks SQL)

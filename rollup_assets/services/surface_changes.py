@@ -32,10 +32,10 @@ from rollup_assets.model.operations import (
 )
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.delta_tables import open_table, read_commit
+from rollup_assets.resources.delta_tables import read_commit
 from rollup_assets.resources.genmap import GENMAP_SCHEMA
 from rollup_assets.resources.rollup_snapshots import Reflected
-from rollup_assets.resources.rollup_table import REPLACED_KEY, in_windows
+from rollup_assets.resources.rollup_table import REPLACED_KEY, cells_of_rows, in_windows
 from rollup_assets.resources.visible_rows import covered_mask
 from rollup_assets.services.engine import Engine
 
@@ -66,25 +66,31 @@ class Changed:
     written: tuple[Window, ...]
 
     @cached_property
+    def _buckets(self) -> pa.Table:
+        """The differing pointers' distinct buckets (bucket_start, bucket_end)."""
+        keys = ["bucket_start", "bucket_end"]
+        return self.pointers.select(keys).group_by(keys, use_threads=False).aggregate([])
+
+    @cached_property
     def spans(self) -> list[Window]:
         """The merged bucket windows holding every changed cell."""
-        starts = instants_of(self.pointers["bucket_start"])
-        ends = instants_of(self.pointers["bucket_end"])
-        return merge_windows(
-            [*(Window(a, b) for a, b in zip(starts, ends, strict=True)), *self.written]
-        )
+        return merge_windows([*_windows(self._buckets), *self.written])
+
+    @cached_property
+    def whole_buckets(self) -> list[Window]:
+        """The merged windows of the buckets changed for every entity (global pointers, and the
+        buckets of forward-lane commits)."""
+        every = self.pointers.filter(pc.is_null(self.pointers["entity_id"]))
+        return merge_windows([*_windows(every), *self.written])
 
     @cached_property
     def cells(self) -> Cells:
-        """The changed cells, for reading the row groups that may hold them."""
-        pairs = zip(
-            instants_of(self.pointers["bucket_start"]),
-            instants_of(self.pointers["bucket_end"]),
-            self.pointers["entity_id"].to_pylist(),
-            strict=True,
-        )
-        items = [(Window(a, b), None if e is None else frozenset([e])) for a, b, e in pairs]
-        return Cells.collect([*items, *((w, None) for w in self.written)], limit=None)
+        """The changed cells, for reading the row groups that may hold them (their entities
+        gathered per bucket in Arrow: Python sees each bucket once, not each cell)."""
+        named = self.pointers.filter(pc.is_valid(self.pointers["entity_id"]))
+        every = self.pointers.filter(pc.is_null(self.pointers["entity_id"]))
+        whole = [(w, None) for w in (*_windows(every), *self.written)]
+        return Cells.collect([*cells_of_rows(named), *whole], limit=None)
 
     @cached_property
     def _starts(self) -> tuple[list[datetime], timedelta]:
@@ -131,16 +137,27 @@ class Changed:
         return mask
 
 
+def _windows(rows: pa.Table) -> list[Window]:
+    """The bucket windows of `rows` (bucket_start, bucket_end)."""
+    starts, ends = instants_of(rows["bucket_start"]), instants_of(rows["bucket_end"])
+    return [Window(a, b) for a, b in zip(starts, ends, strict=True)]
+
+
 def changed_cells(
-    engine: Engine, spec: RollupSpec, done: Reflected, now: Reflected
+    engine: Engine,
+    spec: RollupSpec,
+    done: Reflected,
+    now: Reflected,
+    pointers: pa.Table | None = None,
 ) -> Changed | None:
-    """The cells whose active rows may differ between the versions `done` and `now`; None when
-    that cannot be told (then the surface is rebuilt whole)."""
+    """The cells whose active rows may differ between the versions `done` and `now` (`pointers`:
+    those of `now`, when the caller holds them); None when that cannot be told (then the surface
+    is rebuilt whole)."""
     if done.genmap > now.genmap or done.rows > now.rows:
         return None  # the tables were re-created since
     moved = _pointers_at(engine, spec, -1)
     if done.genmap != now.genmap:
-        found = _pointer_changes(engine, spec, done.genmap, now.genmap)
+        found = _pointer_changes(engine, spec, done.genmap, now.genmap, pointers)
         if found is None:
             return None
         moved = found
@@ -157,17 +174,22 @@ def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
     key = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
     if version < 0:
         return key.empty_table()
-    table = open_table(engine.rollups.genmap_uri(spec), engine.warehouse.storage_options, version)
-    if table is None:
-        raise FileNotFoundError(f"no pointer table of '{spec.name}'")
-    return pa.table(table.to_pyarrow_table()).select(key.names).cast(key)
+    return engine.rollups.pointers_at(spec, version).select(key.names).cast(key)
 
 
-def _pointer_changes(engine: Engine, spec: RollupSpec, old: int, new: int) -> pa.Table | None:
+def _pointer_changes(
+    engine: Engine, spec: RollupSpec, old: int, new: int, held: pa.Table | None
+) -> pa.Table | None:
     """The pointers (bucket_start, bucket_end, entity_id, generation) in one of two
-    pointer-table versions and not the other."""
+    pointer-table versions and not the other (`held`: those of `new`, when given)."""
+    key = [GENMAP_SCHEMA.field(c) for c in POINTER_KEY]
     try:
-        before, after = _pointers_at(engine, spec, old), _pointers_at(engine, spec, new)
+        before = _pointers_at(engine, spec, old)
+        after = (
+            _pointers_at(engine, spec, new)
+            if held is None
+            else held.select(list(POINTER_KEY)).cast(pa.schema(key))
+        )
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.info("%s: pointer version %d is not readable (%s); rebuilding", spec.name, old, exc)
         return None

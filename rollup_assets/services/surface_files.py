@@ -93,13 +93,17 @@ def active_rows(
     if spans is not None and not spans:
         return schema.empty_table()
     needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
+    cells = None if changed is None or spans is None else changed.cells_within(spans)
+    named = cells is not None and all(scope is not None for _, scope in cells)
     if held is not None and spans is not None:
         rows = held.select(needed)
         rows = rows.filter(pc.fill_null(in_windows(rows["bucket_start"], spans), False))
+    elif named:
+        # Named cells only: every column of just their rows, read once (a fold needs them all).
+        rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, cells=cells, exact=True)
     else:
-        cells = None if changed is None or spans is None else changed.cells_within(spans)
         rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
-    if changed is not None:
+    if changed is not None and not (named and held is None):
         rows = rows.filter(changed.mask(rows))
     # In query order (as a query returns them), which `logical_arrow` keeps: the averages'
     # partials taken from `rows` below line up with its rows.

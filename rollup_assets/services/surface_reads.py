@@ -1,15 +1,19 @@
 """Reading a rollup's surface as the project's own reads do: what versions it reflects
-(`reflected`), and the active rows of the rollup's state now (`current_rows`, given the
-versions a snapshot would have), for queries, downsampling and real-time reads of every entity.
+(`reflected`), and the active rows of the rollup's state now (`rows_now`), for queries,
+downsampling and real-time reads of every entity.
 
 A surface holds the active rows of the versions it records. When those are the state's (or
 older by commits that leave the active rows as they were: `_still_current`), its rows are the
-answer; otherwise (it lags, between a flip and the publish that brings it) the caller resolves
-the pointers itself. The surface's own state (what it reflects, its columns and files) is kept
-per surface until it moves (`LatestCache`): between publishes a read replays no log.
+answer (`current_rows`). While it lags (between a flip and the publish that brings it), the
+cells that changed since those versions (`surface_changes.changed_cells`) are read from the row
+table and take their old rows' places (`_patched`), unless they are a large share of the rows
+(then the caller resolves every pointer). The surface's own state (what it reflects, its columns
+and files) is kept per surface until it moves (`LatestCache`): between publishes a read replays
+no log.
 """
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +31,12 @@ from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
 from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.rollup_reads import READERS
-from rollup_assets.resources.rollup_snapshots import Reflected
+from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS
+from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, Changed, changed_cells
+from rollup_assets.services.surface_files import active_rows
 from rollup_assets.services.surface_layout import (
     averaged_partials,
     in_current_format,
@@ -89,6 +94,61 @@ def surface_state(engine: Engine, spec: RollupSpec) -> SurfaceState | None:
     return None if latest is None else latest[0]
 
 
+@dataclass(frozen=True)
+class Current:
+    """The rows a read of every entity returns, and the versions of the rollup they are the
+    active rows of (a query records them as its lineage)."""
+
+    rows: pa.Table
+    reflects: Reflected
+
+
+def rows_now(
+    engine: Engine,
+    spec: RollupSpec,
+    window: Window,
+    partials: bool = False,
+    ordered: bool = True,
+) -> Current | None:
+    """What a query of the rollup's state now returns for buckets starting in `window`, every
+    entity (`current_rows`' columns and order), taken from the surface: as it stands when it is
+    current, and while it lags (between a flip and the publish that brings it) with the cells
+    that changed since it was published (`surface_changes.changed_cells`) read from the row
+    table instead (`_patched`): a wave of corrections costs the read its changed cells, not a
+    resolution of every pointer. None when the surface cannot answer (none, one of other
+    columns or an older format, one that cannot be read, or changes that cannot be told): the
+    caller resolves the active rows itself. Raises UnsupportedTableFeatureError when it would
+    read files with deletion vectors (another writer's)."""
+    try:
+        return _rows_now(engine, spec, window, partials, ordered)
+    except (OSError, pa.ArrowException, DeltaError) as exc:
+        log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
+        return None
+
+
+def _rows_now(
+    engine: Engine, spec: RollupSpec, window: Window, partials: bool, ordered: bool
+) -> Current | None:
+    state = _readable_state(engine, spec)
+    if state is None or state.reflects is None:
+        return None
+    now = engine.rollups.reflects_now(spec)
+    names = _names(spec, partials)
+    if _still_current(engine, spec, state.reflects, now):
+        return Current(
+            _surface_rows(engine, spec, _files(state, window), window, names, ordered), now
+        )
+    snap = engine.rollups.snapshot(spec)
+    changed = changed_cells(engine, spec, state.reflects, snap.reflects, snap.pointers)
+    if changed is None or state.refusal is not None:
+        return None  # the pointers are resolved, as a surface that lags is not needed
+    files = _files(state, window, skip=changed.whole_buckets)
+    if changed.pointers.num_rows > PATCHED_SHARE * sum(_rows_of(f) for f in files):
+        return None  # a wave of corrections: resolving every pointer reads less
+    rows = _surface_rows(engine, spec, files, window, names, ordered)
+    return Current(_patched(engine, spec, snap, changed, rows, window, ordered), snap.reflects)
+
+
 def current_rows(
     engine: Engine,
     spec: RollupSpec,
@@ -104,41 +164,69 @@ def current_rows(
     caller that groups them), read from the surface when it holds exactly the active rows of
     `now` (the versions it records are those, or older by commits that leave the active rows as
     they were: `_still_current`). None when it does not (no surface, one lagging behind the
-    rollup, one of other columns or an older format, or one that cannot be read): the caller
-    resolves the active rows itself. Raises UnsupportedTableFeatureError when it would read
-    files with deletion vectors (another writer's), which its reader does not apply."""
+    rollup, one of other columns or an older format, or one that cannot be read). Raises
+    UnsupportedTableFeatureError when it would read files with deletion vectors (another
+    writer's), which its reader does not apply."""
     try:
-        return _current_rows(engine, spec, now, window, partials, ordered)
+        state = _readable_state(engine, spec)
+        if state is None or state.reflects is None:
+            return None
+        if not _still_current(engine, spec, state.reflects, now):
+            return None
+        files = _files(state, window)
+        return _surface_rows(engine, spec, files, window, _names(spec, partials), ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
         return None
 
 
-def _current_rows(
-    engine: Engine, spec: RollupSpec, now: Reflected, window: Window, partials: bool, ordered: bool
-) -> pa.Table | None:
-    uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
+def _readable_state(engine: Engine, spec: RollupSpec) -> SurfaceState | None:
+    """The surface's state when a read may use it (None: no surface, or one of other columns)."""
     state = surface_state(engine, spec)
-    if state is None or state.reflects is None:
+    if state is None or list(state.names) != surface_schema(spec).names:
         return None
-    if not _still_current(engine, spec, state.reflects, now):
-        return None
-    schema = surface_schema(spec)
-    if list(state.names) != schema.names:
-        return None
+    return state
+
+
+def _files_of(state: SurfaceState) -> list[dict]:
+    """The state's files; the error of a surface whose files a read cannot apply."""
     if state.refusal is not None:
         raise UnsupportedTableFeatureError(*state.refusal)
-    cells = ["entity_id", "bucket_start", "bucket_end"]
+    return list(state.files)
+
+
+def _names(spec: RollupSpec, partials: bool) -> list[str]:
+    """The surface columns a read returns: the cells and stored partials (`partials`), or the
+    logical columns."""
+    if partials:
+        return ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
     averaged = set(averaged_partials(spec))
-    names = (
-        [*cells, *(c.name for c in spec.stored_columns)]
-        if partials
-        else [n for n in schema.names if n != PART_COLUMN and n not in averaged]
-    )
+    return [n for n in surface_schema(spec).names if n != PART_COLUMN and n not in averaged]
+
+
+def _files(state: SurfaceState, window: Window, skip: Sequence[Window] = ()) -> list[dict]:
+    """The surface's files that may hold rows with bucket start in `window`, but those whose
+    rows all start in one of `skip` (merged bucket windows)."""
+    files = prune_files(_files_of(state), time_column="bucket_start", spans=[window], entities=None)
+    return [f for f in files if not _within(f, skip)]
+
+
+def _rows_of(f: dict) -> int:
+    return int(f.get("num_records") or 0)
+
+
+def _surface_rows(
+    engine: Engine,
+    spec: RollupSpec,
+    files: list[dict],
+    window: Window,
+    names: list[str],
+    ordered: bool,
+) -> pa.Table:
+    """The rows of the surface's `files` with bucket start in `window`, in `names`."""
+    uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
+    schema = surface_schema(spec)
     logical = pa.schema([schema.field(n) for n in names])
-    files = prune_files(
-        list(state.files), time_column="bucket_start", spans=[window], entities=None
-    )
     # Partitions name UTC days, months or years (their names sort in time order), and a publish
     # writes a partition's rows as files of disjoint entity ranges, each ordered by bucket start,
     # then entity: read in entity order, a partition's files merge into query order on bucket
@@ -163,6 +251,102 @@ def _current_rows(
     if not _in_query_order(rows):
         rows = by_start_and_entity(rows)
     return rows
+
+
+def _within(f: dict, windows: Sequence[Window]) -> bool:
+    """Do the file's statistics put every row's bucket start in one of `windows`?"""
+    lo, hi = f.get("min.bucket_start"), f.get("max.bucket_start")
+    if lo is None or hi is None:
+        return False
+    return any(w.start <= lo and hi < w.end for w in windows)
+
+
+def _patched(
+    engine: Engine,
+    spec: RollupSpec,
+    snap: Snapshot,
+    changed: Changed,
+    rows: pa.Table,
+    window: Window,
+    ordered: bool,
+) -> pa.Table:
+    """The surface's `rows` (bucket start in `window`) with the `changed` cells' rows replaced
+    by their active rows in `snap`, read from the row table (only the row groups that may hold
+    them). In query order when `rows` are (`ordered`): a changed cell that is still there takes
+    its old row's place; new or removed cells make it sort again."""
+    inside = [
+        Window(max(s.start, window.start), min(s.end, window.end))
+        for s in changed.spans
+        if s.start < window.end and window.start < s.end
+    ]
+    fresh = active_rows(engine, spec, snap, inside, changed, surface_schema(spec))
+    fresh = fresh.select(rows.column_names).cast(rows.schema)
+    if not ordered:
+        drop = pc.fill_null(changed.mask(rows), False)
+        return pa.concat_tables([rows.filter(pc.invert(drop)), fresh])
+    at = _changed_at(rows, changed)
+    if _same_cells(rows, at, fresh):
+        return _replaced(rows, at, fresh)
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[at] = False
+    return by_start_and_entity(pa.concat_tables([rows.filter(pa.array(keep)), fresh]))
+
+
+def _changed_at(rows: pa.Table, changed: Changed) -> np.ndarray:
+    """The positions of `changed` cells' rows among `rows` (in query order): only the rows of
+    the changed buckets, contiguous runs found by bucket start, are matched against them."""
+    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
+    buckets = np.unique(changed.pointers["bucket_start"].cast(pa.int64()).to_numpy())
+    lows = np.searchsorted(starts, buckets, "left")
+    highs = np.searchsorted(starts, buckets, "right")
+    runs = [np.arange(a, b) for a, b in zip(lows.tolist(), highs.tolist(), strict=True)]
+    for w in changed.whole_buckets:
+        bounds = pa.array([w.start, w.end], rows.schema.field("bucket_start").type)
+        lo, hi = np.searchsorted(starts, bounds.cast(pa.int64()).to_numpy(), "left")
+        runs.append(np.arange(lo, hi))
+    # Distinct buckets' runs are disjoint; a whole bucket's may repeat one of them.
+    near = np.concatenate([np.zeros(0, dtype=np.int64), *runs])
+    if changed.whole_buckets:
+        near = np.unique(near)
+    if len(near) == 0:
+        return near
+    keys = rows.select(["bucket_start", "entity_id"]).take(pa.array(near))
+    hit = pc.fill_null(changed.mask(keys), False)
+    return near[hit.to_numpy(zero_copy_only=False)]
+
+
+# A lagging surface is read with its changed cells taken from the row table while they number
+# at most this share of the rows it holds in the read's range; past it (most cells changed since
+# the last publish), resolving every pointer reads as much and skips reading the surface.
+# Measured on a year of daily rows of 1,000 meters: about 10,000 changed cells read in 0.77x the
+# time of resolving the pointers, about 90,000 (a quarter of the rows) in 0.86x.
+PATCHED_SHARE = 0.5
+
+
+# Rows replaced in place, at most, by slicing around them (more are gathered in one `take`,
+# which copies every row but leaves one chunk, not two per row replaced).
+SLICED_REPLACEMENTS = 64
+
+
+def _replaced(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> pa.Table:
+    """`rows` with the rows at positions `at` (ascending) replaced by `fresh`, one for one."""
+    if len(at) > SLICED_REPLACEMENTS:
+        order = np.arange(rows.num_rows)
+        order[at] = rows.num_rows + np.arange(len(at))
+        return pa.concat_tables([rows, fresh]).take(pa.array(order))
+    pieces, done = [], 0
+    for j, i in enumerate(at.tolist()):
+        pieces += [rows.slice(done, i - done), fresh.slice(j, 1)]
+        done = i + 1
+    return pa.concat_tables([*pieces, rows.slice(done)])
+
+
+def _same_cells(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> bool:
+    """Are `fresh` rows (in query order) the cells of `rows` at positions `at`, one for one?"""
+    if len(at) != fresh.num_rows:
+        return False
+    old = rows.select(["bucket_start", "entity_id"]).take(pa.array(at))
+    return old.equals(fresh.select(["bucket_start", "entity_id"]))
 
 
 # A query trusts a surface at most this many commits behind the rollup's tables (each one read to

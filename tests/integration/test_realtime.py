@@ -87,17 +87,17 @@ def test_realtime_reads_equal_the_oracle_above_the_watermark(
     # instead gives the same rows.
     surfaced = {n: realtime_arrow(world.engine, n) for n in world.catalog.rollups}
     taken: list[tuple[str, bool]] = []
-    real = realtime.current_rows
+    real = realtime.rows_now
 
     def spied(engine, spec, *args):  # type: ignore[no-untyped-def]
         rows = real(engine, spec, *args)
         taken.append((spec.name, rows is not None))
         return rows
 
-    monkeypatch.setattr(realtime, "current_rows", spied)
+    monkeypatch.setattr(realtime, "rows_now", spied)
     assert realtime_arrow(world.engine, "energy_hourly").equals(surfaced["energy_hourly"])
     assert taken == [("energy_hourly", True)]
-    monkeypatch.setattr(realtime, "current_rows", lambda *a: None)
+    monkeypatch.setattr(realtime, "rows_now", lambda *a: None)
     for name, rows in surfaced.items():
         assert realtime_arrow(world.engine, name).equals(rows), name
     # The live part, started ahead of a stored read that finds no current surface, is cancelled

@@ -185,3 +185,31 @@ def test_a_control_table_read_after_appends_equals_a_fresh_read(tmp_path):
         writer.append([{"name": f"x{i}", "n": i}, {"name": f"y{i}", "n": -i}])
     assert rows(reader.read()) == rows(ControlTable(uri, SCHEMA).read())
     assert reader.read().num_rows == 25
+
+
+def test_a_version_is_read_once_and_afresh_after_the_table_was_recreated(tmp_path, monkeypatch):
+    uri = str(tmp_path / "table")
+    for i in range(2):
+        write_deltalake(
+            uri, pa.table({"name": [f"old{i}"], "n": [i]}, schema=SCHEMA), mode="append"
+        )
+    opened: list[int | None] = []
+    real = latest_versions.open_table
+
+    def counted(uri, options=None, version=None):  # type: ignore[no-untyped-def]
+        opened.append(version)
+        return real(uri, options, version)
+
+    monkeypatch.setattr(latest_versions, "open_table", counted)
+    cache = latest_versions.VersionCache(lambda t: pa.table(t.to_pyarrow_table()))
+    first = cache.get(uri, 0)
+    assert first is not None and rows(first) == [("old0", 0)]
+    assert cache.get(uri, 0) is first and opened == [0]  # served from memory
+    assert rows(cache.get(uri, 1)) == [("old0", 0), ("old1", 1)]  # type: ignore[arg-type]
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.table({"name": ["new"], "n": [7]}, schema=SCHEMA))
+    # Version 0 of the new table: its commit file is not the one the cached rows came from.
+    assert rows(cache.get(uri, 0)) == [("new", 7)]  # type: ignore[arg-type]
+    assert opened == [0, 1, 0]
+    shutil.rmtree(uri)
+    assert cache.get(uri, 0) is None

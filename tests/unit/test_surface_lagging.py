@@ -1,0 +1,137 @@
+"""Reads of every entity while the surface lags (between a flip and the publish that brings it):
+the surface's rows with the cells changed since its publish read from the row table. Expected
+rows are computed from the partials written, and checked against a read that resolves every
+pointer."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import rollup_assets.services.surface_layout as surface_layout
+import rollup_assets.services.surface_reads as surface_reads
+from rollup_assets.compute.arrow_types import by_start_and_entity
+from rollup_assets.model.spec_loader import load_catalog
+from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.windows import Window
+from rollup_assets.resources.warehouse import Warehouse
+from rollup_assets.services.engine import Engine
+from rollup_assets.services.realtime import stored_partials
+from rollup_assets.services.surface import publish
+from rollup_assets.services.surface_changes import POINTER_KEY, Changed
+from rollup_assets.services.surface_reads import current_rows, rows_now
+from tests.unit.test_surface import WINDOWS, correct, expected, wide, write_forward
+
+WINDOW = Window(WINDOWS[0].start, WINDOWS[-1].end)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return Engine(load_catalog(), Warehouse(str(tmp_path / "warehouse")))
+
+
+@pytest.fixture
+def spec(engine: Engine) -> RollupSpec:
+    return engine.catalog.rollup("energy_daily")
+
+
+@pytest.fixture(autouse=True)
+def cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several files per partition (8 rows each), so a changed cell lies in one of them."""
+    monkeypatch.setattr(surface_layout, "SURFACE_FILE_ROWS", 8)
+
+
+@pytest.fixture
+def patched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The changed cells each patched read took from the row table."""
+    taken: list[int] = []
+    real = surface_reads._patched
+
+    def spied(engine, spec, snap, changed, *args):  # type: ignore[no-untyped-def]
+        taken.append(changed.pointers.num_rows)
+        return real(engine, spec, snap, changed, *args)
+
+    monkeypatch.setattr(surface_reads, "_patched", spied)
+    return taken
+
+
+def resolved(engine: Engine, spec: RollupSpec) -> pa.Table:
+    """Every entity's stored partials in the window, from the pointers, in query order."""
+    rows = stored_partials(engine, spec, WINDOW, None)
+    return by_start_and_entity(rows)
+
+
+def test_a_lagging_surface_answers_with_its_changed_cells_read_from_the_row_table(
+    engine, spec, patched
+) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-03", WINDOWS[1]): 7.5, ("meter-11", WINDOWS[-1]): 8.5}
+    correct(engine, spec, fix)
+    snap = engine.rollups.snapshot(spec)
+    assert current_rows(engine, spec, snap.reflects, WINDOW) is None  # the surface lags
+    got = rows_now(engine, spec, WINDOW)
+    assert got is not None and patched == [2]
+    assert got.reflects == snap.reflects  # a query records the versions its rows are of
+    # Each changed cell takes its old row's place: no sort, the same answer as after a publish.
+    assert got.rows.to_pylist() == expected(spec, {**cells, **fix}, partials=False)
+    # Partials, in file order (as downsampling reads them): what resolving the pointers gives.
+    rows = rows_now(engine, spec, WINDOW, partials=True, ordered=False)
+    assert rows is not None
+    want = resolved(engine, spec)
+    assert by_start_and_entity(rows.rows).select(want.column_names).equals(want)
+    publish(engine, spec)
+    assert rows_now(engine, spec, WINDOW).rows.equals(got.rows)  # type: ignore[union-attr]
+    assert patched == [2, 2]  # the current surface is read as it stands
+
+
+def test_cells_new_and_gone_since_the_publish_are_put_in_query_order(engine, spec, patched) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    # A cell of a meter no file holds yet, and a bucket recomputed whole whose other meters
+    # lost every row (one global pointer: every file of that day is read from the row table).
+    new = {("meter-00a", WINDOWS[0]): 3.0}
+    correct(engine, spec, new)
+    only = {("meter-05", WINDOWS[2]): 6.25}
+    correct(engine, spec, only, whole=True)
+    got = rows_now(engine, spec, WINDOW)
+    assert got is not None and len(patched) == 1
+    kept = {cell: v for cell, v in cells.items() if cell[1] != WINDOWS[2]}
+    assert got.rows.to_pylist() == expected(spec, {**kept, **new, **only}, partials=False)
+    assert by_start_and_entity(got.rows).equals(got.rows)
+
+
+def test_a_wave_past_the_share_resolves_every_pointer(engine, spec, patched, monkeypatch) -> None:
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    correct(engine, spec, {("meter-03", WINDOWS[1]): 7.5})
+    monkeypatch.setattr(surface_reads, "PATCHED_SHARE", 0.0)
+    assert rows_now(engine, spec, WINDOW) is None and patched == []
+    monkeypatch.setattr(surface_reads, "PATCHED_SHARE", 0.5)
+    assert rows_now(engine, spec, WINDOW) is not None and patched == [1]
+
+
+def test_changed_cells_are_gathered_per_bucket() -> None:
+    """A global pointer's bucket covers every entity; entity pointers name their cells; a
+    bucket of a forward-lane commit covers every entity."""
+    day = [Window(w.start, w.end) for w in WINDOWS]
+    ts = pa.timestamp("us", tz="UTC")
+    keys = pa.table(
+        {
+            "bucket_start": pa.array([day[0].start, day[0].start, day[1].start, day[1].start], ts),
+            "bucket_end": pa.array([day[0].end, day[0].end, day[1].end, day[1].end], ts),
+            "entity_id": pa.array(["a", None, "b", "c"], pa.string()),
+            "generation": pa.array([1, 2, 3, 3], pa.int64()),
+        }
+    ).select(list(POINTER_KEY))
+    changed = Changed(keys, (day[3],))
+    assert list(changed.cells) == [
+        (day[0], None),
+        (day[1], frozenset({"b", "c"})),
+        (day[3], None),
+    ]
+    assert changed.spans == [Window(day[0].start, day[1].end), day[3]]
+    assert changed.whole_buckets == [day[0], day[3]]
