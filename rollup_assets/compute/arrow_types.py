@@ -59,3 +59,20 @@ def by_start_and_entity(rows: pa.Table) -> pa.Table:
     starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
     order = np.lexsort((rank[encoded.indices.to_numpy()], starts))
     return rows.take(pa.array(order))
+
+
+def is_by_start_and_entity(rows: pa.Table) -> bool:
+    """Are `rows` ordered by bucket start, then entity (as `by_start_and_entity` sorts them)?"""
+    n = rows.num_rows
+    if n < 2:
+        return True
+    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
+    steps = np.diff(starts)
+    if (steps < 0).any():
+        return False
+    ties = steps == 0
+    if not ties.any():
+        return True
+    entity = rows["entity_id"]
+    ascending = pc.greater(entity.slice(1), entity.slice(0, n - 1))
+    return bool(np.all(~ties | ascending.to_numpy(zero_copy_only=False)))

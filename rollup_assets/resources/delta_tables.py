@@ -126,19 +126,21 @@ def file_actions(
     files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     carrying = _carrying_deletion_vectors(table)
     if carrying and deletion_vectors == "refuse":
-        raise _deletion_vectors_refused(table, len(carrying))
+        raise _deletion_vectors_refused(table.table_uri, table.version(), len(carrying))
     if carrying:
         for f in files:
             f[DELETION_VECTOR] = urllib.parse.unquote(f["path"]) in carrying
     return files
 
 
-def refuse_deletion_vectors(table: DeltaTable, files: Sequence[dict]) -> None:
+def refuse_deletion_vectors(table: DeltaTable | str, version: int, files: Sequence[dict]) -> None:
     """UnsupportedTableFeatureError if one of `files` (of `file_actions(table,
-    deletion_vectors="mark")`) has rows deleted by a deletion vector."""
+    deletion_vectors="mark")` at `version`; `table` or its uri) has rows deleted by a deletion
+    vector."""
     carrying = sum(bool(f.get(DELETION_VECTOR)) for f in files)
     if carrying:
-        raise _deletion_vectors_refused(table, carrying)
+        uri = table if isinstance(table, str) else table.table_uri
+        raise _deletion_vectors_refused(uri, version, carrying)
 
 
 def _carrying_deletion_vectors(table: DeltaTable) -> set[str]:
@@ -156,13 +158,13 @@ def _carrying_deletion_vectors(table: DeltaTable) -> set[str]:
     }
 
 
-def _deletion_vectors_refused(table: DeltaTable, files: int) -> UnsupportedTableFeatureError:
-    uri = table.table_uri.rstrip("/")
+def _deletion_vectors_refused(uri: str, version: int, files: int) -> UnsupportedTableFeatureError:
+    uri = uri.rstrip("/")
     path = urllib.parse.unquote(uri.removeprefix("file://"))
     return UnsupportedTableFeatureError(
         uri.rsplit("/", 1)[-1],
         DELETION_VECTORS,
-        f"{files} file(s) it would read (table {uri}, version {table.version()}) have rows "
+        f"{files} file(s) it would read (table {uri}, version {version}) have rows "
         "deleted by deletion vectors, which this project's Parquet readers do not apply, so "
         "nothing is read rather than deleted rows. Rewrite those files without the deleted "
         f"rows with delta-spark: REORG TABLE delta.`{path}` APPLY (PURGE); to keep writers "

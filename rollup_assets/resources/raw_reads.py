@@ -3,6 +3,7 @@ hold them: with Spark, on the driver with Arrow, and the stored rows an upsert m
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +24,7 @@ from rollup_assets.model.specs import (
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_files import TargetIndex, Targets, read_row_groups, targets_of
 from rollup_assets.resources.delta_tables import file_actions, prune_files, refuse_deletion_vectors
+from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.raw_tables import RawTables
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import archive_data_schema, archive_schema, spark_schema
@@ -44,15 +46,55 @@ def files_for(
 ) -> list[dict]:
     """Live files that may hold rows whose time falls in `spans` (partition day + stats);
     UnsupportedTableFeatureError when one of them has rows deleted by a deletion vector."""
-    files = prune_files(
-        file_actions(table, deletion_vectors="mark"),
-        time_column=spec.time_column,
-        spans=spans,
-        entities=entities,
-        day_column=DAY_COLUMN,
-    )
-    refuse_deletion_vectors(table, files)
+    files = _pruned(file_actions(table, deletion_vectors="mark"), spec, spans, entities)
+    refuse_deletion_vectors(table, table.version(), files)
     return files
+
+
+def _pruned(
+    files: list[dict],
+    spec: SourceSpec,
+    spans: Sequence[Window] | None,
+    entities: frozenset[str] | None,
+) -> list[dict]:
+    return prune_files(
+        files, time_column=spec.time_column, spans=spans, entities=entities, day_column=DAY_COLUMN
+    )
+
+
+@dataclass(frozen=True)
+class LatestFiles:
+    """A raw table's live files at one version (`file_actions`, deletion vectors marked)."""
+
+    uri: str
+    version: int
+    files: tuple[dict, ...]
+
+    @classmethod
+    def of(cls, table: DeltaTable) -> "LatestFiles":
+        marked = file_actions(table, deletion_vectors="mark")
+        return cls(table.table_uri, table.version(), tuple(marked))
+
+
+# Each raw table's latest files, listed again only when the table has moved: a read of its
+# newest rows (a real-time read's live buckets) between ingests replays no log.
+_LATEST: LatestCache[LatestFiles] = LatestCache(LatestFiles.of)
+
+
+def latest_files_for(
+    tables: RawTables,
+    spec: SourceSpec,
+    spans: Sequence[Window] | None,
+    entities: frozenset[str] | None,
+) -> tuple[list[dict], int] | None:
+    """`files_for` the table's latest version, and that version (None: no table)."""
+    latest = _LATEST.get(tables.uri(spec), tables.options)
+    if latest is None:
+        return None
+    state = latest[0]
+    files = _pruned(list(state.files), spec, spans, entities)
+    refuse_deletion_vectors(state.uri, state.version, files)
+    return files, state.version
 
 
 def read_spark(
@@ -91,11 +133,14 @@ def read_rows(
     version read (of `table` when given). Only the files and row groups whose statistics
     may hold such rows (of `cells`, when given) are read: a few cells' rows cost about a row
     group each, not the cross product of their buckets and entities."""
-    table = table or tables.table(spec)
     schema = archive_data_schema(spec)
-    if table is None:
-        return schema.empty_table(), None
-    files = files_for(table, spec, spans, entities)
+    if table is not None:
+        files, version = files_for(table, spec, spans, entities), table.version()
+    else:
+        latest = latest_files_for(tables, spec, spans, entities)
+        if latest is None:
+            return schema.empty_table(), None
+        files, version = latest
     listed = list(cells) if cells is not None else targets_of(spans, entities)
     targets = None if listed is None else TargetIndex(listed)
     parts = [_read_file(tables, spec, f, targets) for f in files]
@@ -106,7 +151,7 @@ def read_rows(
     if entities is not None:
         wanted = pa.array(sorted(entities), pa.string())
         mask = pc.and_(mask, pc.is_in(data["entity_id"], value_set=wanted))
-    return data.filter(mask), table.version()
+    return data.filter(mask), version
 
 
 def stored_rows_of(

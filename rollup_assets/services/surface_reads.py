@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from rollup_assets.compute.arrow_types import by_start_and_entity
+from rollup_assets.compute.arrow_types import by_start_and_entity, is_by_start_and_entity
 from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
@@ -248,7 +248,7 @@ def _surface_rows(
         return pa.concat_tables([logical.empty_table(), *tables])
     merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])
-    if not _in_query_order(rows):
+    if not is_by_start_and_entity(rows):
         rows = by_start_and_entity(rows)
     return rows
 
@@ -384,20 +384,3 @@ def _still_current(engine: Engine, spec: RollupSpec, done: Reflected, now: Refle
         if operation_of(info) not in neutral:
             return False
     return True
-
-
-def _in_query_order(rows: pa.Table) -> bool:
-    """Are `rows` ordered by bucket start, then entity (as a query returns them)?"""
-    n = rows.num_rows
-    if n < 2:
-        return True
-    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
-    steps = np.diff(starts)
-    if (steps < 0).any():
-        return False
-    ties = steps == 0
-    if not ties.any():
-        return True
-    entity = rows["entity_id"]
-    ascending = pc.greater(entity.slice(1), entity.slice(0, n - 1))
-    return bool(np.all(~ties | ascending.to_numpy(zero_copy_only=False)))

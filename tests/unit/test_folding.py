@@ -14,7 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollup_assets.compute.arrow_partials import logical_arrow, partials_arrow
-from rollup_assets.compute.arrow_types import TS, by_start_and_entity, instants, instants_of
+from rollup_assets.compute.arrow_types import (
+    TS,
+    by_start_and_entity,
+    instants,
+    instants_of,
+    is_by_start_and_entity,
+)
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.folding import Unknowable, difference_rows, fold_cell
 from rollup_assets.model.bucketing import Bucketing
@@ -257,3 +263,9 @@ def test_rows_sort_by_start_and_entity_as_arrow_sorts_them(rows, chunks, null) -
     )
     expected = table.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
     assert by_start_and_entity(table).to_pylist() == expected.to_pylist()
+    keys = list(zip(table["bucket_start"].to_pylist(), entities, strict=True))
+    if None not in entities and len(set(keys)) == len(keys):  # cells: one row each
+        assert is_by_start_and_entity(expected)
+        starts, names = expected["bucket_start"].to_pylist(), expected["entity_id"].to_pylist()
+        in_order = list(zip(starts, names, strict=True))
+        assert is_by_start_and_entity(table) == (keys == in_order)

@@ -279,3 +279,21 @@ def test_retention_refuses_readings_it_dropped_and_first_level_work_over_them(
     # Rewinding the first level into them would make the forward lane aggregate them again.
     with pytest.raises(RawRowsRetainedError, match="energy_hourly"):
         wh.ops.rewind("energy_hourly", midnight(DAYS[2]))
+
+
+def test_reads_of_the_latest_raw_files_follow_every_commit(wh: Warehouse1) -> None:
+    """A driver read without a table version lists the table's files from memory between
+    commits; an ingest and a retention drop are seen at once, with the version read."""
+    wh.ops.activate("energy_raw", now=midnight(FIRST))
+    ingest_file(wh.engine, "energy_raw", wh.landing(wh.readings(DAYS[:2])), ChangeSource.IMPORT)
+    every = [Window(midnight(DAYS[0]), midnight(DAYS[-1]) + D)]
+    rows, version = wh.engine.raw.read_rows(RAW, every, None)
+    assert rows.num_rows == 2 * 2 * 96 and version == wh.version()
+    ingest_file(wh.engine, "energy_raw", wh.landing(wh.readings(DAYS[2:4])), ChangeSource.IMPORT)
+    rows, version = wh.engine.raw.read_rows(RAW, every, None)
+    assert rows.num_rows == 4 * 2 * 96 and version == wh.version()
+    wh.ops.activate("energy_hourly", now=midnight(DAYS[-1]) + 30 * D)
+    apply_retention(wh.engine, midnight(DAYS[1]) + RETENTION)  # drops the first day
+    rows, version = wh.engine.raw.read_rows(RAW, every, None)
+    assert rows.num_rows == 3 * 2 * 96 and version == wh.version()
+    assert rows.equals(wh.engine.raw.read_rows(RAW, every, None, table=wh.engine.raw.table(RAW))[0])
