@@ -109,8 +109,18 @@ def read_pointers_at(
 ) -> pa.Table:
     """The pointers of the pointer table at `uri` as of `version` (None or negative: before it
     existed, so no pointer)."""
-    pointers = None if version is None or version < 0 else _AT.get(uri, version, storage_options)
+    pointers = (
+        None if version is None or version < 0 else pointers_of(uri, version, storage_options)
+    )
     return GENMAP_SCHEMA.empty_table() if pointers is None else pointers
+
+
+def pointers_of(
+    uri: str, version: int, storage_options: dict[str, str] | None = None
+) -> pa.Table | None:
+    """The pointers of version `version` of the pointer table at `uri` (None: no table there),
+    kept for the versions read lately."""
+    return _AT.get(uri, version, storage_options)
 
 
 # `write_pointer_table(expect=ANY)`: the commit does not depend on the fence.

@@ -235,7 +235,9 @@ class RollupReads(RollupSnapshots):
         def read(f: dict) -> pa.Table:
             data = self._read_file(spec, f, schema.names, targets).cast(schema)
             if keys is not None and targets is not None:
-                return _cells_only(data, keys, targets)
+                # The named cells' rows, those starting in `spans` (a cell whose bucket overlaps
+                # them may start before).
+                data = _cells_only(data, keys, targets)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))

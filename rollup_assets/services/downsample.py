@@ -182,8 +182,9 @@ def downsample_spark(
 def _stored(
     engine: Engine, spec: RollupSpec, window: Window, entities: frozenset[str] | None
 ) -> pa.Table:
-    """The active partial rows of `spec` in `window`: every entity's from the surface while it
-    is current (it holds each average's sum and count), otherwise resolved from the pointers."""
+    """The active partial rows of `spec` in `window`: every entity's from the surface (it holds
+    each average's sum and count; while it lags, with its changed cells from the row table),
+    otherwise resolved from the pointers."""
     if entities is None:
         current = rows_now(engine, spec, window, partials=True, ordered=False)
         if current is not None:

@@ -107,14 +107,13 @@ def realtime_arrow(
 ) -> pa.Table:
     """`query_arrow` of a rollup in real time: the logical columns of its buckets starting in
     [start, end), stored below the watermark and aggregated from the source above it. A read of
-    every entity takes the stored buckets from the surface while it is current, as a query
-    does."""
+    every entity takes the stored buckets from the surface, as a query does."""
     spec = engine.catalog.rollup(archive)
     ents = frozenset(entities) if entities else None
     if ents is None:
-        # The stored buckets of every entity from the surface while it is current (as a query
-        # reads them), the rest aggregated now, side by side (both mostly read and decode
-        # Parquet, which releases the GIL).
+        # The stored buckets of every entity from the surface (as a query reads them), the rest
+        # aggregated now, side by side (both mostly read and decode Parquet, which releases the
+        # GIL).
         state = engine.require_activated(spec)
         window, cut = span(start, end), live_from(spec, state)
         below = Window(window.start, min(window.end, cut))

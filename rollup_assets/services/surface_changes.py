@@ -33,7 +33,7 @@ from rollup_assets.model.operations import (
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import read_commit
-from rollup_assets.resources.genmap import GENMAP_SCHEMA
+from rollup_assets.resources.genmap import GENMAP_SCHEMA, pointers_of
 from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.rollup_table import REPLACED_KEY, cells_of_rows, in_windows
 from rollup_assets.resources.visible_rows import covered_mask
@@ -62,7 +62,7 @@ class Changed:
     pointers that differ (a global pointer: its bucket for every entity; an entity pointer: its
     cell), and every cell of the buckets in `written` (forward-lane commits)."""
 
-    pointers: pa.Table  # (bucket_start, bucket_end, entity_id) of the differing pointers
+    pointers: pa.Table  # (bucket_start, bucket_end, entity_id, generation) of those that differ
     written: tuple[Window, ...]
 
     @cached_property
@@ -174,7 +174,11 @@ def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
     key = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
     if version < 0:
         return key.empty_table()
-    return engine.rollups.pointers_at(spec, version).select(key.names).cast(key)
+    uri = engine.rollups.genmap_uri(spec)
+    pointers = pointers_of(uri, version, engine.warehouse.storage_options)
+    if pointers is None:
+        raise FileNotFoundError(f"no pointer table of '{spec.name}'")
+    return pointers.select(key.names).cast(key)
 
 
 def _pointer_changes(

@@ -3,24 +3,27 @@ the surface's rows with the cells changed since its publish read from the row ta
 rows are computed from the partials written, and checked against a read that resolves every
 pointer."""
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
 import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.realtime import stored_partials
 from rollup_assets.services.surface import publish
-from rollup_assets.services.surface_changes import POINTER_KEY, Changed
+from rollup_assets.services.surface_changes import POINTER_KEY, Changed, changed_cells
 from rollup_assets.services.surface_reads import current_rows, rows_now
-from tests.unit.test_surface import WINDOWS, correct, expected, wide, write_forward
+from tests.unit.test_surface import WINDOWS, correct, expected, surface_rows, wide, write_forward
 
 WINDOW = Window(WINDOWS[0].start, WINDOWS[-1].end)
 
@@ -112,6 +115,14 @@ def test_a_wave_past_the_share_resolves_every_pointer(engine, spec, patched, mon
     assert rows_now(engine, spec, WINDOW) is None and patched == []
     monkeypatch.setattr(surface_reads, "PATCHED_SHARE", 0.5)
     assert rows_now(engine, spec, WINDOW) is not None and patched == [1]
+    # Only the pointers in the read's range count: none changed in January's first two days.
+    monkeypatch.setattr(surface_reads, "PATCHED_SHARE", 0.0)
+    before = Window(WINDOWS[0].start, WINDOWS[1].start)
+    assert rows_now(engine, spec, before) is not None and patched == [1, 1]
+    # Further behind than the row commits a read tells apart: the pointers are resolved.
+    monkeypatch.setattr(surface_reads, "PATCHED_SHARE", 0.5)
+    monkeypatch.setattr(surface_reads, "MAX_PATCHED_COMMITS", 0)
+    assert rows_now(engine, spec, WINDOW) is None and patched == [1, 1]
 
 
 def test_changed_cells_are_gathered_per_bucket() -> None:
@@ -135,3 +146,50 @@ def test_changed_cells_are_gathered_per_bucket() -> None:
     ]
     assert changed.spans == [Window(day[0].start, day[1].end), day[3]]
     assert changed.whole_buckets == [day[0], day[3]]
+
+
+def test_a_changed_cell_starting_before_the_range_is_not_read(engine, spec, patched) -> None:
+    """A range starting inside a changed bucket: its cells start before the range, so neither
+    the surface's rows nor the row table's are returned for them."""
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-03", WINDOWS[1]): 7.5, ("meter-04", WINDOWS[2]): 9.5}
+    correct(engine, spec, fix)
+    window = Window(WINDOWS[1].start + (WINDOWS[1].end - WINDOWS[1].start) / 2, WINDOWS[-1].end)
+    got = rows_now(engine, spec, window)
+    assert got is not None and len(patched) == 1
+    later = {cell: v for cell, v in {**cells, **fix}.items() if cell[1].start >= window.start}
+    assert got.rows.to_pylist() == expected(spec, later, partials=False)
+    rows = rows_now(engine, spec, window, partials=True, ordered=False)
+    assert rows is not None and rows.rows.num_rows == len(later)
+
+
+def test_a_publish_in_batches_rewrites_a_bucket_across_a_partition_edge_once(
+    engine, spec, monkeypatch
+) -> None:
+    """A local day starting on the last UTC evening of a month lies in that month's partition;
+    the next batch (the next month), whose range the bucket overlaps, leaves it alone."""
+    monkeypatch.setattr(surface_files, "PARTS_PER_BATCH", 1)
+    cells = wide()
+    write_forward(engine, spec, cells)
+    publish(engine, spec)
+    fix = {("meter-03", WINDOWS[2]): 7.5, ("meter-04", WINDOWS[3]): 9.5}
+    assert WINDOWS[2].start.month == 1 and WINDOWS[2].end.month == 2
+    correct(engine, spec, fix)
+    publish(engine, spec)
+    assert surface_rows(engine, spec) == expected(spec, {**cells, **fix})
+
+
+def test_changes_since_pointers_that_are_gone_cannot_be_told(engine, spec) -> None:
+    """A pointer table removed (not one without pointers): the changes cannot be told, so a
+    publish rebuilds and a read resolves the pointers, rather than miss removed pointers."""
+    cells = wide()
+    write_forward(engine, spec, cells)
+    correct(engine, spec, {("meter-03", WINDOWS[1]): 7.5})
+    correct(engine, spec, {("meter-04", WINDOWS[1]): 8.5})
+    now = engine.rollups.snapshot(spec).reflects
+    done = Reflected(now.genmap - 1, now.rows - 1)
+    assert changed_cells(engine, spec, done, now) is not None
+    shutil.rmtree(engine.rollups.genmap_uri(spec))
+    assert changed_cells(engine, spec, done, now) is None
