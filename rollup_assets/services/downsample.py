@@ -4,8 +4,9 @@ time-range archive's rows aggregated into steps, exactly.
 Over a rollup, the partials of the buckets in each step are merged as a rollup of a rollup
 merges them (sum of sums, sum of counts, min of mins, max of maxes), and only then turned into
 logical values (an average is the step's sum over its count, not an average of averages). The
-partials of every entity are read from the rollup's surface while it is current (it holds each
-average's sum and count), otherwise from the row table through the pointers. Steps
+partials of every entity are read from the rollup's surface (it holds each average's sum and
+count; while it lags, the cells changed since its publish come from the row table), otherwise
+from the row table through the pointers. Steps
 are validated by `model.steps`: calendar steps in the rollup's reference zone, fixed ones whole
 multiples of a FixedSize rollup's buckets; a step that does not nest the buckets is refused.
 `aggs` (`COLUMN:FUNCTION`) picks among the rollup's aggregations (default: all of them).
