@@ -130,15 +130,15 @@ def rows_now(
 def _rows_now(
     engine: Engine, spec: RollupSpec, window: Window, partials: bool, ordered: bool
 ) -> Current | None:
-    state = _readable_state(engine, spec)
+    schema = surface_schema(spec)
+    state = _readable_state(engine, spec, schema)
     if state is None or state.reflects is None:
         return None
     now = engine.rollups.reflects_now(spec)
-    names = _names(spec, partials)
+    names = _names(spec, partials, schema)
     if _still_current(engine, spec, state.reflects, now):
-        return Current(
-            _surface_rows(engine, spec, _files(state, window), window, names, ordered), now
-        )
+        rows = _surface_rows(engine, spec, schema, _files(state, window), window, names, ordered)
+        return Current(rows, now)
     if state.refusal is not None or now.rows - state.reflects.rows > MAX_PATCHED_COMMITS:
         return None  # resolving the pointers needs no surface, nor its row commits told
     snap = engine.rollups.snapshot(spec)
@@ -150,8 +150,9 @@ def _rows_now(
     within = pc.sum(pc.fill_null(in_windows(pointers, [window]), False)).as_py() or 0
     if within > PATCHED_SHARE * sum(_rows_of(f) for f in files):
         return None  # a wave of corrections: resolving every pointer reads as much
-    rows = _surface_rows(engine, spec, files, window, names, ordered)
-    return Current(_patched(engine, spec, snap, changed, rows, window, ordered), snap.reflects)
+    rows = _surface_rows(engine, spec, schema, files, window, names, ordered)
+    patched = _patched(engine, spec, schema, snap, changed, rows, window, ordered)
+    return Current(patched, snap.reflects)
 
 
 def current_rows(
@@ -173,22 +174,24 @@ def current_rows(
     UnsupportedTableFeatureError when it would read files with deletion vectors (another
     writer's), which its reader does not apply."""
     try:
-        state = _readable_state(engine, spec)
+        schema = surface_schema(spec)
+        state = _readable_state(engine, spec, schema)
         if state is None or state.reflects is None:
             return None
         if not _still_current(engine, spec, state.reflects, now):
             return None
-        files = _files(state, window)
-        return _surface_rows(engine, spec, files, window, _names(spec, partials), ordered)
+        names = _names(spec, partials, schema)
+        return _surface_rows(engine, spec, schema, _files(state, window), window, names, ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
         return None
 
 
-def _readable_state(engine: Engine, spec: RollupSpec) -> SurfaceState | None:
-    """The surface's state when a read may use it (None: no surface, or one of other columns)."""
+def _readable_state(engine: Engine, spec: RollupSpec, schema: pa.Schema) -> SurfaceState | None:
+    """The surface's state when a read may use it (None: no surface, or one of other columns
+    than `schema`, the surface's)."""
     state = surface_state(engine, spec)
-    if state is None or list(state.names) != surface_schema(spec).names:
+    if state is None or list(state.names) != schema.names:
         return None
     return state
 
@@ -200,13 +203,13 @@ def _files_of(state: SurfaceState) -> list[dict]:
     return list(state.files)
 
 
-def _names(spec: RollupSpec, partials: bool) -> list[str]:
-    """The surface columns a read returns: the cells and stored partials (`partials`), or the
-    logical columns."""
+def _names(spec: RollupSpec, partials: bool, schema: pa.Schema) -> list[str]:
+    """The columns of the surface (`schema`) a read returns: the cells and stored partials
+    (`partials`), or the logical columns."""
     if partials:
         return ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
     averaged = set(averaged_partials(spec))
-    return [n for n in surface_schema(spec).names if n != PART_COLUMN and n not in averaged]
+    return [n for n in schema.names if n != PART_COLUMN and n not in averaged]
 
 
 def _files(state: SurfaceState, window: Window, skip: Sequence[Window] = ()) -> list[dict]:
@@ -223,14 +226,15 @@ def _rows_of(f: dict) -> int:
 def _surface_rows(
     engine: Engine,
     spec: RollupSpec,
+    schema: pa.Schema,
     files: list[dict],
     window: Window,
     names: list[str],
     ordered: bool,
 ) -> pa.Table:
-    """The rows of the surface's `files` with bucket start in `window`, in `names`."""
+    """The rows of the surface's `files` (of `schema`) with bucket start in `window`, in
+    `names`."""
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
-    schema = surface_schema(spec)
     logical = pa.schema([schema.field(n) for n in names])
     # Partitions name UTC days, months or years (their names sort in time order), and a publish
     # writes a partition's rows as files of disjoint entity ranges, each ordered by bucket start,
@@ -269,6 +273,7 @@ def _within(f: dict, windows: Sequence[Window]) -> bool:
 def _patched(
     engine: Engine,
     spec: RollupSpec,
+    schema: pa.Schema,
     snap: Snapshot,
     changed: Changed,
     rows: pa.Table,
@@ -284,7 +289,7 @@ def _patched(
         for s in changed.spans
         if s.start < window.end and window.start < s.end
     ]
-    fresh = active_rows(engine, spec, snap, inside, changed, surface_schema(spec))
+    fresh = active_rows(engine, spec, snap, inside, changed, schema)
     fresh = fresh.select(rows.column_names).cast(rows.schema)
     if not ordered:
         drop = pc.fill_null(changed.mask(rows), False)

@@ -50,9 +50,9 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     real = surface_reads._patched
 
-    def spied(engine, spec, snap, changed, *args):  # type: ignore[no-untyped-def]
+    def spied(engine, spec, schema, snap, changed, *args):  # type: ignore[no-untyped-def]
         taken.append(changed.pointers.num_rows)
-        return real(engine, spec, snap, changed, *args)
+        return real(engine, spec, schema, snap, changed, *args)
 
     monkeypatch.setattr(surface_reads, "_patched", spied)
     return taken
