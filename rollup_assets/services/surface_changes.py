@@ -170,15 +170,18 @@ def changed_cells(
     return Changed(moved, tuple(merge_windows(written)))
 
 
+# The columns that tell two pointers apart.
+_KEY = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
+
+
 def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
-    key = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
     if version < 0:
-        return key.empty_table()
+        return _KEY.empty_table()
     uri = engine.rollups.genmap_uri(spec)
     pointers = pointers_of(uri, version, engine.warehouse.storage_options)
     if pointers is None:
         raise FileNotFoundError(f"no pointer table of '{spec.name}'")
-    return pointers.select(key.names).cast(key)
+    return pointers.select(_KEY.names).cast(_KEY)
 
 
 def _pointer_changes(
@@ -186,13 +189,10 @@ def _pointer_changes(
 ) -> pa.Table | None:
     """The pointers (bucket_start, bucket_end, entity_id, generation) in one of two
     pointer-table versions and not the other (`held`: those of `new`, when given)."""
-    key = [GENMAP_SCHEMA.field(c) for c in POINTER_KEY]
     try:
         before = _pointers_at(engine, spec, old)
         after = (
-            _pointers_at(engine, spec, new)
-            if held is None
-            else held.select(list(POINTER_KEY)).cast(pa.schema(key))
+            _pointers_at(engine, spec, new) if held is None else held.select(_KEY.names).cast(_KEY)
         )
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.info("%s: pointer version %d is not readable (%s); rebuilding", spec.name, old, exc)
