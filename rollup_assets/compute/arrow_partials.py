@@ -32,6 +32,8 @@ from rollup_assets.model.windows import Window, micros
 # A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+# Keys whose columns' distinct values multiply past this are matched by a join (see `KeyIndex`).
+CODED_KEYS = 2.0**62
 
 
 def partials_arrow(
@@ -175,16 +177,60 @@ def companions_arrow(
     return out
 
 
+class KeyIndex:
+    """The distinct rows of `keys` (its columns `names`, or all of them), coded once so that
+    telling which rows of a table match one is a hash look-up per column and a NumPy search,
+    not a join: a read narrowing hundreds of files to the same keys codes them once. Each key
+    column's distinct values number a digit of a mixed-radix code; keys too many to code in 62
+    bits (`CODED_KEYS`) are matched by a join instead."""
+
+    def __init__(self, keys: pa.Table, names: Sequence[str] | None = None) -> None:
+        self.names = list(keys.column_names if names is None else names)
+        self.keys = keys.select(self.names)
+        # A null matches nothing, as in a join.
+        self.values = [pc.drop_null(pc.unique(keys[n].combine_chunks())) for n in self.names]
+        sizes = [max(1, len(v)) for v in self.values]
+        self.coded = float(np.prod(np.array(sizes, dtype=np.float64))) < CODED_KEYS
+        code, known = self._code(self.keys) if self.coded else (np.zeros(0, np.int64), None)
+        self.codes = np.unique(code[known] if known is not None else code)
+
+    def _code(self, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, its code and whether every key value of it is one of the keys'."""
+        code = np.zeros(rows.num_rows, dtype=np.int64)
+        known = np.ones(rows.num_rows, dtype=bool)
+        for name, values in zip(self.names, self.values, strict=True):
+            column = rows[name]
+            digit = pc.index_in(column, value_set=values.cast(column.type))
+            known &= pc.is_valid(digit).to_numpy(zero_copy_only=False)
+            code = code * max(1, len(values)) + pc.fill_null(digit, 0).to_numpy(
+                zero_copy_only=False
+            ).astype(np.int64)
+        return code, known
+
+    def _matches(self, rows: pa.Table) -> np.ndarray:
+        """Which of `rows` match a key (keys coded)."""
+        code, known = self._code(rows)
+        if not len(self.codes):
+            return np.zeros(rows.num_rows, dtype=bool)
+        at = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        return known & (self.codes[at] == code)
+
+    def rows_of(self, rows: pa.Table) -> pa.Table:
+        """The rows of `rows` that match a key, in their order and in a copy of their own (a
+        read that narrows hundreds of files this way keeps no file's buffers alive)."""
+        if not self.coded:
+            index = pa.table({n: rows[n] for n in self.names}).append_column(
+                "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+            )
+            kept = index.join(self.keys, self.names, join_type="left semi")["__i"]
+            return rows.take(pa.array(np.sort(kept.to_numpy()), pa.int64()))
+        return rows.take(pa.array(np.flatnonzero(self._matches(rows)), pa.int64()))
+
+
 def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:
     """The rows of `rows` whose columns `names` match a row of `keys`, in their order and in a
-    copy of their own: only the keys and a row index join (a join carries no list column, and
-    its output can share buffers the size of its whole input: a read that narrows hundreds of
-    files this way would keep every file's buffers alive)."""
-    index = pa.table({n: rows[n] for n in names}).append_column(
-        "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    )
-    kept = index.join(keys.select(list(names)), list(names), join_type="left semi")["__i"]
-    return rows.take(pa.array(np.sort(kept.to_numpy()), pa.int64()))
+    copy of their own (`KeyIndex.rows_of`)."""
+    return KeyIndex(keys, names).rows_of(rows)
 
 
 def _cell_index(rows: pa.Table, cells: pa.Table) -> np.ndarray:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rollup_assets.compute.arrow_partials import rows_with_keys
+from rollup_assets.compute.arrow_partials import KeyIndex, rows_with_keys
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.fold_tasks import (
@@ -234,10 +234,10 @@ class RollupReads(RollupSnapshots):
 
         def read(f: dict) -> pa.Table:
             data = self._read_file(spec, f, schema.names, targets).cast(schema)
-            if keys is not None and targets is not None:
+            if keys is not None:
                 # The named cells' rows, those starting in `spans` (a cell whose bucket overlaps
                 # them may start before).
-                data = _cells_only(data, keys, targets)
+                data = _cells_only(data, keys)
             mask = in_windows(data["bucket_start"], spans) if spans else None
             if entities is not None:
                 em = pc.is_in(data["entity_id"], value_set=pa.array(sorted(entities)))
@@ -246,7 +246,7 @@ class RollupReads(RollupSnapshots):
 
         listed = list(cells) if cells is not None else targets_of(spans, entities)
         targets = None if listed is None else TargetIndex(listed)
-        keys = cell_keys(cells) if exact and cells is not None else None
+        keys = KeyIndex(cell_keys(cells)) if exact and cells is not None else None
         files = live_files(
             self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
         )
@@ -286,10 +286,11 @@ class RollupReads(RollupSnapshots):
         spans = merge_windows(list(cells.windows))
         targets = TargetIndex(list(cells))
         files = self.overlapping(live, spans, cells.entities)
+        index = KeyIndex(keys)
 
         def read(f: dict) -> pa.Table:
             data = self._read_file(spec, f, schema.names, targets).cast(schema)
-            return _cells_only(data, keys, targets)
+            return _cells_only(data, index)
 
         parts = list(READERS.map(read, files)) or [schema.empty_table()]
         rows = pa.concat_tables(parts)
@@ -337,18 +338,11 @@ class RollupReads(RollupSnapshots):
         return as_stored_rows(again, schema, generation=generation)
 
 
-def _cells_only(rows: pa.Table, keys: pa.Table, cells: TargetIndex) -> pa.Table:
-    """The rows of the cells `keys` (bucket_start, entity_id; also indexed as `cells`). A file
-    holds few of the cells' entities in its time range: rows are narrowed to those first, so
-    the exact match runs on about the cells' own rows."""
+def _cells_only(rows: pa.Table, keys: KeyIndex) -> pa.Table:
+    """The rows of the cells `keys` (bucket_start, entity_id), in a copy of their own."""
     if rows.num_rows == 0:
         return rows
-    lo, hi = pc.min_max(rows["bucket_start"]).values()
-    near = {e for _, scope in cells.overlapping(lo.as_py(), hi.as_py()) for e in scope or ()}
-    if not near:
-        return rows.schema.empty_table()  # not a slice: it would keep the file's buffers
-    rows = rows.filter(pc.is_in(rows["entity_id"], value_set=pa.array(sorted(near), pa.string())))
-    return rows_with_keys(rows, keys, keys.column_names)
+    return keys.rows_of(rows)
 
 
 def _changed_cells(rows: pa.Table) -> pa.Table:

@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from rollup_assets.compute import arrow_partials
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import rows_with_keys
+from rollup_assets.compute.arrow_partials import KeyIndex, rows_with_keys
 from rollup_assets.compute.arrow_types import TS, arrow_type
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.model.aggregates import BASE_KINDS
@@ -181,14 +183,46 @@ def test_a_read_narrowed_to_cells_keeps_their_rows_only() -> None:
             "entity_id": pa.array([e for _, e in wanted], pa.string()),
         }
     )
-    index = TargetIndex([(Window(t, t + H), frozenset({e})) for t, e in wanted])
-    kept = _cells_only(rows, keys, index)
+    kept = _cells_only(rows, KeyIndex(keys))
     assert sorted(kept["entity_id"].to_pylist()) == ["m005", "m031"]
     assert kept.get_total_buffer_size() < rows.get_total_buffer_size() / 100
     # No cell in the rows' time range: nothing kept, and none of their buffers either.
-    later = TargetIndex([(Window(T0 + 30 * H, T0 + 31 * H), frozenset({"m005"}))])
-    none = _cells_only(rows, keys, later)
-    assert none.num_rows == 0 and none.get_total_buffer_size() < 64
+    none = _cells_only(rows, KeyIndex(keys.slice(2)))
+    assert none.num_rows == 0 and none.get_total_buffer_size() < 1024
+
+
+@pytest.mark.parametrize("coded", [True, False])
+def test_a_key_index_keeps_the_rows_a_join_keeps_in_their_order(
+    coded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Coded keys and the join they fall back to (keys too many to code) agree with a set of
+    the keys: nulls match nothing, repeated keys keep a row once, rows stay in their order."""
+    if not coded:
+        monkeypatch.setattr(arrow_partials, "CODED_KEYS", 1.0)
+    rng = np.random.default_rng(7)
+    entities = [f"m{i}" if i % 17 else None for i in rng.integers(0, 60, 3_000)]
+    hours = [T0 + int(h) * H for h in rng.integers(0, 48, 3_000)]
+    rows = pa.table(
+        {"bucket_start": pa.array(hours, TS), "entity_id": pa.array(entities, pa.string())}
+    ).append_column("at", pa.array(np.arange(3_000)))
+    picked = rng.integers(0, 3_000, 400)
+    keys = pa.concat_tables([rows.take(picked), rows.take(picked[:50])]).select(
+        ["entity_id", "bucket_start"]
+    )
+    index = arrow_partials.KeyIndex(keys)
+    assert index.coded is coded
+    pairs = zip(keys["entity_id"].to_pylist(), keys["bucket_start"].to_pylist(), strict=True)
+    wanted = set(pairs)
+    expected = [
+        i
+        for i, (e, t) in enumerate(
+            zip(rows["entity_id"].to_pylist(), rows["bucket_start"].to_pylist(), strict=True)
+        )
+        if e is not None and (e, t) in wanted
+    ]
+    kept = index.rows_of(rows)
+    assert kept["at"].to_pylist() == expected and 0 < len(expected) < 3_000
+    assert index.rows_of(rows.slice(0, 0)).num_rows == 0
 
 
 def test_rows_in_keeps_every_row_of_a_whole_bucket_and_the_named_cells_of_the_others() -> None:
