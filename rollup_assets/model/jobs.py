@@ -107,6 +107,14 @@ class ChangePart:
         spans cut to them (the first level's buckets nest in every level's)."""
         spans = merge_windows(list(buckets))
         starts = [b.start for b in spans]
+        if not self.cells or not spans:
+            return ChangePart(self.commits, Cells(), self.seen_at)
+        # Every cell inside one span (a correction's buckets above cover its days): unchanged.
+        first = min(w.start for w, _ in self.cells)
+        last = max(w.end for w, _ in self.cells)
+        i = max(bisect.bisect_right(starts, first) - 1, 0)
+        if spans[i].start <= first and last <= spans[i].end:
+            return self
         kept = []
         for w, scope in self.cells:
             i = max(bisect.bisect_right(starts, w.start) - 1, 0)

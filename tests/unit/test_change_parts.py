@@ -58,6 +58,11 @@ def test_a_part_narrowed_to_some_buckets_keeps_the_cells_inside_them() -> None:
     # Narrowed to buckets of a level above (the day), every cell of the day stays.
     day = Window(T0, T0 + 24 * H)
     assert _keys(p.within([day]), HOURLY) == _keys(p, HOURLY)
+    # Inside one span whole, the part is kept as it is; across two, cut to them.
+    assert p.within([day]) is p and p.within(hours(0, 30)) is p
+    ends = p.within(hours(0, 2) + hours(22, 2))
+    assert _keys(ends, HOURLY) == (set(), {(w.start, "m1") for w in hours(0, 2) + hours(22, 2)})
+    assert not p.within([]).cells
 
 
 def test_parts_survive_the_ledger_with_their_version_seen_above() -> None:
