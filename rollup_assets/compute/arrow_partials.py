@@ -207,8 +207,15 @@ class KeyIndex:
             ).astype(np.int64)
         return code, known
 
-    def _matches(self, rows: pa.Table) -> np.ndarray:
-        """Which of `rows` match a key (keys coded)."""
+    def mask(self, rows: pa.Table) -> np.ndarray:
+        """Which of `rows` match a key."""
+        if not self.coded:
+            index = pa.table({n: rows[n] for n in self.names}).append_column(
+                "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
+            )
+            hit = np.zeros(rows.num_rows, dtype=bool)
+            hit[index.join(self.keys, self.names, join_type="left semi")["__i"].to_numpy()] = True
+            return hit
         code, known = self._code(rows)
         if not len(self.codes):
             return np.zeros(rows.num_rows, dtype=bool)
@@ -218,13 +225,7 @@ class KeyIndex:
     def rows_of(self, rows: pa.Table) -> pa.Table:
         """The rows of `rows` that match a key, in their order and in a copy of their own (a
         read that narrows hundreds of files this way keeps no file's buffers alive)."""
-        if not self.coded:
-            index = pa.table({n: rows[n] for n in self.names}).append_column(
-                "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
-            )
-            kept = index.join(self.keys, self.names, join_type="left semi")["__i"]
-            return rows.take(pa.array(np.sort(kept.to_numpy()), pa.int64()))
-        return rows.take(pa.array(np.flatnonzero(self._matches(rows)), pa.int64()))
+        return rows.take(pa.array(np.flatnonzero(self.mask(rows)), pa.int64()))
 
 
 def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:

@@ -52,8 +52,9 @@ class CellRows:
     delta: np.ndarray
 
     @classmethod
-    def of(cls, rows: pa.Table) -> "CellRows":
-        ids = cell_ids(rows)
+    def of(cls, rows: pa.Table, ids: np.ndarray | None = None) -> "CellRows":
+        """`rows` grouped by cell (`ids`: their `cell_ids`, when known)."""
+        ids = cell_ids(rows) if ids is None else ids
         generation = pc.fill_null(rows[GENERATION], 0).to_numpy(zero_copy_only=False)
         order = np.lexsort((generation, ids))  # stable: a generation's rows keep their order
         table = rows.take(pa.array(order))

@@ -42,8 +42,11 @@ def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
         return rows, []
     ids = cell_ids(rows)
     touched = (np.bincount(ids, weights=is_delta) > 0)[ids]
+    if touched.all():  # no copy of rows that are all folded
+        return _fold(CellRows.of(rows, ids), spec)
     plain = rows.filter(pa.array(~touched))
-    folded, unknowable = _fold(CellRows.of(rows.filter(pa.array(touched))), spec)
+    mine = rows.filter(pa.array(touched))
+    folded, unknowable = _fold(CellRows.of(mine), spec)
     return pa.concat_tables([plain, folded]), unknowable
 
 

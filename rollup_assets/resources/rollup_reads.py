@@ -12,13 +12,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rollup_assets.compute.arrow_partials import KeyIndex, rows_with_keys
+from rollup_assets.compute.arrow_partials import KeyIndex
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.fold_tasks import (
@@ -261,17 +260,18 @@ class RollupReads(RollupSnapshots):
             or not pc.any(pc.fill_null(rows[DELTA_COLUMN], False)).as_py()
         ):
             return _requested(rows, columns)
-        # Corrected cells: every column of their rows, folded into one row each. Their keys
-        # stay in Arrow (a wave of corrections leaves tens of thousands of them).
+        # Corrected cells: every column of their rows, folded into one row each.
+        if columns is None and (cells is None or exact):
+            # Every row of these cells is among those read: the fold takes them all, and the
+            # rows of other cells pass through it.
+            return self._folded_arrow(spec, rows, snap, unknown).select(schema.names)
+        # Without every column, or without `exact` (a row group read for other cells may hold
+        # some rows of a cell, not all), their rows are read again. Their keys stay in Arrow (a
+        # wave of corrections leaves tens of thousands of them).
         changed = _changed_cells(rows)
         keys = changed.select(["bucket_start", ENTITY_COLUMN])
         mine = _not_in(rows, keys)
-        if columns is None and (cells is None or exact):
-            # Every row of these cells is among those read (without `exact`, a row group read
-            # for other cells may hold some rows of a cell, not all: those are read again).
-            whole = rows_with_keys(rows, keys, keys.column_names)
-        else:
-            whole = self._cells_rows(spec, snap, _by_bucket(changed), keys, files)
+        whole = self._cells_rows(spec, snap, _by_bucket(changed), keys, files)
         del rows  # `mine` and `whole` are copies: the fold holds them alone
         folded = self._folded_arrow(spec, whole, snap, unknown).select(schema.names).cast(schema)
         out = pa.concat_tables([mine.select(schema.names), folded])
@@ -372,15 +372,7 @@ def _by_bucket(keys: pa.Table) -> Cells:
 
 def _not_in(rows: pa.Table, keys: pa.Table) -> pa.Table:
     """`rows` of cells other than `keys` (bucket_start, entity_id)."""
-    names = ["bucket_start", "entity_id"]
-    # Only the rows of the keys' entities, their keys and a row index join (a join carries no
-    # list column; a few corrected cells join a few rows).
-    near = pc.indices_nonzero(pc.is_in(rows["entity_id"], value_set=pc.unique(keys["entity_id"])))
-    index = pa.table({"__i": near, **{n: pc.take(rows[n], near) for n in names}})
-    hit = index.join(keys.select(names), names, join_type="left semi")["__i"].to_numpy()
-    keep = np.ones(rows.num_rows, dtype=bool)
-    keep[hit] = False
-    return rows.filter(pa.array(keep))
+    return rows.filter(pa.array(~KeyIndex(keys).mask(rows)))
 
 
 def _requested(rows: pa.Table, columns: Sequence[str] | None) -> pa.Table:

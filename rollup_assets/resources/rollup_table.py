@@ -93,11 +93,13 @@ def in_windows(
 
 def cell_keys(cells: Cells) -> pa.Table:
     """The named cells of `cells` as (bucket_start, entity_id) rows."""
-    named = [(w.start, e) for w, scope in cells for e in sorted(scope or ())]
+    named = [(w, sorted(scope)) for w, scope in cells if scope]
+    starts = np.array([micros(w.start) for w, _ in named], dtype=np.int64)
+    counts = np.array([len(entities) for _, entities in named], dtype=np.int64)
     return pa.table(
         {
-            "bucket_start": pa.array([start for start, _ in named], TS),
-            "entity_id": pa.array([e for _, e in named], pa.string()),
+            "bucket_start": pa.array(np.repeat(starts, counts)).cast(TS),
+            "entity_id": pa.array([e for _, entities in named for e in entities], pa.string()),
         }
     )
 

@@ -101,6 +101,7 @@ def active_rows(
     elif named:
         # Named cells only: every column of just their rows, read once (a fold needs them all).
         rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, cells=cells, exact=True)
+        rows = rows.select(needed)  # the companions are not sorted below
     else:
         rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
     if changed is not None and not (named and held is None):
