@@ -6,7 +6,7 @@ A surface holds the active rows of the versions it records. When those are the s
 older by commits that leave the active rows as they were: `_still_current`), its rows are the
 answer (`current_rows`). While it lags (between a flip and the publish that brings it), the
 cells that changed since those versions (`surface_changes.changed_cells`) are read from the row
-table and take their old rows' places (`_patched`), unless they are a large share of the rows
+table and take their old rows' places (`surface_patch`), unless they are a large share of the rows
 (then the caller resolves every pointer). The surface's own state (what it reflects, its columns
 and files) is kept per surface until it moves (`LatestCache`): between publishes a read replays
 no log.
@@ -16,7 +16,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -31,12 +30,11 @@ from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
 from rollup_assets.resources.latest_versions import LatestCache
 from rollup_assets.resources.rollup_reads import READERS
-from rollup_assets.resources.rollup_snapshots import Reflected, Snapshot
+from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
-from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, Changed, changed_cells
-from rollup_assets.services.surface_files import active_rows
+from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, changed_cells
 from rollup_assets.services.surface_layout import (
     averaged_partials,
     in_current_format,
@@ -44,6 +42,7 @@ from rollup_assets.services.surface_layout import (
     in_query_order,
     surface_schema,
 )
+from rollup_assets.services.surface_patch import fresh_rows, patched
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ def rows_now(
     entity (`current_rows`' columns and order), taken from the surface: as it stands when it is
     current, and while it lags (between a flip and the publish that brings it) with the cells
     that changed since it was published (`surface_changes.changed_cells`) read from the row
-    table instead (`_patched`): a wave of corrections costs the read its changed cells, not a
+    table instead (`surface_patch`): a wave of corrections costs the read its changed cells, not a
     resolution of every pointer. None when the surface cannot answer (none, one of other
     columns or an older format, one that cannot be read, changes that cannot be told or too
     many) or a lagging one has files with deletion vectors (another writer's): the caller
@@ -151,8 +150,8 @@ def _rows_now(
     if within > PATCHED_SHARE * sum(_rows_of(f) for f in files):
         return None  # a wave of corrections: resolving every pointer reads as much
     rows = _surface_rows(engine, spec, schema, files, window, names, ordered)
-    patched = _patched(engine, spec, schema, snap, changed, rows, window, ordered)
-    return Current(patched, snap.reflects)
+    fresh = fresh_rows(engine, spec, schema, snap, changed, window)
+    return Current(patched(rows, changed, fresh, ordered), snap.reflects)
 
 
 def current_rows(
@@ -270,61 +269,6 @@ def _within(f: dict, windows: Sequence[Window]) -> bool:
     return any(w.start <= lo and hi < w.end for w in windows)
 
 
-def _patched(
-    engine: Engine,
-    spec: RollupSpec,
-    schema: pa.Schema,
-    snap: Snapshot,
-    changed: Changed,
-    rows: pa.Table,
-    window: Window,
-    ordered: bool,
-) -> pa.Table:
-    """The surface's `rows` (bucket start in `window`) with the `changed` cells' rows replaced
-    by their active rows in `snap`, read from the row table (only the row groups that may hold
-    them). In query order when `rows` are (`ordered`): a changed cell that is still there takes
-    its old row's place; new or removed cells make it sort again."""
-    inside = [
-        Window(max(s.start, window.start), min(s.end, window.end))
-        for s in changed.spans
-        if s.start < window.end and window.start < s.end
-    ]
-    fresh = active_rows(engine, spec, snap, inside, changed, schema)
-    fresh = fresh.select(rows.column_names).cast(rows.schema)
-    if not ordered:
-        drop = pc.fill_null(changed.mask(rows), False)
-        return pa.concat_tables([rows.filter(pc.invert(drop)), fresh])
-    at = _changed_at(rows, changed)
-    if _same_cells(rows, at, fresh):
-        return _replaced(rows, at, fresh)
-    keep = np.ones(rows.num_rows, dtype=bool)
-    keep[at] = False
-    return by_start_and_entity(pa.concat_tables([rows.filter(pa.array(keep)), fresh]))
-
-
-def _changed_at(rows: pa.Table, changed: Changed) -> np.ndarray:
-    """The positions of `changed` cells' rows among `rows` (in query order): only the rows of
-    the changed buckets, contiguous runs found by bucket start, are matched against them."""
-    starts = rows["bucket_start"].cast(pa.int64()).to_numpy()
-    buckets = np.unique(changed.pointers["bucket_start"].cast(pa.int64()).to_numpy())
-    lows = np.searchsorted(starts, buckets, "left")
-    highs = np.searchsorted(starts, buckets, "right")
-    runs = [np.arange(a, b) for a, b in zip(lows.tolist(), highs.tolist(), strict=True)]
-    for w in changed.whole_buckets:
-        bounds = pa.array([w.start, w.end], rows.schema.field("bucket_start").type)
-        lo, hi = np.searchsorted(starts, bounds.cast(pa.int64()).to_numpy(), "left")
-        runs.append(np.arange(lo, hi))
-    # Distinct buckets' runs are disjoint; a whole bucket's may repeat one of them.
-    near = np.concatenate([np.zeros(0, dtype=np.int64), *runs])
-    if changed.whole_buckets:
-        near = np.unique(near)
-    if len(near) == 0:
-        return near
-    keys = rows.select(["bucket_start", "entity_id"]).take(pa.array(near))
-    hit = pc.fill_null(changed.mask(keys), False)
-    return near[hit.to_numpy(zero_copy_only=False)]
-
-
 # A lagging surface is read with its changed cells taken from the row table while the pointers
 # that changed in the read's range number at most this share of the rows the surface holds there;
 # past it (most cells changed since the last publish), resolving every pointer reads as much and
@@ -335,32 +279,6 @@ PATCHED_SHARE = 0.5
 # Row-table commits since the surface's publish that a read tells apart at most (one commit file
 # each); further behind (its publish failing for a long while), the read resolves the pointers.
 MAX_PATCHED_COMMITS = 256
-
-
-# Rows replaced in place, at most, by slicing around them (more are gathered in one `take`,
-# which copies every row but leaves one chunk, not two per row replaced).
-SLICED_REPLACEMENTS = 64
-
-
-def _replaced(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> pa.Table:
-    """`rows` with the rows at positions `at` (ascending) replaced by `fresh`, one for one."""
-    if len(at) > SLICED_REPLACEMENTS:
-        order = np.arange(rows.num_rows)
-        order[at] = rows.num_rows + np.arange(len(at))
-        return pa.concat_tables([rows, fresh]).take(pa.array(order))
-    pieces, done = [], 0
-    for j, i in enumerate(at.tolist()):
-        pieces += [rows.slice(done, i - done), fresh.slice(j, 1)]
-        done = i + 1
-    return pa.concat_tables([*pieces, rows.slice(done)])
-
-
-def _same_cells(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> bool:
-    """Are `fresh` rows (in query order) the cells of `rows` at positions `at`, one for one?"""
-    if len(at) != fresh.num_rows:
-        return False
-    old = rows.select(["bucket_start", "entity_id"]).take(pa.array(at))
-    return old.equals(fresh.select(["bucket_start", "entity_id"]))
 
 
 # A query trusts a surface at most this many commits behind the rollup's tables (each one read to

@@ -48,13 +48,13 @@ def cap(monkeypatch: pytest.MonkeyPatch) -> None:
 def patched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The changed cells each patched read took from the row table."""
     taken: list[int] = []
-    real = surface_reads._patched
+    real = surface_reads.fresh_rows
 
     def spied(engine, spec, schema, snap, changed, *args):  # type: ignore[no-untyped-def]
         taken.append(changed.pointers.num_rows)
         return real(engine, spec, schema, snap, changed, *args)
 
-    monkeypatch.setattr(surface_reads, "_patched", spied)
+    monkeypatch.setattr(surface_reads, "fresh_rows", spied)
     return taken
 
 
