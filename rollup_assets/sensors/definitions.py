@@ -38,7 +38,7 @@ from rollup_assets.orchestration.tags import (
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.resources.change_feed import ChangeFeed, SourceLog
-from rollup_assets.sensors.detection import DEFAULT_LIMITS, detect
+from rollup_assets.sensors.detection import DEFAULT_LIMITS, detect, undetected
 from rollup_assets.sensors.drain import Launch, plan_drain
 from rollup_assets.sensors.forward_plan import plan_forward
 from rollup_assets.sensors.surface_plan import plan_publish
@@ -344,6 +344,13 @@ def build_surface_sensor(
         ]
         cursor = json.loads(context.cursor) if context.cursor else {}
         lookup = DagsterRunLookup(context.instance, scope)
+        # Work queued or running, or about to be: a source's commits not detected yet start a
+        # correction at the change sensor's next tick, which a publish launched now would delay.
+        ledger = engine.ledger.snapshot()
+        feed = ChangeFeed(engine.raw, DEFAULT_LIMITS.max_cdf_rows, engine.removed_spans)
+        working = any(not j.state.terminal for j in ledger.jobs.values()) or bool(
+            undetected(catalog, states, ledger, feed)
+        )
         plan = plan_publish(
             lags,
             lookup.publishing(publish_job.name),
@@ -352,7 +359,7 @@ def build_surface_sensor(
             now,
             timedelta(seconds=max_lag_seconds),
             prefix=scope.name(""),
-            working=any(not j.state.terminal for j in engine.ledger.snapshot().jobs.values()),
+            working=working,
         )
         for note in plan.notes:
             context.log.info(note)

@@ -166,6 +166,31 @@ def detect(
     return Detection(jobs, cursors, versions_read, rows_classified, notes, commits, tables, forget)
 
 
+def undetected(
+    catalog: Catalog,
+    states: dict[str, ArchiveState],
+    snapshot: LedgerSnapshot,
+    reader: ChangeReader,
+) -> list[str]:
+    """The sources with commits past their cursor that `detect` has yet to turn into work (a
+    source nobody consumes, or one seen for the first time, has none)."""
+    pending = []
+    bases: list[RawArchiveSpec | TimeRangeArchiveSpec] = [
+        *catalog.raw.values(),
+        *catalog.time_range.values(),
+    ]
+    for base in bases:
+        cursor = snapshot.cursors.get(base.name)
+        if cursor is None or not any(
+            dirty_before(states.get(d.name)) is not None for d in catalog.first_levels(base.name)
+        ):
+            continue
+        latest = reader.latest_version(base)
+        if latest is not None and latest > cursor:
+            pending.append(base.name)
+    return pending
+
+
 def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:
     source = changes.change_source.value if changes.change_source else None
     if changes.rows is not None:

@@ -5,14 +5,15 @@ surface lags more than its bound after the last flip.
 A rollup whose surface lags (`SurfaceLag.needs_publish`) is published when no publish of it is
 in flight and its last one was launched at least `spacing(max_lag)` ago (half the bound). While
 work is queued or running on the rollups (a correction carried up the chain flips one level
-after another), a surface whose oldest unpublished change is younger than the spacing waits
-for it, so that the publish run neither competes with that work nor misses the levels it is
-about to flip. An isolated correction is so published at the first tick after its chain is
-done; during a stream of corrections each rollup is published once per spacing, every publish
-taking all the flips since the last. The
-lag after the last flip is then at most the spacing, plus a sensor interval, plus the publish
-run itself, within the bound for publishes shorter than the other half. Every rollup due at one
-tick is published by ONE run (a chain's levels flip within seconds of each other).
+after another), or about to start (a source holds commits change detection has not read yet), a
+surface whose oldest unpublished change is younger than the spacing waits for it, so that the
+publish run neither competes with that work nor misses the levels it is about to flip. An
+isolated correction is so published at the first tick after its chain is done; during a stream
+of corrections each rollup is published once per spacing, every publish taking all the flips
+since the last. The lag after the last flip is then at most the spacing, plus a sensor interval,
+plus the publish run itself, within the bound for publishes shorter than the other half. Every
+rollup due at one tick is published by ONE run (a chain's levels flip within seconds of each
+other).
 
 The run key names the states the run publishes (each rollup's recorded versions and the oldest
 change it lacks) and the attempt: a second tick seeing the same states asks for the same run
@@ -67,7 +68,8 @@ def plan_publish(
     """The rollups of `lags` to publish in one run at `now` (see the module docstring);
     `in_flight` names the rollups unfinished publish runs publish (`*`: every rollup),
     `launched` and `attempts` are what the previous plans recorded, `prefix` keeps run keys of
-    different tenants apart, `working` says whether work is queued or running on the rollups."""
+    different tenants apart, `working` says whether work is queued, running or about to start on
+    the rollups."""
     every = spacing(max_lag).total_seconds()
     at = now.timestamp()
     due, notes = [], []
@@ -80,8 +82,8 @@ def plan_publish(
         age = lag.seconds(now)
         if working and age is not None and lag.since is not None and age < every:
             notes.append(
-                f"{lag.rollup}: waits for the work queued or running on the rollups "
-                f"(lagging {age:.0f} s, spacing {every:.0f} s)"
+                f"{lag.rollup}: waits for the work queued, running or about to start on the "
+                f"rollups (lagging {age:.0f} s, spacing {every:.0f} s)"
             )
             continue
         last = launched.get(lag.rollup)

@@ -13,7 +13,13 @@ from rollup_assets.model.placement import buckets_in, cells_of
 from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import Window
-from rollup_assets.sensors.detection import DEFAULT_LIMITS, Detection, classify, detect
+from rollup_assets.sensors.detection import (
+    DEFAULT_LIMITS,
+    Detection,
+    classify,
+    detect,
+    undetected,
+)
 from rollup_assets.settings import DetectionLimits
 from tests.unit.planning import MemoryFeed, MemoryLedger, activated, update
 
@@ -80,6 +86,28 @@ def test_the_first_detection_places_the_cursor_without_reading_history(
     assert sources.feed.read == [] and first.versions_read == 0
     assert any("starts at version" in n for n in first.notes), first.notes
     assert sources.ledger.snapshot().cursors == {"energy_raw": latest}
+
+
+def test_commits_past_the_cursor_are_undetected_until_a_detection_reads_them(
+    sources: Sources,
+) -> None:
+    """What the surface publish sensor asks before it launches: a correction is about to start."""
+
+    def pending() -> list[str]:
+        return undetected(CATALOG, sources.states, sources.ledger.snapshot(), sources.feed)
+
+    sources.write([("m1", T0)])
+    assert pending() == []  # no cursor yet: the first detection only places it
+    sources.start_cursor()
+    assert pending() == []
+    sources.write([("m1", T0 + H)])
+    assert pending() == ["energy_raw"]
+    sources.detect()
+    assert pending() == []
+    # A source nobody consumes has nothing pending, whatever it holds.
+    sources.write([("m2", T0)])
+    update(sources.states, "energy_hourly", status=ArchiveStatus.CREATED, watermark=None)
+    assert pending() == []
 
 
 def test_a_write_at_the_watermark_is_not_dirty(sources: Sources) -> None:

@@ -86,7 +86,7 @@ def test_a_surface_waits_for_the_work_under_way_within_the_spacing() -> None:
     young, old = lag("hourly", 5.0), lag("daily", 30.0)
     waiting = plan_publish([young, old], set(), {}, {}, NOW, MAX_LAG, working=True)
     assert waiting.rollups == ("daily",)
-    assert "hourly: waits for the work queued or running on the rollups" in waiting.notes[0]
+    assert "hourly: waits for the work queued, running or about to start" in waiting.notes[0]
     assert plan_publish([young], set(), {}, {}, NOW, MAX_LAG, working=False).rollups == ("hourly",)
     # A surface whose recorded versions are gone has no change time to wait on.
     unknown = SurfaceLag("weekly", None, None, unknown=True)
