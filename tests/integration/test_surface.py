@@ -387,15 +387,20 @@ def test_runs_flip_without_publishing_and_one_publish_run_brings_every_level_up(
     assert latest[0].asset_observation.metadata["surface_lag_seconds"].value == 0.0
 
 
+def spaced_definitions(world: World) -> dg.Definitions:
+    """The world's definitions with a lag bound of 60 s: publishes of one rollup 30 s apart."""
+    settings = replace(Settings.from_env(), surface_max_lag_seconds=60)
+    return build_definitions(
+        world.catalog, WarehouseResource(root=str(world.root / "warehouse")), settings=settings
+    )
+
+
 def test_a_publish_waits_for_a_correction_whose_commit_is_not_detected_yet(chain: World) -> None:
     """A publish launched while a source holds commits no detection has read would take the
     cores (and the ready run process) from the correction they start: it waits for it, and one
     publish then brings both corrections."""
     world = chain
-    settings = replace(Settings.from_env(), surface_max_lag_seconds=60)
-    defs = build_definitions(
-        world.catalog, WarehouseResource(root=str(world.root / "warehouse")), settings=settings
-    )
+    defs = spaced_definitions(world)
     world.ingest(correction(CORRECTED[1:2], 44.0))
     world.tick(NOW, sensors=DETECTION)
     age_launches(world, 31)  # the chain's own publish (building it) is 30 s old
@@ -411,10 +416,7 @@ def test_publishes_of_one_rollup_are_spaced_so_a_stream_of_flips_coalesces(
     chain: World,
 ) -> None:
     world = chain
-    settings = replace(Settings.from_env(), surface_max_lag_seconds=60)
-    defs = build_definitions(
-        world.catalog, WarehouseResource(root=str(world.root / "warehouse")), settings=settings
-    )
+    defs = spaced_definitions(world)
     world.ingest(correction(CORRECTED[1:2], 41.0))
     world.tick(NOW, sensors=DETECTION)
     age_launches(world, 31)  # the chain's own publish (building it) is 30 s old
