@@ -15,14 +15,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
+from deltalake.exceptions import DeltaError
 
 from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
-from rollup_assets.model.jobs import JobState, Lane
+from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
 from rollup_assets.model.operations import Operation
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
-from rollup_assets.model.states import ArchiveStatus
+from rollup_assets.model.states import ArchiveState, ArchiveStatus
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.jobs import job_name
@@ -309,6 +310,24 @@ def _lag_events(
     return events, marks
 
 
+def _commits_pending(
+    catalog: Catalog,
+    states: dict[str, ArchiveState],
+    ledger: LedgerSnapshot,
+    engine: Engine,
+    log: logging.Logger | dg.DagsterLogManager,
+) -> bool:
+    """Do sources hold commits change detection has not read yet (`detection.undetected`)? A
+    source that cannot be opened holds no publish back: the error is logged, and the change
+    sensor reports it."""
+    feed = ChangeFeed(engine.raw, DEFAULT_LIMITS.max_cdf_rows, engine.removed_spans)
+    try:
+        return bool(undetected(catalog, states, ledger, feed))
+    except (DeltaError, OSError, ValueError) as exc:
+        log.warning(f"sources' commits not told ({exc}): the publish does not wait for them")
+        return False
+
+
 def build_surface_sensor(
     catalog: Catalog,
     publish_job: dg.JobDefinition,
@@ -347,10 +366,9 @@ def build_surface_sensor(
         # Work queued or running, or about to be: a source's commits not detected yet start a
         # correction at the change sensor's next tick, which a publish launched now would delay.
         ledger = engine.ledger.snapshot()
-        feed = ChangeFeed(engine.raw, DEFAULT_LIMITS.max_cdf_rows, engine.removed_spans)
-        working = any(not j.state.terminal for j in ledger.jobs.values()) or bool(
-            undetected(catalog, states, ledger, feed)
-        )
+        working = any(not j.state.terminal for j in ledger.jobs.values())
+        if not working and any(lag.needs_publish for lag in lags):
+            working = _commits_pending(catalog, states, ledger, engine, context.log)
         plan = plan_publish(
             lags,
             lookup.publishing(publish_job.name),

@@ -27,6 +27,7 @@ from rollup_assets.model.aggregates import AggregateFunction
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import CURSOR_KEY, tick
+from rollup_assets.resources.change_feed import ChangeFeed
 from rollup_assets.resources.delta_tables import open_table, read_commit
 from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.warehouse import Warehouse
@@ -407,6 +408,24 @@ def test_a_publish_waits_for_a_correction_whose_commit_is_not_detected_yet(chain
     world.ingest(correction(CORRECTED[2:], 45.0))  # not detected yet
     assert tick(defs, world.instance, NOW, sensors=PUBLISH).runs == []
     world.tick(NOW, sensors=DETECTION)
+    runs = tick(defs, world.instance, NOW, sensors=PUBLISH).runs
+    assert [r.success for r in runs] == [True]
+    assert matches_oracle(world) == []
+
+
+def test_a_source_that_cannot_be_opened_holds_no_publish_back(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = chain
+    defs = spaced_definitions(world)
+    world.ingest(correction(CORRECTED[1:2], 46.0))
+    world.tick(NOW, sensors=DETECTION)
+    age_launches(world, 31)
+
+    def unreadable(self: ChangeFeed, spec: object) -> int:
+        raise OSError("the source's log cannot be read")
+
+    monkeypatch.setattr(ChangeFeed, "latest_version", unreadable)
     runs = tick(defs, world.instance, NOW, sensors=PUBLISH).runs
     assert [r.success for r in runs] == [True]
     assert matches_oracle(world) == []
