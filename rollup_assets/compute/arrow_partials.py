@@ -179,10 +179,11 @@ def companions_arrow(
 
 class KeyIndex:
     """The distinct rows of `keys` (its columns `names`, or all of them), coded once so that
-    telling which rows of a table match one is a hash look-up per column and a NumPy search,
-    not a join: a read narrowing hundreds of files to the same keys codes them once. Each key
-    column's distinct values number a digit of a mixed-radix code; keys too many to code in 62
-    bits (`CODED_KEYS`) are matched by a join instead."""
+    telling which rows of a table match one is a hash look-up per column (in the column's
+    distinct key values) and a NumPy search, not a join of every key: a read narrowing hundreds
+    of files to the same keys codes them once. Each key column's distinct values number a digit
+    of a mixed-radix code; keys too many to code in 62 bits (`CODED_KEYS`), and rows whose key
+    columns are of other types (or dictionary-encoded), are matched by a join instead."""
 
     def __init__(self, keys: pa.Table, names: Sequence[str] | None = None) -> None:
         self.names = list(keys.column_names if names is None else names)
@@ -190,7 +191,9 @@ class KeyIndex:
         # A null matches nothing, as in a join.
         self.values = [pc.drop_null(pc.unique(keys[n].combine_chunks())) for n in self.names]
         sizes = [max(1, len(v)) for v in self.values]
-        self.coded = float(np.prod(np.array(sizes, dtype=np.float64))) < CODED_KEYS
+        self.coded = float(np.prod(np.array(sizes, dtype=np.float64))) < CODED_KEYS and not any(
+            pa.types.is_dictionary(v.type) for v in self.values
+        )
         code, known = self._code(self.keys) if self.coded else (np.zeros(0, np.int64), None)
         self.codes = np.unique(code[known] if known is not None else code)
 
@@ -200,7 +203,7 @@ class KeyIndex:
         known = np.ones(rows.num_rows, dtype=bool)
         for name, values in zip(self.names, self.values, strict=True):
             column = rows[name]
-            digit = pc.index_in(column, value_set=values.cast(column.type))
+            digit = pc.index_in(column, value_set=values)
             known &= pc.is_valid(digit).to_numpy(zero_copy_only=False)
             code = code * max(1, len(values)) + pc.fill_null(digit, 0).to_numpy(
                 zero_copy_only=False
@@ -208,8 +211,13 @@ class KeyIndex:
         return code, known
 
     def mask(self, rows: pa.Table) -> np.ndarray:
-        """Which of `rows` match a key."""
-        if not self.coded:
+        """Which of `rows` match a key, as a join matches them (a key column of another type
+        than the rows' is never cast)."""
+        same = all(
+            rows.schema.field(n).type == v.type
+            for n, v in zip(self.names, self.values, strict=True)
+        )
+        if not self.coded or not same:
             index = pa.table({n: rows[n] for n in self.names}).append_column(
                 "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
             )

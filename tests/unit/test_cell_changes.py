@@ -225,6 +225,17 @@ def test_a_key_index_keeps_the_rows_a_join_keeps_in_their_order(
     assert index.rows_of(rows.slice(0, 0)).num_rows == 0
 
 
+def test_a_key_index_never_casts_keys_to_the_rows_types() -> None:
+    """Keys of another type than the rows' are joined as Arrow joins them (refused), never cast
+    to match rounded values; dictionary-encoded keys match as a join matches them."""
+    narrow = pa.table({"k": pa.array([1.1, 2.2], pa.float32())})
+    with pytest.raises(pa.ArrowInvalid):
+        KeyIndex(pa.table({"k": pa.array([1.1], pa.float64())})).rows_of(narrow)
+    words = pa.table({"k": pa.array(["a", "b", "a"]).dictionary_encode()})
+    kept = KeyIndex(pa.table({"k": pa.array(["a"]).dictionary_encode()})).rows_of(words)
+    assert kept["k"].to_pylist() == ["a", "a"]
+
+
 def test_rows_in_keeps_every_row_of_a_whole_bucket_and_the_named_cells_of_the_others() -> None:
     rows = partials([("a", 0, 1.0), ("b", 0, 2.0), ("a", 1, 3.0), ("b", 1, 4.0), ("c", 2, 5.0)])
     hour = lambda h: Window(T0 + h * H, T0 + (h + 1) * H)  # noqa: E731
