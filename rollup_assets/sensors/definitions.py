@@ -15,15 +15,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
-from deltalake.exceptions import DeltaError
 
 from rollup_assets import metrics
 from rollup_assets.faults import checkpoint
-from rollup_assets.model.jobs import JobState, Lane, LedgerSnapshot
+from rollup_assets.model.jobs import JobState, Lane
 from rollup_assets.model.operations import Operation
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import Catalog
-from rollup_assets.model.states import ArchiveState, ArchiveStatus
+from rollup_assets.model.states import ArchiveStatus
 from rollup_assets.model.windows import iso_utc
 from rollup_assets.orchestration.instance import ensure_pools
 from rollup_assets.orchestration.jobs import job_name
@@ -39,7 +38,7 @@ from rollup_assets.orchestration.tags import (
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.resources.change_feed import ChangeFeed, SourceLog
-from rollup_assets.sensors.detection import DEFAULT_LIMITS, detect, undetected
+from rollup_assets.sensors.detection import DEFAULT_LIMITS, commits_pending, detect
 from rollup_assets.sensors.drain import Launch, plan_drain
 from rollup_assets.sensors.forward_plan import plan_forward
 from rollup_assets.sensors.surface_plan import plan_publish
@@ -310,24 +309,6 @@ def _lag_events(
     return events, marks
 
 
-def _commits_pending(
-    catalog: Catalog,
-    states: dict[str, ArchiveState],
-    ledger: LedgerSnapshot,
-    engine: Engine,
-    log: logging.Logger | dg.DagsterLogManager,
-) -> bool:
-    """Do sources hold commits change detection has not read yet (`detection.undetected`)? A
-    source that cannot be opened holds no publish back: the error is logged, and the change
-    sensor reports it."""
-    feed = ChangeFeed(engine.raw, DEFAULT_LIMITS.max_cdf_rows, engine.removed_spans)
-    try:
-        return bool(undetected(catalog, states, ledger, feed))
-    except (DeltaError, OSError, ValueError) as exc:
-        log.warning(f"sources' commits not told ({exc}): the publish does not wait for them")
-        return False
-
-
 def build_surface_sensor(
     catalog: Catalog,
     publish_job: dg.JobDefinition,
@@ -368,7 +349,8 @@ def build_surface_sensor(
         ledger = engine.ledger.snapshot()
         working = any(not j.state.terminal for j in ledger.jobs.values())
         if not working and any(lag.needs_publish for lag in lags):
-            working = _commits_pending(catalog, states, ledger, engine, context.log)
+            feed = ChangeFeed(engine.raw, DEFAULT_LIMITS.max_cdf_rows, engine.removed_spans)
+            working = commits_pending(catalog, states, ledger, feed)
         plan = plan_publish(
             lags,
             lookup.publishing(publish_job.name),

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import DeltaError
 
 from rollup_assets.compute.arrow_types import TS, instants_of
 from rollup_assets.model.bucketing import first_bucket_start
@@ -189,6 +190,21 @@ def undetected(
         if latest is not None and latest > cursor:
             pending.append(base.name)
     return pending
+
+
+def commits_pending(
+    catalog: Catalog,
+    states: dict[str, ArchiveState],
+    snapshot: LedgerSnapshot,
+    reader: ChangeReader,
+) -> bool:
+    """Does a source hold commits detection has yet to read (`undetected`)? A source that
+    cannot be opened says no (logged): the change sensor reports it, and nothing waits on it."""
+    try:
+        return bool(undetected(catalog, states, snapshot, reader))
+    except (DeltaError, OSError, ValueError) as exc:
+        log.warning("sources' commits not told (%s): nothing waits for them", exc)
+        return False
 
 
 def _summary(archive: str, changes: Changes, dirty: list[str]) -> CommitSummary:
