@@ -5,9 +5,12 @@ What `folding.fold_cell` does for one cell (the reference, by the rules of `mode
 
   * the count of source rows, a column's count of values and its special values are grouped
     sums of the difference rows' lengths and counts;
-  * a sum's finite total adds, per cell, the exact sum (`math.fsum`, as `SumState.of`) of the
-    values entering and subtracts that of those leaving; an integer total that leaves 64 bits
-    is refused, naming the column and the cell;
+  * a sum's finite total takes its cell's difference rows one at a time, in generation order:
+    it adds the exact sum (`math.fsum`, as `SumState.of`) of the row's values entering and
+    subtracts that of those leaving, so a cell folded in two steps (maintenance folding its
+    older differences into a new base, a read folding the rest) has the same total, bit for
+    bit, as one folded at once; an integer total that leaves 64 bits is refused, naming the
+    column and the cell;
   * kept extremes are folded by `fold_extremes`.
 
 A cell whose base was written before companions were kept, whose finite sum overflowed or whose
@@ -72,12 +75,20 @@ class _Cells:
 
     def side(self, column: str) -> Side:
         """The values (not null) of the difference rows' list `column`, with their cells."""
+        values, rows = self._listed(column)
+        return Side(values, self.rows.cell[rows])
+
+    def per_row(self, column: str) -> Side:
+        """The values (not null) of the difference rows' list `column`, with their rows."""
+        return Side(*self._listed(column))
+
+    def _listed(self, column: str) -> tuple[pa.Array, np.ndarray]:
         lists = self.rows.table[column].combine_chunks()
         values = pc.list_flatten(lists)
         parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
         keep = self.rows.delta[parents] & values.is_valid().to_numpy(zero_copy_only=False)
         at = np.flatnonzero(keep)
-        return Side(values.take(pa.array(at, pa.int64())), self.rows.cell[parents[at]])
+        return values.take(pa.array(at, pa.int64())), parents[at].astype(np.int64)
 
     def set(
         self, name: str, values: pa.Array | np.ndarray, valid: np.ndarray | None = None
@@ -166,8 +177,7 @@ def _fold_sum(
     total_name = mine["total"].name
     if floating:
         base = pc.fill_null(cells.at_base(total_name), 0.0).to_numpy(zero_copy_only=False)
-        with np.errstate(invalid="ignore", over="ignore"):
-            total = (base + _exact_sums(entering, count)) - _exact_sums(leaving, count)
+        total = _running_totals(cells, fold, base)
         overflowed = ~np.isfinite(total)
     else:
         total = _long_totals(cells, fold.column, total_name, entering, leaving, live)
@@ -200,6 +210,31 @@ def _special(side: Side, kind: str, cells: int) -> np.ndarray:
     v = side.values.to_numpy(zero_copy_only=False)
     hit = {"nan": np.isnan(v), "pinf": v == math.inf, "ninf": v == -math.inf}[kind]
     return np.bincount(side.cell[hit], minlength=cells).astype(np.int64)
+
+
+def _running_totals(cells: _Cells, fold: ColumnFold, base: np.ndarray) -> np.ndarray:
+    """Per cell, a floating total: its base's, then for each of its difference rows in
+    generation order, plus the exact sum of the row's finite values entering, minus that of
+    those leaving (`SumState.plus`, one difference at a time)."""
+    rows = cells.rows
+    count = len(rows.cell)
+    entering = _exact_sums(cells.per_row(fold.entering), count)
+    leaving = _exact_sums(cells.per_row(fold.leaving), count)
+    total = base.astype(np.float64, copy=True)
+    deltas = np.flatnonzero(rows.delta)
+    if not len(deltas):
+        return total
+    # Rows are by cell, then generation: a difference row's rank among its cell's is its
+    # position less that of the cell's first difference row.
+    cell = rows.cell[deltas]
+    first = np.flatnonzero(np.concatenate([[True], cell[1:] != cell[:-1]]))
+    rank = np.arange(len(deltas)) - np.repeat(first, np.diff(np.append(first, len(deltas))))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k in range(int(rank.max()) + 1):
+            at = deltas[rank == k]  # one row per cell at most
+            c = rows.cell[at]
+            total[c] = (total[c] + entering[at]) - leaving[at]
+    return total
 
 
 def _exact_sums(side: Side, cells: int) -> np.ndarray:

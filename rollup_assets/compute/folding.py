@@ -260,7 +260,10 @@ def fold_cell(
         row[mine["n"].name] = n + added
         if "total" in mine:
             total = _sum_state(base, mine) if base is not None else SumState()
-            total = total.plus(SumState.of(entering)).plus(SumState.of(leaving), sign=-1)
+            for d in changes:  # one difference at a time: a fold in steps ends the same
+                total = total.plus(SumState.of(d.get(fold.entering) or ())).plus(
+                    SumState.of(d.get(fold.leaving) or ()), sign=-1
+                )
             if total.overflowed:
                 raise Unknowable(f"the finite sum of {column} overflowed")
             row[mine["total"].name] = total.total
