@@ -30,6 +30,7 @@ from rollup_assets.compute.fold_tasks import (
 from rollup_assets.compute.folding import CellKey
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_files import TargetIndex, targets_of
@@ -57,6 +58,9 @@ class Unknown(StrEnum):
 
     # Aggregate it again from its source as the source stands now: what a person reads.
     REFILL = "refill"
+    # The same, its row holding no count of source rows: a state no difference is folded onto
+    # (a publish's, whose later differences a read folds onto the surface's row otherwise).
+    REFILL_STATELESS = "refill-stateless"
     # A row of its keys holding no value: a comparison with the stored rows counts the cell
     # changed, whether or not the source still has rows for it.
     BLANK = "blank"
@@ -335,7 +339,11 @@ class RollupReads(RollupSnapshots):
             raise RuntimeError(f"'{spec.name}': {len(keys)} cell(s) need a refill, none given")
         else:
             again = self.refill(spec, keys)
-        return as_stored_rows(again, schema, generation=generation)
+        rows = as_stored_rows(again, schema, generation=generation)
+        if unknown is Unknown.REFILL_STATELESS:
+            at = rows.schema.get_field_index(RAW_ROWS)
+            rows = rows.set_column(at, RAW_ROWS, pa.nulls(rows.num_rows, pa.int64()))
+        return rows
 
 
 def _cells_only(rows: pa.Table, keys: KeyIndex) -> pa.Table:

@@ -53,6 +53,8 @@ NEUTRAL_OPERATIONS = frozenset(
     {Operation.RECOMPUTE, Operation.SWEEP, Operation.RECLAIM, Operation.REWIND, *NO_DATA_OPERATIONS}
 )
 POINTER_KEY = ("bucket_start", "bucket_end", "entity_id", "generation")
+# Of a pointer that differs between two versions: is it the newer version's (or the older's)?
+NEWER = "newer"
 _GLOBAL = "\x00every entity"  # a global pointer's entity in a join key (no entity id is this)
 
 
@@ -62,7 +64,9 @@ class Changed:
     pointers that differ (a global pointer: its bucket for every entity; an entity pointer: its
     cell), and every cell of the buckets in `written` (forward-lane commits)."""
 
-    pointers: pa.Table  # (bucket_start, bucket_end, entity_id, generation) of those that differ
+    # (bucket_start, bucket_end, entity_id, generation) of the pointers that differ, whether
+    # each is a difference pointer (`delta`) and whether it is the newer version's (`NEWER`).
+    pointers: pa.Table
     written: tuple[Window, ...]
 
     @cached_property
@@ -155,7 +159,7 @@ def changed_cells(
     is rebuilt whole)."""
     if done.genmap > now.genmap or done.rows > now.rows:
         return None  # the tables were re-created since
-    moved = _pointers_at(engine, spec, -1)
+    moved = _KEY.append(pa.field(NEWER, pa.bool_())).empty_table()
     if done.genmap != now.genmap:
         found = _pointer_changes(engine, spec, done.genmap, now.genmap, pointers)
         if found is None:
@@ -170,8 +174,8 @@ def changed_cells(
     return Changed(moved, tuple(merge_windows(written)))
 
 
-# The columns that tell two pointers apart.
-_KEY = pa.schema([GENMAP_SCHEMA.field(c) for c in POINTER_KEY])
+# The columns that tell two pointers apart, and what kind of pointer each is.
+_KEY = pa.schema([GENMAP_SCHEMA.field(c) for c in (*POINTER_KEY, "delta")])
 
 
 def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
@@ -187,8 +191,9 @@ def _pointers_at(engine: Engine, spec: RollupSpec, version: int) -> pa.Table:
 def _pointer_changes(
     engine: Engine, spec: RollupSpec, old: int, new: int, held: pa.Table | None
 ) -> pa.Table | None:
-    """The pointers (bucket_start, bucket_end, entity_id, generation) in one of two
-    pointer-table versions and not the other (`held`: those of `new`, when given)."""
+    """The pointers (bucket_start, bucket_end, entity_id, generation, delta) in one of two
+    pointer-table versions and not the other (`held`: those of `new`, when given), and which
+    version each is in (`NEWER`)."""
     try:
         before = _pointers_at(engine, spec, old)
         after = (
@@ -197,11 +202,17 @@ def _pointer_changes(
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.info("%s: pointer version %d is not readable (%s); rebuilding", spec.name, old, exc)
         return None
-    return pa.concat_tables([_minus(before, after), _minus(after, before)])
+    gone, came = _minus(before, after), _minus(after, before)
+    return pa.concat_tables(
+        [
+            gone.append_column(NEWER, pa.array([False] * gone.num_rows, pa.bool_())),
+            came.append_column(NEWER, pa.array([True] * came.num_rows, pa.bool_())),
+        ]
+    )
 
 
 def _minus(a: pa.Table, b: pa.Table) -> pa.Table:
-    """Rows of `a` (pointer keys, no duplicates) that are not in `b`."""
+    """Rows of `a` (pointer keys and kinds, no duplicates) whose keys are not in `b`."""
     if a.num_rows == 0 or b.num_rows == 0:
         return a
 
@@ -213,14 +224,15 @@ def _minus(a: pa.Table, b: pa.Table) -> pa.Table:
             pc.fill_null(t["entity_id"], _GLOBAL),
         )
 
-    marked = keyed(b).append_column("__in_b", pa.array(np.ones(b.num_rows, dtype=bool)))
+    marked = keyed(b.select(list(POINTER_KEY)))
+    marked = marked.append_column("__in_b", pa.array(np.ones(b.num_rows, dtype=bool)))
     joined = keyed(a).join(marked, list(POINTER_KEY), join_type="left outer")
     kept = joined.filter(pc.is_null(joined["__in_b"])).drop_columns(["__in_b"])
     entity = kept["entity_id"]
     restored = pc.if_else(pc.equal(entity, _GLOBAL), pa.scalar(None, pa.string()), entity)
     return (
         kept.set_column(kept.schema.get_field_index("entity_id"), "entity_id", restored)
-        .select(list(POINTER_KEY))
+        .select(a.column_names)
         .cast(a.schema)
     )
 

@@ -16,8 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from rollup_assets.compute.arrow_partials import logical_arrow
-from rollup_assets.compute.arrow_types import TS, by_start_and_entity
+from rollup_assets.compute.arrow_types import TS
 from rollup_assets.model.bucketing import storage_partition
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
@@ -30,6 +29,7 @@ from rollup_assets.resources.delta_files import (
     write_file,
 )
 from rollup_assets.resources.delta_tables import file_actions, open_table
+from rollup_assets.resources.rollup_reads import Unknown
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN, part_values
@@ -37,11 +37,12 @@ from rollup_assets.resources.warehouse import filesystem_for
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import Changed
 from rollup_assets.services.surface_layout import (
-    averaged_partials,
+    as_surface_rows,
     by_partition,
     claims,
     compaction_groups,
     files_to_read,
+    fold_state,
     in_current_format,
     in_entity_order,
     split_by_entity,
@@ -92,28 +93,31 @@ def active_rows(
     changed cell)."""
     if spans is not None and not spans:
         return schema.empty_table()
-    needed = ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
+    partials = (c.name for c in spec.stored_columns)
+    needed = ["entity_id", "bucket_start", "bucket_end", *partials, *fold_state(spec)]
     cells = None if changed is None or spans is None else changed.cells_within(spans)
     named = cells is not None and all(scope is not None for _, scope in cells)
     if held is not None and spans is not None:
-        rows = held.select(needed)
+        rows = held.select([n for n in needed if n in held.column_names])
         rows = rows.filter(pc.fill_null(in_windows(rows["bucket_start"], spans), False))
     elif named:
         # Named cells only: every column of just their rows, read once (a fold needs them all).
-        rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, cells=cells, exact=True)
-        rows = rows.select(needed)  # the companions are not sorted below
+        rows = engine.rollups.read_arrow(
+            spec, spans, snapshot=snap, cells=cells, exact=True, unknown=Unknown.REFILL_STATELESS
+        )
+        rows = rows.select(needed)  # the lists of differences are not sorted below
     else:
-        rows = engine.rollups.read_arrow(spec, spans, snapshot=snap, columns=needed, cells=cells)
+        rows = engine.rollups.read_arrow(
+            spec,
+            spans,
+            snapshot=snap,
+            columns=needed,
+            cells=cells,
+            unknown=Unknown.REFILL_STATELESS,
+        )
     if changed is not None and not (named and held is None):
         rows = rows.filter(changed.mask(rows))
-    # In query order (as a query returns them), which `logical_arrow` keeps: the averages'
-    # partials taken from `rows` below line up with its rows.
-    rows = by_start_and_entity(rows)
-    out = logical_arrow(rows, spec, in_order=True)
-    out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))
-    for name in averaged_partials(spec):
-        out = out.append_column(name, rows[name])
-    return out.select(schema.names).cast(schema)
+    return as_surface_rows(rows, spec, schema)
 
 
 def rewrite(

@@ -27,8 +27,15 @@ Columns. The logical columns a query returns (`entity_id`, `bucket_start`, `buck
 per aggregation: an average as its value), `bucket_part`, then each average's sum and count
 (`<output>__sum`, `<output>__count`, as the row table stores them): with them a reader merges
 buckets into coarser steps exactly (an average of averages would not be), and `downsample` reads
-the surface instead of resolving the pointers. Every publish records the surface's `FORMAT`; a
-surface of an older one is not read by queries, and its next publish rebuilds it whole.
+the surface instead of resolving the pointers. Then the cell's *fold state* (`fold_state`): how
+many source rows it holds (`raw_rows`) and, per aggregated column, the companions a difference
+applies to (`<column>__n`, `__total`, `__nan`, `__pinf`, `__ninf`, as the row table stores them;
+`__lo` and `__hi` hold the first of the kept extremes, the extreme the row shows). While the
+surface lags, a query folds the differences written since the publish onto that state
+(`surface_fold`) instead of reading the cell's base row from the row table. A row whose state a
+difference cannot be folded onto (its cell was aggregated again when it was published) holds no
+`raw_rows`. Every publish records the surface's `FORMAT`; a surface of an older one is not read
+by queries, and its next publish rebuilds it whole.
 """
 
 import bisect
@@ -46,9 +53,10 @@ from deltalake import DeltaTable
 from rollup_assets.compute.arrow_partials import logical_arrow
 from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.model.cells import Cells
+from rollup_assets.model.partials import EXTREMES, state_columns
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
-from rollup_assets.resources.schemas import PART_COLUMN, data_schema
+from rollup_assets.resources.schemas import PART_COLUMN, data_schema, part_values
 
 # Rows per surface file at most (one entity's rows are never split). Chosen by measurement
 # (docs/architecture.md, "The surface"): every file costs a plain reader about a millisecond to
@@ -60,22 +68,74 @@ SURFACE_FILE_ROWS = 16_384
 # The surface's format, recorded by each publish as a Delta application transaction (a surface
 # recording none is of format 1: logical columns only).
 FORMAT_APP = "rollups.surface.format"
-FORMAT = 2
+FORMAT = 3
 
 
 def surface_schema(spec: RollupSpec) -> pa.Schema:
-    """The surface's columns: the logical columns of a query, the partition column, then each
-    average's sum and count (`averaged_partials`)."""
+    """The surface's columns: the logical columns of a query, the partition column, each
+    average's sum and count (`averaged_partials`), then the fold state (`fold_state`)."""
     stored = data_schema(spec)
     logical = logical_arrow(stored.empty_table(), spec).schema
     with_part = logical.append(pa.field(PART_COLUMN, pa.string()))
-    return pa.schema([*with_part, *(stored.field(n) for n in averaged_partials(spec))])
+    state = [_first_of_list(stored.field(n)) for n in fold_state(spec)]
+    return pa.schema([*with_part, *(stored.field(n) for n in averaged_partials(spec)), *state])
 
 
 def averaged_partials(spec: RollupSpec) -> list[str]:
     """The stored partial columns the logical columns do not hold: each average's sum and count."""
     outputs = set(spec.output_names)
     return [c.name for c in spec.stored_columns if c.name not in outputs]
+
+
+def fold_state(spec: RollupSpec) -> list[str]:
+    """What a base row holds of its cell's state besides the partials (`state_columns`): the
+    count of its source rows and the companions a difference applies to."""
+    partials = {c.name for c in spec.stored_columns}
+    return [c.name for c in state_columns(spec) if c.name not in partials]
+
+
+def kept_extremes(spec: RollupSpec) -> set[str]:
+    """The fold state's kept-extremes companions (a list in the row table, its first value on
+    the surface)."""
+    return {c.name for c in spec.companions if c.kind in EXTREMES}
+
+
+def _first_of_list(f: pa.Field) -> pa.Field:
+    return pa.field(f.name, f.type.value_type) if pa.types.is_list(f.type) else f
+
+
+def as_surface_rows(rows: pa.Table, spec: RollupSpec, schema: pa.Schema) -> pa.Table:
+    """Base-shaped rows (the cells, their partials and, when `rows` hold them, their fold state)
+    as the surface's rows (`schema`), in query order. Without a fold state, a row's is null."""
+    rows = by_start_and_entity(rows)
+    # `logical_arrow` keeps the order: the partials and state taken from `rows` line up.
+    out = logical_arrow(rows, spec, in_order=True)
+    out = out.append_column(PART_COLUMN, part_values(spec, out["bucket_start"]))
+    for name in averaged_partials(spec):
+        out = out.append_column(name, rows[name])
+    extremes = kept_extremes(spec)
+    for name in fold_state(spec):
+        field = schema.field(name)
+        if name not in rows.column_names:
+            values: pa.ChunkedArray | pa.Array = pa.nulls(rows.num_rows, field.type)
+        elif name in extremes:
+            values = first_values(rows[name])
+        else:
+            values = rows[name]
+        out = out.append_column(name, values)
+    return out.select(schema.names).cast(schema)
+
+
+def first_values(lists: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Each list's first value (null for an empty or null list)."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks() if lists.num_chunks else pa.array([], lists.type)
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    firsts = pc.list_slice(lists, 0, 1)
+    values = pc.list_flatten(firsts)
+    at = np.full(len(lists), -1, dtype=np.int64)
+    at[lengths > 0] = np.arange(int((lengths > 0).sum()))
+    return values.take(pa.array(at, mask=at < 0))
 
 
 def in_current_format(surface: DeltaTable) -> bool:

@@ -35,8 +35,10 @@ from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import NEUTRAL_OPERATIONS, changed_cells
+from rollup_assets.services.surface_fold import folded_on_surface
 from rollup_assets.services.surface_layout import (
     averaged_partials,
+    fold_state,
     in_current_format,
     in_entity_order,
     in_query_order,
@@ -149,9 +151,14 @@ def _rows_now(
     within = pc.sum(pc.fill_null(in_windows(pointers, [window]), False)).as_py() or 0
     if within > PATCHED_SHARE * sum(_rows_of(f) for f in files):
         return None  # a wave of corrections: resolving every pointer reads as much
-    rows = _surface_rows(engine, spec, schema, files, window, names, ordered)
-    fresh = fresh_rows(engine, spec, schema, snap, changed, window)
-    return Current(patched(rows, changed, fresh, ordered), snap.reflects)
+    # With each row's partials and fold state: what a changed cell's fold starts from.
+    kept = [n for n in (*averaged_partials(spec), *fold_state(spec)) if n not in names]
+    rows = _surface_rows(engine, spec, schema, files, window, [*names, *kept], ordered)
+    folded, rest = folded_on_surface(engine, spec, schema, snap, changed, rows, window)
+    fresh = by_start_and_entity(
+        pa.concat_tables([folded, fresh_rows(engine, spec, schema, snap, rest, window)])
+    )
+    return Current(patched(rows.select(names), changed, fresh, ordered), snap.reflects)
 
 
 def current_rows(
@@ -207,8 +214,8 @@ def _names(spec: RollupSpec, partials: bool, schema: pa.Schema) -> list[str]:
     (`partials`), or the logical columns."""
     if partials:
         return ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-    averaged = set(averaged_partials(spec))
-    return [n for n in schema.names if n != PART_COLUMN and n not in averaged]
+    hidden = {PART_COLUMN, *averaged_partials(spec), *fold_state(spec)}
+    return [n for n in schema.names if n not in hidden]
 
 
 def _files(state: SurfaceState, window: Window, skip: Sequence[Window] = ()) -> list[dict]:

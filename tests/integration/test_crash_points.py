@@ -47,7 +47,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
-from rollup_assets.services.surface_layout import averaged_partials
+from rollup_assets.services.surface_layout import averaged_partials, fold_state
 from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.exactly_once import (
@@ -282,7 +282,8 @@ def surface(world: World, rollup: str) -> pa.Table:
     """The rollup's surface table as a plain Delta reader (delta-rs) sees its latest snapshot, in
     the columns a query returns."""
     table = DeltaTable(world.engine.warehouse.surface_path(rollup))
-    hidden = ["bucket_part", *averaged_partials(world.catalog.rollup(rollup))]
+    spec = world.catalog.rollup(rollup)
+    hidden = ["bucket_part", *averaged_partials(spec), *fold_state(spec)]
     rows = pa.table(table.to_pyarrow_table()).drop_columns(hidden)
     return rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
 

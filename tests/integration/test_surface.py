@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
+import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.assembly import build_definitions
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.demo.sample_data import day_batch
@@ -36,7 +37,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish, reflected
 from rollup_assets.services.surface_lag import surface_lag
-from rollup_assets.services.surface_layout import averaged_partials
+from rollup_assets.services.surface_layout import averaged_partials, fold_state
 from rollup_assets.settings import Settings
 from tests.conftest import World, days, fault_at
 from tests.integration.test_crash_points import open_world, template_root, world_copy
@@ -85,7 +86,8 @@ def surface(world: World, rollup: str) -> pa.Table:
                 pc.greater(count, 0), pc.divide(total, pc.cast(count, "double")), None
             )
             assert merged.equals(rows[out]), out
-    return rows.drop_columns(["bucket_part", *averaged_partials(spec)]).sort_by(
+    hidden = ["bucket_part", *averaged_partials(spec), *fold_state(spec)]
+    return rows.drop_columns(hidden).sort_by(
         [("bucket_start", "ascending"), ("entity_id", "ascending")]
     )
 
@@ -227,7 +229,8 @@ def test_a_flip_not_yet_published_leaves_a_consistent_surface_that_converges(
     # The publish sensor publishes what the runs flipped: every level converges.
     world.tick(NOW, sensors=RETROACTIVE)
     assert matches_oracle(world) == []
-    hidden = ["bucket_part", *averaged_partials(world.catalog.rollup("energy_hourly"))]
+    hourly_spec = world.catalog.rollup("energy_hourly")
+    hidden = ["bucket_part", *averaged_partials(hourly_spec), *fold_state(hourly_spec)]
     restored_rows = pa.table(t.to_pyarrow_table()).drop_columns(hidden)
     fresh = world.query("energy_hourly")
     march = pc.greater_equal(fresh["bucket_start"], pa.scalar(datetime(2025, 3, 1), TS))
@@ -275,6 +278,40 @@ def test_a_query_reads_a_current_surface_as_resolving_the_pointers_would(
     for name, want in resolved.items():
         got = world.query(name, entities=[METER])
         assert got.equals(want.filter(pc.equal(want["entity_id"], METER))), name
+
+
+def test_a_lagging_read_folds_the_differences_since_the_publish_onto_the_surface(
+    chain: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the surface lags behind corrections, a query folds the differences flipped since
+    the publish onto the surface rows' fold state where it can (cells corrected before the
+    publish and again after it, and cells corrected for the first time), and reads the rest
+    from the row table (an extreme that left, a bucket rewritten in place): the same bits as
+    resolving every pointer, and as the surface once published."""
+    world = chain
+    world.ingest(correction(CORRECTED[1:], 40.0))
+    world.tick(NOW, sensors=RETROACTIVE)  # corrected and published
+    assert matches_oracle(world) == []
+    world.ingest(correction([*CORRECTED, datetime(2025, 3, 29, 12, 0, tzinfo=UTC)], 50.3))
+    world.tick(NOW, sensors=DETECTION)  # flipped, not published
+    taken: list[tuple[int, int]] = []
+    real = surface_reads.folded_on_surface
+
+    def spied(*args: object) -> tuple[pa.Table, object]:
+        folded, rest = real(*args)  # type: ignore[arg-type]
+        taken.append((folded.num_rows, rest.pointers.num_rows))
+        return folded, rest
+
+    monkeypatch.setattr(surface_reads, "folded_on_surface", spied)
+    lagging = {n: world.query(n) for n in world.catalog.rollups}
+    assert sum(f for f, _ in taken) > 0 and sum(r for _, r in taken) > 0, taken
+    now = datetime.now(UTC)
+    for name, rows in lagging.items():
+        assert rows.equals(world.query(name, as_of=now)), name
+    world.tick(NOW, sensors=PUBLISH)
+    assert matches_oracle(world) == []
+    for name, rows in lagging.items():
+        assert world.query(name).equals(rows), name
 
 
 def test_a_missing_surface_is_built_by_maintenance_and_a_dropped_rollup_loses_it(

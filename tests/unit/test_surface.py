@@ -28,6 +28,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import GENMAP_APP, ROWS_APP, Known, publish, reflected
 from rollup_assets.services.surface_files import compact as compact_surface
 from rollup_assets.services.surface_lag import NEUTRAL_SLACK, SurfaceLag, surface_lag
+from rollup_assets.services.surface_layout import fold_state
 from rollup_assets.services.surface_reads import current_rows
 
 DAY = timedelta(days=1)
@@ -81,9 +82,9 @@ def expected(spec: RollupSpec, cells: dict[Cell, float], partials: bool = True) 
 
 
 def surface_rows(engine: Engine, spec: RollupSpec) -> list[dict]:
-    """The surface's latest snapshot, read plainly."""
+    """The surface's latest snapshot, read plainly (but the fold state)."""
     t = pa.table(DeltaTable(engine.rollups.surface_uri(spec)).to_pyarrow_table())
-    t = t.drop_columns(["bucket_part"]).sort_by(
+    t = t.drop_columns(["bucket_part", *fold_state(spec)]).sort_by(
         [("bucket_start", "ascending"), ("entity_id", "ascending")]
     )
     return t.to_pylist()
