@@ -102,7 +102,7 @@ def correct(
     latency = (last - committed).total_seconds() if last else None
     recompute_rows = sum(v["rows_read"] for v in levels.values())
     seconds = ingest_step.seconds + step.seconds + published["publish"]["seconds"]
-    rows_read = step.rows_read["total"] + published["rows_read"]
+    rows_read = ingest_step.rows_read["total"] + step.rows_read["total"] + published["rows_read"]
     return {
         "readings": count,
         "raw_version": result.version,

@@ -7,12 +7,16 @@ statistics (bucket start, generation, whether it holds a difference row) and row
 statistics, a read of a few cells' newest differences opens only those files.
 """
 
+import urllib.parse
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
+from rollup_assets.model.aggregates import DELTA_KINDS
+from rollup_assets.model.partials import CELL_COLUMNS, GENERATION
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import micros
 from rollup_assets.resources.delta_files import TargetIndex, read_row_groups
@@ -20,7 +24,8 @@ from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.rollup_reads import READERS
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import RollupTable, cells_of_rows
-from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema
+from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, with_row_shape
+from rollup_assets.resources.warehouse import filesystem_for
 
 # The columns of the cells asked for: the cell, and its generation range (after, upto].
 AFTER, UPTO = "after", "upto"
@@ -30,24 +35,46 @@ _CELL = ["bucket_start", ENTITY_COLUMN]
 def differences_of(
     table: RollupTable, spec: RollupSpec, snap: Snapshot, cells: pa.Table
 ) -> pa.Table:
-    """The difference rows (every stored column) of `cells` (bucket_start, bucket_end,
+    """The difference rows (in the stored columns) of `cells` (bucket_start, bucket_end,
     entity_id, `AFTER`, `UPTO`: one row per cell) whose generation is in (after, upto]; read
     from the snapshot's files whose statistics may hold one, and of those only the row groups
     that may hold the cells."""
-    schema = data_schema(spec)
+    stored = data_schema(spec)
+    # A difference row holds its cell, its generation and the values entering and leaving it;
+    # its other columns are null, and are not read.
+    moved = [c.name for c in spec.companions if c.kind in DELTA_KINDS]
+    schema = pa.schema([stored.field(n) for n in (*CELL_COLUMNS, GENERATION, DELTA_COLUMN, *moved)])
     if snap.table is None or cells.num_rows == 0:
-        return schema.empty_table()
+        return stored.empty_table()
     files = _may_hold(file_actions(snap.table), cells)
     if not files:
-        return schema.empty_table()
+        return stored.empty_table()
+    rows = _difference_rows(table, spec, files, schema, cells)
+    rows = rows.take(pa.array(np.flatnonzero(_in_ranges(rows, cells)), pa.int64()))
+    return with_row_shape(rows, stored).select(stored.names)
+
+
+def _difference_rows(
+    table: RollupTable, spec: RollupSpec, files: list[dict], schema: pa.Schema, cells: pa.Table
+) -> pa.Table:
+    """The difference rows of `files`, in `schema`: the files are small (a correction's own),
+    so they are scanned as one dataset, whose reader opens them side by side without a Python
+    call per file; a file whose columns are of other types is read on its own and cast."""
+    fs, root = filesystem_for(table.uri(spec), table.options)
+    paths = [f"{root}/{urllib.parse.unquote(f['path'])}" for f in files]
+    only = pc.field(DELTA_COLUMN) == pa.scalar(True)
+    try:
+        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
+        return dataset.to_table(columns=schema.names, filter=only)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
     targets = TargetIndex(list(cells_of_rows(cells)))
     uri, options = table.uri(spec), table.options
 
     def read(f: dict) -> pa.Table:
         data = read_row_groups(uri, options, f["path"], schema.names, "bucket_start", targets)
         data = data.cast(schema)
-        data = data.filter(pc.fill_null(data[DELTA_COLUMN], False))
-        return data.take(pa.array(np.flatnonzero(_in_ranges(data, cells)), pa.int64()))
+        return data.filter(pc.fill_null(data[DELTA_COLUMN], False))
 
     return pa.concat_tables([schema.empty_table(), *READERS.map(read, files)])
 

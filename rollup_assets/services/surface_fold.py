@@ -7,7 +7,7 @@ pointer, moving forward (a correction): it then shows its base of the publish an
 differences up to the new pointer, and the surface row is that base folded with those up to the
 old one. Every other change (a base flip, a rewind or rollback, a bucket changed for every
 entity, a forward-lane write), a cell without a surface row or whose row holds no fold state,
-and a cell the fold cannot know from one kept extreme (the extreme it showed left it) is read
+and a cell the fold cannot know from the kept extremes the row holds (they all left it) is read
 from the row table instead (`surface_patch.fresh_rows`). A fold takes the differences one at a
 time (`compute.fold_tables`): a cell folded from the surface row shows the same bits as one
 folded from its base.
@@ -31,7 +31,7 @@ from rollup_assets.resources.schemas import data_schema, with_row_shape
 from rollup_assets.resources.visible_rows import base_generation
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface_changes import NEWER, Changed
-from rollup_assets.services.surface_layout import as_surface_rows, fold_state, kept_extremes
+from rollup_assets.services.surface_layout import as_surface_rows, fold_state
 
 _CELL = ["bucket_start", ENTITY_COLUMN]
 
@@ -114,7 +114,7 @@ def _forward_cells(changed: Changed, window: Window) -> pa.Table | None:
     )
     ok = pc.and_(
         ok,
-        pc.or_(pc.is_null(grouped["old_max"]), pc.greater(grouped["new_max"], grouped["old_max"])),
+        pc.greater(grouped["new_max"], pc.fill_null(grouped["old_max"], -1)),
     )
     ok = pc.fill_null(ok, False)
     picked = grouped.filter(ok)
@@ -141,17 +141,10 @@ def _named_mask(pointers: pa.Table, cells: pa.Table) -> np.ndarray:
 def as_base_rows(surface: pa.Table, spec: RollupSpec, held: pa.Table) -> pa.Table:
     """Surface rows (with their fold state) as the base rows they were folded into, each at the
     generation its cell's differences since the publish come after (`held`'s `AFTER`)."""
-    extremes = kept_extremes(spec)
     partials = [c.name for c in spec.stored_columns]
-    cols: dict[str, pa.ChunkedArray | pa.Array] = {
-        n: surface[n] for n in ["entity_id", "bucket_start", "bucket_end", *partials]
-    }
+    names = ["entity_id", "bucket_start", "bucket_end", *partials, *fold_state(spec)]
     stored = data_schema(spec)
-    for name in fold_state(spec):
-        cols[name] = (
-            _as_list(surface[name], stored.field(name).type) if name in extremes else surface[name]
-        )
-    rows = pa.table(cols)
+    rows = surface.select(names)
     ranks = rows.select(_CELL).append_column(
         "__row", pa.array(np.arange(rows.num_rows), pa.int64())
     )
@@ -161,12 +154,3 @@ def as_base_rows(surface: pa.Table, spec: RollupSpec, held: pa.Table) -> pa.Tabl
     rows = rows.append_column(GENERATION, pa.array(generation, pa.int64()))
     rows = with_row_shape(rows, stored)
     return rows.select(stored.names).cast(stored)
-
-
-def _as_list(values: pa.ChunkedArray, typ: pa.DataType) -> pa.Array:
-    """Each value as a list of one (null: an empty list)."""
-    flat = values.combine_chunks() if values.num_chunks else pa.array([], typ.value_type)
-    valid = flat.is_valid().to_numpy(zero_copy_only=False)
-    offsets = np.concatenate([[0], np.cumsum(valid)]).astype(np.int32)
-    kept = flat.filter(pa.array(valid))
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), kept.cast(typ.value_type))

@@ -15,17 +15,20 @@ no log.
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from rollup_assets.compute.arrow_partials import KeyIndex
 from rollup_assets.compute.arrow_types import by_start_and_entity, is_by_start_and_entity
 from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window
+from rollup_assets.model.windows import Window, micros
 from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
 from rollup_assets.resources.latest_versions import LatestCache
@@ -151,14 +154,15 @@ def _rows_now(
     within = pc.sum(pc.fill_null(in_windows(pointers, [window]), False)).as_py() or 0
     if within > PATCHED_SHARE * sum(_rows_of(f) for f in files):
         return None  # a wave of corrections: resolving every pointer reads as much
-    # With each row's partials and fold state: what a changed cell's fold starts from.
+    # The changed cells' rows with their partials and fold state: what their folds start from.
     kept = [n for n in (*averaged_partials(spec), *fold_state(spec)) if n not in names]
-    rows = _surface_rows(engine, spec, schema, files, window, [*names, *kept], ordered)
-    folded, rest = folded_on_surface(engine, spec, schema, snap, changed, rows, window)
+    cells = changed.pointers.select(["bucket_start", "entity_id"])
+    rows, held = _read_surface(engine, spec, schema, files, window, names, ordered, kept, cells)
+    folded, rest = folded_on_surface(engine, spec, schema, snap, changed, held, window)
     fresh = by_start_and_entity(
         pa.concat_tables([folded, fresh_rows(engine, spec, schema, snap, rest, window)])
     )
-    return Current(patched(rows.select(names), changed, fresh, ordered), snap.reflects)
+    return Current(patched(rows, changed, fresh, ordered), snap.reflects)
 
 
 def current_rows(
@@ -240,8 +244,28 @@ def _surface_rows(
 ) -> pa.Table:
     """The rows of the surface's `files` (of `schema`) with bucket start in `window`, in
     `names`."""
+    return _read_surface(engine, spec, schema, files, window, names, ordered)[0]
+
+
+def _read_surface(
+    engine: Engine,
+    spec: RollupSpec,
+    schema: pa.Schema,
+    files: list[dict],
+    window: Window,
+    names: list[str],
+    ordered: bool,
+    kept: Sequence[str] = (),
+    cells: pa.Table | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """`_surface_rows`, and the rows of `cells` (bucket_start, entity_id) among them in `names`
+    and `kept` (in file order): read in the same pass, `kept` only from the files whose
+    statistics say they may hold one of `cells`."""
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     logical = pa.schema([schema.field(n) for n in names])
+    wide = pa.schema([*logical, *(schema.field(n) for n in kept if n not in names)])
+    index = None if cells is None else KeyIndex(cells, ["bucket_start", "entity_id"])
+    holds = _Holds(cells)
     # Partitions name UTC days, months or years (their names sort in time order), and a publish
     # writes a partition's rows as files of disjoint entity ranges, each ordered by bucket start,
     # then entity: read in entity order, a partition's files merge into query order on bucket
@@ -252,20 +276,58 @@ def _surface_rows(
     by_part = [in_entity_order(parts[p]) for p in sorted(parts)]
     targets = [(window, None)]
 
-    def read(f: dict) -> pa.Table:
-        data = read_row_groups(uri, options, f["path"], logical.names, "bucket_start", targets)
-        return data.filter(in_windows(data["bucket_start"], [window])).cast(logical)
+    def read(f: dict) -> tuple[pa.Table, pa.Table]:
+        held = index is not None and holds(f)
+        columns = wide if held else logical
+        data = read_row_groups(uri, options, f["path"], columns.names, "bucket_start", targets)
+        if not _within(f, [window]):
+            data = data.filter(in_windows(data["bucket_start"], [window]))
+        data = data.cast(columns)
+        if not held or index is None:
+            return data, wide.empty_table()
+        return data.select(logical.names), index.rows_of(data)
 
-    tables = iter(READERS.map(read, [f for group in by_part for f in group]))
+    read_files = list(READERS.map(read, [f for group in by_part for f in group]))
+    held = pa.concat_tables([wide.empty_table(), *(m for _, m in read_files)])
+    tables = iter(t for t, _ in read_files)
     if not ordered:
         # A chunk per file's row group read, without the copy that merging into query order
         # makes.
-        return pa.concat_tables([logical.empty_table(), *tables])
+        return pa.concat_tables([logical.empty_table(), *tables]), held
     merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])
     if not is_by_start_and_entity(rows):
         rows = by_start_and_entity(rows)
-    return rows
+    return rows, held
+
+
+class _Holds:
+    """Whether a surface file's statistics (bucket start and entity ranges) say it may hold one
+    of some cells (bucket_start, entity_id)."""
+
+    def __init__(self, cells: pa.Table | None) -> None:
+        named = None if cells is None else cells.filter(pc.is_valid(cells["entity_id"]))
+        if named is None or named.num_rows == 0:
+            self.starts, self.entities = np.zeros(0, np.int64), np.zeros(0, object)
+            return
+        order = pc.sort_indices(named["bucket_start"])
+        named = named.take(order)
+        self.starts = named["bucket_start"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+        self.entities = np.array(named["entity_id"].to_pylist(), dtype=object)
+
+    def __call__(self, f: dict) -> bool:
+        lo, hi = f.get("min.bucket_start"), f.get("max.bucket_start")
+        first, last = f.get("min.entity_id"), f.get("max.entity_id")
+        if not isinstance(lo, datetime) or not isinstance(hi, datetime):
+            return len(self.starts) > 0
+        a = int(np.searchsorted(self.starts, micros(lo), "left"))
+        b = int(np.searchsorted(self.starts, micros(hi), "right"))
+        if a == b:
+            return False
+        if not isinstance(first, str) or not isinstance(last, str):
+            return True
+        entities = self.entities[a:b]
+        return bool(np.any((entities >= first) & (entities <= last)))
 
 
 def _within(f: dict, windows: Sequence[Window]) -> bool:

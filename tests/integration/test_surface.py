@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import duckdb
@@ -37,7 +38,7 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish, reflected
 from rollup_assets.services.surface_lag import surface_lag
-from rollup_assets.services.surface_layout import averaged_partials, fold_state
+from rollup_assets.services.surface_layout import SURFACE_SPARES, averaged_partials, fold_state
 from rollup_assets.settings import Settings
 from tests.conftest import World, days, fault_at
 from tests.integration.test_crash_points import open_world, template_root, world_copy
@@ -284,27 +285,65 @@ def test_a_lagging_read_folds_the_differences_since_the_publish_onto_the_surface
     chain: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the surface lags behind corrections, a query folds the differences flipped since
-    the publish onto the surface rows' fold state where it can (cells corrected before the
-    publish and again after it, and cells corrected for the first time), and reads the rest
-    from the row table (an extreme that left, a bucket rewritten in place): the same bits as
-    resolving every pointer, and as the surface once published."""
+    the publish onto the surface rows' fold state (cells corrected before the publish and again
+    after it, and cells corrected for the first time), and reads the rest from the row table (a
+    bucket rewritten in place, an extreme that left): the same bits as resolving every pointer,
+    and as the surface once published."""
     world = chain
     world.ingest(correction(CORRECTED[1:], 40.0))
     world.tick(NOW, sensors=RETROACTIVE)  # corrected and published
     assert matches_oracle(world) == []
-    world.ingest(correction([*CORRECTED, datetime(2025, 3, 29, 12, 0, tzinfo=UTC)], 50.3))
+    # Energy re-read at the corrected instants and at one more, every other value as stored: no
+    # kept extreme leaves a cell.
+    instants = [*CORRECTED, datetime(2025, 3, 29, 12, 0, tzinfo=UTC)]
+    stored = world.engine.raw.read_arrow(world.catalog.archive("energy_raw"))
+    picked = pc.and_(
+        pc.equal(stored["entity_id"], METER), pc.is_in(stored["ts"], pa.array(instants, TS))
+    )
+    again = stored.filter(picked).select(["entity_id", "ts", "energy_kwh", "power_kw", "voltage_v"])
+    energy = pc.add(again["energy_kwh"], pa.scalar(0.1))
+    world.ingest(again.set_column(2, "energy_kwh", energy))
     world.tick(NOW, sensors=DETECTION)  # flipped, not published
-    taken: list[tuple[int, int]] = []
+    taken: dict[str, tuple[int, int]] = {}
     real = surface_reads.folded_on_surface
 
-    def spied(*args: object) -> tuple[pa.Table, object]:
-        folded, rest = real(*args)  # type: ignore[arg-type]
-        taken.append((folded.num_rows, rest.pointers.num_rows))
+    def spied(*args: Any) -> tuple[pa.Table, Any]:
+        folded, rest = real(*args)
+        taken[args[1].name] = (folded.num_rows, rest.pointers.num_rows)
         return folded, rest
 
     monkeypatch.setattr(surface_reads, "folded_on_surface", spied)
     lagging = {n: world.query(n) for n in world.catalog.rollups}
-    assert sum(f for f, _ in taken) > 0 and sum(r for _, r in taken) > 0, taken
+    # Every closed cell corrected is folded on the surface (the open year is the forward
+    # lane's, rewritten in place).
+    closed = {n: taken[n] for n in taken if n != "energy_yearly"}
+    assert len(closed) == 4 and all(f > 0 and r == 0 for f, r in closed.values()), taken
+    now = datetime.now(UTC)
+    for name, rows in lagging.items():
+        assert rows.equals(world.query(name, as_of=now)), name
+    # A correction that takes a cell's shown extreme out of it: that cell is read from the row
+    # table, the others still folded on the surface.
+    world.tick(NOW, sensors=PUBLISH)
+    hour = datetime(2025, 3, 29, 12, 0, tzinfo=UTC)
+    in_hour = stored.filter(
+        pc.and_(
+            pc.equal(stored["entity_id"], METER),
+            pc.and_(
+                pc.greater_equal(stored["ts"], pa.scalar(hour, TS)),
+                pc.less(stored["ts"], pa.scalar(hour + timedelta(hours=1), TS)),
+            ),
+        )
+    ).select(["entity_id", "ts", "energy_kwh", "power_kw", "voltage_v"])
+    # Its lowest voltages raised above the rest: more of the smallest values leave than the
+    # surface row keeps.
+    lowest = in_hour.take(pc.sort_indices(in_hour["voltage_v"])[:SURFACE_SPARES])
+    top = pc.max(in_hour["voltage_v"]).as_py()
+    voltage = pa.array([top + 1.0 + i for i in range(SURFACE_SPARES)])
+    world.ingest(lowest.set_column(4, "voltage_v", voltage))
+    world.tick(NOW, sensors=DETECTION)
+    taken.clear()
+    lagging = {n: world.query(n) for n in world.catalog.rollups}
+    assert any(r > 0 for _, r in taken.values()) and any(f > 0 for f, _ in taken.values()), taken
     now = datetime.now(UTC)
     for name, rows in lagging.items():
         assert rows.equals(world.query(name, as_of=now)), name
