@@ -59,12 +59,14 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.schemas import PART_COLUMN, data_schema, part_values
 
 # Rows per surface file at most (one entity's rows are never split). Chosen by measurement
-# (docs/architecture.md, "The surface"): every file costs a plain reader about a millisecond to
-# open, so at 1,000 meters a year of daily rows in files of 16,384 rows (25 files) reads in
-# about 1.15x the time of the 13 partition-sized files it replaced, where 8,192 (49 files)
-# took 1.5x; at 10,000 meters both read faster than partition-sized files. A one-cell publish
-# reads and writes at most this many rows of each level at any number of meters.
-SURFACE_FILE_ROWS = 16_384
+# (docs/performance.md, "The surface's files"): a plain reader pays about 1.5 ms for each file it
+# opens (delta-rs builds a fragment per file, pyarrow parses its footer), and a file of this many
+# rows takes about 4 ms to read, so a year of daily rows of 10,000 meters in files of 131,072
+# rows (39 files) reads in about 1.3x the time of its 13 partition-sized files, where 16,384 (228
+# files) took 3.4x and 65,536 (61) 1.5x. Below the cap (a month of daily rows of up to 4,000
+# meters, a day of hourly rows of up to 5,000) a partition is one file. A one-cell publish reads
+# and writes at most this many rows of each level, at any number of meters.
+SURFACE_FILE_ROWS = 131_072
 # The surface's format, recorded by each publish as a Delta application transaction (a surface
 # recording none is of format 1: logical columns only).
 FORMAT_APP = "rollups.surface.format"

@@ -33,7 +33,7 @@ GOALS = {
     "downsample_daily_to_months_vs_plain_read",
     "surface_plain_read_vs_partition_files",
     "surface_publish_rows_written_per_level_max",
-    "surface_publish_rows_read_at_10x_meters",
+    "surface_publish_surface_rows_read_per_level_max",
     "surface_lag_after_one_reading_s",
 }
 
