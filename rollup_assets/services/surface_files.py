@@ -80,9 +80,9 @@ PUBLISH_WORKERS = max(1, min(4, os.cpu_count() or 1))
 # Partitions of the surface rewritten per batch: a publish reads and writes one batch at a time
 # (and commits them all at once), so a wave that touches every partition never holds the whole
 # rollup in memory. Rows that carry their fold state take about twice the memory of the logical
-# columns alone: 16 partitions per batch put the publish after maintenance's fold of a year of
-# waves at 2.4 GB.
-PARTS_PER_BATCH = 8
+# columns alone: 8 partitions per batch put the publish after maintenance's fold of a year of
+# waves at 2.2 GB.
+PARTS_PER_BATCH = 4
 
 
 def active_rows(
