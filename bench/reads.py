@@ -23,18 +23,18 @@ from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.downsample import downsample_arrow
 from rollup_assets.services.query import query_arrow
 from rollup_assets.services.realtime import realtime_arrow
-from rollup_assets.services.surface_layout import averaged_partials, surface_schema
+from rollup_assets.services.surface_layout import averaged_partials, fold_state, surface_schema
 
 
 def plain_read(world: BenchWorld, rollup: str, start: datetime, end: datetime) -> pa.Table:
     """What a user gets from delta-rs directly, reading the surface table: the active rows with
     bucket_start in [start, end), in the columns a query returns (not the averages' partials
-    the surface also holds, which the query path does not read either)."""
+    and the fold state the surface also holds, which the query path does not read either)."""
     spec = world.catalog.rollup(rollup)
     table = DeltaTable(world.engine.rollups.surface_uri(spec))
     start_s, end_s = pa.scalar(start, TS), pa.scalar(end, TS)
     cond = (ds.field("bucket_start") >= start_s) & (ds.field("bucket_start") < end_s)
-    hidden = {PART_COLUMN, *averaged_partials(spec)}
+    hidden = {PART_COLUMN, *averaged_partials(spec), *fold_state(spec)}
     columns = [n for n in surface_schema(spec).names if n not in hidden]
     return table.to_pyarrow_dataset().to_table(columns=columns, filter=cond)
 
