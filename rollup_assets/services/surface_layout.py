@@ -62,7 +62,7 @@ from rollup_assets.resources.schemas import PART_COLUMN, data_schema, part_value
 # (docs/performance.md, "The surface's files"): a plain reader pays about 1.5 ms for each file it
 # opens (delta-rs builds a fragment per file, pyarrow parses its footer), and a file of this many
 # rows takes about 4 ms to read, so a year of daily rows of 10,000 meters in files of 131,072
-# rows (39 files) reads in about 1.3x the time of its 13 partition-sized files, where 16,384 (228
+# rows (37 files) reads in about 1.3x the time of its 13 partition-sized files, where 16,384 (228
 # files) took 3.4x and 65,536 (61) 1.5x. Below the cap (a month of daily rows of up to 4,000
 # meters, a day of hourly rows of up to 5,000) a partition is one file. A one-cell publish reads
 # and writes at most this many rows of each level, at any number of meters.
