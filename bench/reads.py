@@ -19,11 +19,10 @@ from bench.generate import PERIOD_END
 from bench.harness import BenchWorld
 from bench.metrics import median, say
 from rollup_assets.compute.arrow_types import TS
-from rollup_assets.resources.schemas import PART_COLUMN
 from rollup_assets.services.downsample import downsample_arrow
 from rollup_assets.services.query import query_arrow
 from rollup_assets.services.realtime import realtime_arrow
-from rollup_assets.services.surface_layout import averaged_partials, fold_state, surface_schema
+from rollup_assets.services.surface_layout import query_columns
 
 
 def plain_read(world: BenchWorld, rollup: str, start: datetime, end: datetime) -> pa.Table:
@@ -34,9 +33,7 @@ def plain_read(world: BenchWorld, rollup: str, start: datetime, end: datetime) -
     table = DeltaTable(world.engine.rollups.surface_uri(spec))
     start_s, end_s = pa.scalar(start, TS), pa.scalar(end, TS)
     cond = (ds.field("bucket_start") >= start_s) & (ds.field("bucket_start") < end_s)
-    hidden = {PART_COLUMN, *averaged_partials(spec), *fold_state(spec)}
-    columns = [n for n in surface_schema(spec).names if n not in hidden]
-    return table.to_pyarrow_dataset().to_table(columns=columns, filter=cond)
+    return table.to_pyarrow_dataset().to_table(columns=query_columns(spec), filter=cond)
 
 
 def _timed(read: Callable[[], pa.Table], repeats: int) -> tuple[float, int]:

@@ -28,7 +28,7 @@ from rollup_assets.model.cells import Cells
 from rollup_assets.model.placement import buckets_in
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import Window
-from rollup_assets.resources.schemas import PART_COLUMN, part_values
+from rollup_assets.resources.schemas import part_values
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.surface import publish
@@ -168,8 +168,7 @@ def layout_reads(bench: Bench, meters: int) -> dict:
 
     # The columns a query returns, as the read scenario's plain read takes them (a reader of
     # every column also decodes the averages' partials and each row's fold state).
-    hidden = {PART_COLUMN, *layout.averaged_partials(spec), *layout.fold_state(spec)}
-    columns = [n for n in layout.surface_schema(spec).names if n not in hidden]
+    columns = layout.query_columns(spec)
 
     def plain(engine: Engine) -> int:
         table = DeltaTable(engine.rollups.surface_uri(spec))

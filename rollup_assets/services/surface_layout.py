@@ -95,6 +95,13 @@ def averaged_partials(spec: RollupSpec) -> list[str]:
     return [c.name for c in spec.stored_columns if c.name not in outputs]
 
 
+def query_columns(spec: RollupSpec) -> list[str]:
+    """The surface's columns a query returns, in order: its logical columns, without the
+    partition column, the averages' partials and the fold state."""
+    hidden = {PART_COLUMN, *averaged_partials(spec), *fold_state(spec)}
+    return [n for n in surface_schema(spec).names if n not in hidden]
+
+
 def fold_state(spec: RollupSpec) -> list[str]:
     """What a base row holds of its cell's state besides the partials (`state_columns`): the
     count of its source rows and the companions a difference applies to."""

@@ -45,6 +45,7 @@ from rollup_assets.services.surface_layout import (
     in_current_format,
     in_entity_order,
     in_query_order,
+    query_columns,
     surface_schema,
 )
 from rollup_assets.services.surface_patch import fresh_rows, patched
@@ -139,7 +140,7 @@ def _rows_now(
     if state is None or state.reflects is None:
         return None
     now = engine.rollups.reflects_now(spec)
-    names = _names(spec, partials, schema)
+    names = _names(spec, partials)
     if _still_current(engine, spec, state.reflects, now):
         rows = _surface_rows(engine, spec, schema, _files(state, window), window, names, ordered)
         return Current(rows, now)
@@ -190,7 +191,7 @@ def current_rows(
             return None
         if not _still_current(engine, spec, state.reflects, now):
             return None
-        names = _names(spec, partials, schema)
+        names = _names(spec, partials)
         return _surface_rows(engine, spec, schema, _files(state, window), window, names, ordered)
     except (OSError, pa.ArrowException, DeltaError) as exc:
         log.warning("%s: surface not readable (%s); resolving the pointers", spec.name, exc)
@@ -213,13 +214,12 @@ def _files_of(state: SurfaceState) -> list[dict]:
     return list(state.files)
 
 
-def _names(spec: RollupSpec, partials: bool, schema: pa.Schema) -> list[str]:
-    """The columns of the surface (`schema`) a read returns: the cells and stored partials
-    (`partials`), or the logical columns."""
+def _names(spec: RollupSpec, partials: bool) -> list[str]:
+    """The columns of the surface a read returns: the cells and stored partials (`partials`),
+    or the logical columns."""
     if partials:
         return ["entity_id", "bucket_start", "bucket_end", *(c.name for c in spec.stored_columns)]
-    hidden = {PART_COLUMN, *averaged_partials(spec), *fold_state(spec)}
-    return [n for n in schema.names if n not in hidden]
+    return query_columns(spec)
 
 
 def _files(state: SurfaceState, window: Window, skip: Sequence[Window] = ()) -> list[dict]:

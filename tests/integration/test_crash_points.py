@@ -47,7 +47,7 @@ from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
-from rollup_assets.services.surface_layout import averaged_partials, fold_state
+from rollup_assets.services.surface_layout import query_columns
 from rollup_assets.settings import Settings
 from tests.conftest import World, days
 from tests.exactly_once import (
@@ -283,8 +283,7 @@ def surface(world: World, rollup: str) -> pa.Table:
     the columns a query returns."""
     table = DeltaTable(world.engine.warehouse.surface_path(rollup))
     spec = world.catalog.rollup(rollup)
-    hidden = ["bucket_part", *averaged_partials(spec), *fold_state(spec)]
-    rows = pa.table(table.to_pyarrow_table()).drop_columns(hidden)
+    rows = pa.table(table.to_pyarrow_table()).select(query_columns(spec))
     return rows.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")])
 
 

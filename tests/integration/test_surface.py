@@ -38,7 +38,12 @@ from rollup_assets.services.engine import Engine
 from rollup_assets.services.maintenance import maintain
 from rollup_assets.services.surface import GENMAP_APP, publish, reflected
 from rollup_assets.services.surface_lag import surface_lag
-from rollup_assets.services.surface_layout import SURFACE_SPARES, averaged_partials, fold_state
+from rollup_assets.services.surface_layout import (
+    SURFACE_SPARES,
+    averaged_partials,
+    fold_state,
+    query_columns,
+)
 from rollup_assets.settings import Settings
 from tests.conftest import World, days, fault_at
 from tests.integration.test_crash_points import open_world, template_root, world_copy
@@ -87,8 +92,7 @@ def surface(world: World, rollup: str) -> pa.Table:
                 pc.greater(count, 0), pc.divide(total, pc.cast(count, "double")), None
             )
             assert merged.equals(rows[out]), out
-    hidden = ["bucket_part", *averaged_partials(spec), *fold_state(spec)]
-    return rows.drop_columns(hidden).sort_by(
+    return rows.select(query_columns(spec)).sort_by(
         [("bucket_start", "ascending"), ("entity_id", "ascending")]
     )
 

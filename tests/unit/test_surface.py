@@ -421,6 +421,9 @@ def test_a_query_merges_the_files_back_into_query_order(engine, spec, cap) -> No
     assert rows is not None
     # By bucket start, then entity; a query's logical columns only.
     assert rows.to_pylist() == expected(spec, cells, partials=False)
+    # A plain reader taking `query_columns` gets those columns: no partials, no fold state.
+    assert rows.column_names == surface_layout.query_columns(spec)
+    assert not set(rows.column_names) & {*fold_state(spec), *surface_layout.averaged_partials(spec)}
 
 
 def test_reads_of_the_surface_follow_every_commit_and_publish(engine, spec, cap) -> None:
