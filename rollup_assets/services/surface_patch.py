@@ -79,17 +79,38 @@ def _changed_at(rows: pa.Table, changed: Changed) -> np.ndarray:
 SLICED_REPLACEMENTS = 64
 
 
+# The columns `_same_cells` found equal: kept as they are when rows are replaced.
+_CELL_KEYS = ("bucket_start", "entity_id")
+
+
 def _replaced(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> pa.Table:
-    """`rows` with the rows at positions `at` (ascending) replaced by `fresh`, one for one."""
+    """`rows` with the rows at positions `at` (ascending) replaced by `fresh`, one for one:
+    the cells' keys stay, each other column takes `fresh` values at the masked positions."""
     if len(at) > SLICED_REPLACEMENTS:
-        order = np.arange(rows.num_rows)
-        order[at] = rows.num_rows + np.arange(len(at))
-        return pa.concat_tables([rows, fresh]).take(pa.array(order))
+        mask = np.zeros(rows.num_rows, dtype=bool)
+        mask[at] = True
+        marks = pa.array(mask)
+        columns = [
+            rows[name] if name in _CELL_KEYS else _masked(rows[name], marks, fresh[name])
+            for name in rows.column_names
+        ]
+        return pa.Table.from_arrays(columns, schema=rows.schema)
     pieces, done = [], 0
     for j, i in enumerate(at.tolist()):
         pieces += [rows.slice(done, i - done), fresh.slice(j, 1)]
         done = i + 1
     return pa.concat_tables([*pieces, rows.slice(done)])
+
+
+def _masked(column: pa.ChunkedArray, marks: pa.Array, values: pa.ChunkedArray) -> pa.Array:
+    """`column` with its `marks`ed positions given `values`, in order."""
+    base, put = column.combine_chunks(), values.combine_chunks()
+    try:
+        return pc.replace_with_mask(base, marks, put)
+    except pa.ArrowNotImplementedError:  # nested types: gathered instead
+        order = np.arange(len(base))
+        order[marks.to_numpy(zero_copy_only=False)] = len(base) + np.arange(len(put))
+        return pa.concat_arrays([base, put]).take(pa.array(order))
 
 
 def _same_cells(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> bool:

@@ -7,10 +7,12 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import rollup_assets.services.surface_files as surface_files
 import rollup_assets.services.surface_layout as surface_layout
+import rollup_assets.services.surface_patch as surface_patch
 import rollup_assets.services.surface_reads as surface_reads
 from rollup_assets.compute.arrow_types import by_start_and_entity
 from rollup_assets.model.spec_loader import load_catalog
@@ -193,3 +195,40 @@ def test_changes_since_pointers_that_are_gone_cannot_be_told(engine, spec) -> No
     assert changed_cells(engine, spec, done, now) is not None
     shutil.rmtree(engine.rollups.genmap_uri(spec))
     assert changed_cells(engine, spec, done, now) is None
+
+
+@pytest.mark.parametrize("changes", [3, 70])
+def test_changed_cells_take_their_old_rows_places(changes: int) -> None:
+    """Few replaced rows are sliced around, many are masked in column by column (the cells'
+    keys kept): either way the same rows as dropping the old ones and sorting again."""
+    day = [Window(w.start, w.end) for w in WINDOWS[:3]]
+    ts = pa.timestamp("us", tz="UTC")
+    cells = [(w, f"meter-{m:02d}") for w in day for m in range(40)]
+    rows = pa.table(
+        {
+            "bucket_start": pa.array([w.start for w, _ in cells], ts),
+            "bucket_end": pa.array([w.end for w, _ in cells], ts),
+            "entity_id": pa.array([e for _, e in cells], pa.string()),
+            "value": pa.array([float(i) for i in range(len(cells))], pa.float64()),
+            "spares": pa.array([[float(i)] for i in range(len(cells))], pa.list_(pa.float64())),
+        }
+    )
+    at = sorted(range(0, len(cells), 3))[:changes]
+    picked = rows.take(pa.array(at))
+    fresh = picked.set_column(3, "value", pc.negate(picked["value"])).set_column(
+        4, "spares", pa.array([[-1.0, float(i)] for i in at], pa.list_(pa.float64()))
+    )
+    pointers = pa.table(
+        {
+            "bucket_start": picked["bucket_start"],
+            "bucket_end": picked["bucket_end"],
+            "entity_id": picked["entity_id"],
+            "generation": pa.array([1] * len(at), pa.int64()),
+        }
+    )
+    changed = Changed(pointers, ())
+    got = surface_patch.patched(rows, changed, fresh, ordered=True)
+    kept = rows.filter(pa.array([i not in set(at) for i in range(len(cells))]))
+    want = by_start_and_entity(pa.concat_tables([kept, fresh]))
+    assert got.equals(want)
+    assert got["value"].to_pylist()[at[-1]] == -float(at[-1])
