@@ -32,6 +32,7 @@ from rollup_assets.model.windows import Window, micros
 # A stored partial over a raw column -> the Arrow aggregation; over a rollup's partial column.
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+_BUCKET_INDEX = "__bucket_index"  # a row's bucket, as its position among the ordered windows
 # Keys whose columns' distinct values multiply past this are matched by a join (see `KeyIndex`).
 CODED_KEYS = 2.0**62
 
@@ -70,13 +71,19 @@ def partials_arrow(
     ends = np.array([micros(w.end) for w in ordered], dtype=np.int64)
     ts = rows[source.time_column].cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
     idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0
-    everything = bool(inside.all())  # the usual case: a filter would copy every row
+    # The usual case: every row inside windows that follow one another (then a filter would
+    # copy every row, and no row's window needs looking up to tell).
+    everything = _within(ts, starts, ends)
+    if not everything:
+        inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0
+        everything = bool(inside.all())
     placed = rows if everything else rows.filter(pa.array(inside))
     picked = idx if everything else idx[inside]
-    placed = placed.append_column(
-        "__bucket", pa.array(starts[picked], pa.int64()).cast(TS)
-    ).append_column("__end", pa.array(ends[picked], pa.int64()).cast(TS))
+    # Grouped by the bucket's index (a small integer key); its start is kept on the rows only
+    # where they are matched to cells or their companions are kept.
+    placed = placed.append_column(_BUCKET_INDEX, pa.array(picked.astype(np.int32)))
+    if cells is not None or companions:
+        placed = placed.append_column("__bucket", pa.array(starts[picked], pa.int64()).cast(TS))
     if cells is not None:
         keys = cells.select([ENTITY_COLUMN, "bucket_start"]).rename_columns(
             [ENTITY_COLUMN, "__bucket"]
@@ -91,13 +98,14 @@ def partials_arrow(
             f"{column}__nan", pc.fill_null(pc.is_nan(placed[column]), False)
         )
         aggregations.append((f"{column}__nan", "any"))
-    grouped = placed.group_by([ENTITY_COLUMN, "__bucket", "__end"]).aggregate(
+    grouped = placed.group_by([ENTITY_COLUMN, _BUCKET_INDEX]).aggregate(
         [*aggregations, ([], "count_all")]
     )
+    which = grouped[_BUCKET_INDEX].to_numpy()
     out = {
         ENTITY_COLUMN: grouped[ENTITY_COLUMN],
-        "bucket_start": grouped["__bucket"],
-        "bucket_end": grouped["__end"],
+        "bucket_start": pa.array(starts[which], pa.int64()).cast(TS),
+        "bucket_end": pa.array(ends[which], pa.int64()).cast(TS),
     }
     for sc, name in plan:
         column, how = next(k for k, v in inputs.items() if v == name)
@@ -115,7 +123,7 @@ def partials_arrow(
     cells = partials.select([ENTITY_COLUMN, "bucket_start"])
     # The rows by the cell they fall in here (a rollup's rows: not their own bucket below).
     placed = placed.drop_columns(
-        [c for c in ("bucket_start", "bucket_end") if c in placed.schema.names]
+        [c for c in ("bucket_start", "bucket_end", _BUCKET_INDEX) if c in placed.schema.names]
     )
     rows_of = placed.rename_columns(
         ["bucket_start" if n == "__bucket" else n for n in placed.column_names]
@@ -364,6 +372,14 @@ def _top(values: pa.Array, ranks: np.ndarray, cell_of: np.ndarray, n_cells: int)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     picked = values.take(pa.array(chosen))
     return pa.chunked_array([pa.ListArray.from_arrays(pa.array(offsets), picked)])
+
+
+def _within(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Are all instants `ts` inside the windows (`starts`, `ends`, ordered) when these follow
+    one another with no gap? False when there is a gap (then each row is looked up)."""
+    if len(starts) == 0 or not np.array_equal(starts[1:], ends[:-1]):
+        return False
+    return len(ts) == 0 or bool(ts.min() >= starts[0] and ts.max() < ends[-1])
 
 
 def logical_arrow(rows: pa.Table, spec: RollupSpec, in_order: bool = False) -> pa.Table:

@@ -102,6 +102,30 @@ def test_an_aggregated_row_holds_the_cell_and_its_declared_state() -> None:
         assert rows.schema.field(name).type == stored.field(name).type, name
 
 
+@pytest.mark.parametrize(
+    "hours",
+    [[(0, 1), (1, 2)], [(0, 1), (2, 3)], [(1, 2)], [(0, 1)]],
+    ids=["following", "a gap", "rows before", "rows after"],
+)
+def test_only_rows_inside_a_window_are_aggregated_into_it(hours: list[tuple[int, int]]) -> None:
+    """Readings over three hours into some of them: each bucket holds its own rows, and rows in
+    no window (before, between or after them) are in none."""
+    hourly = CATALOG.rollup("energy_hourly")
+    rows = readings(12)
+    windows = [Window(T0 + timedelta(hours=a), T0 + timedelta(hours=b)) for a, b in hours]
+    got = partials_arrow(rows, windows, None, hourly, CATALOG.archive(hourly.source))
+    want: dict[tuple[str, datetime], int] = {}
+    for e, t in zip(rows["entity_id"].to_pylist(), rows["ts"].to_pylist(), strict=True):
+        for w in windows:
+            if w.start <= t < w.end:
+                want[(e, w.start)] = want.get((e, w.start), 0) + 1
+    starts = got["bucket_start"].to_pylist()
+    ends = got["bucket_end"].to_pylist()
+    cells = zip(got["entity_id"].to_pylist(), starts, strict=True)
+    assert dict(zip(cells, got[SOURCE_ROWS].to_pylist(), strict=True)) == want
+    assert all(e - s == timedelta(hours=1) for s, e in zip(starts, ends, strict=True))
+
+
 def test_a_difference_row_holds_the_cell_and_the_values_entering_and_leaving_it() -> None:
     hourly = CATALOG.rollup("energy_hourly")
     changes = readings(2).append_column(
