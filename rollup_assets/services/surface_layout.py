@@ -85,7 +85,7 @@ def surface_schema(spec: RollupSpec) -> pa.Schema:
     """The surface's columns: the logical columns of a query, the partition column, each
     average's sum and count (`averaged_partials`), then the fold state (`fold_state`). Worked
     out once per spec (every read asks, and the logical types come from running the query's
-    own conversion on an empty table, several milliseconds)."""
+    own conversion on an empty table, about a millisecond)."""
     stored = data_schema(spec)
     logical = logical_arrow(stored.empty_table(), spec).schema
     with_part = logical.append(pa.field(PART_COLUMN, pa.string()))
