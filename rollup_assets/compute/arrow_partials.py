@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_types import ARROW_TYPES, TS, by_start_and_entity
+from rollup_assets.compute.key_index import rows_with_keys
 from rollup_assets.model.aggregates import BASE_KINDS, AggregateFunction, Companion
 from rollup_assets.model.column_types import ColumnType
 from rollup_assets.model.partials import EXTREMES, RAW_ROWS, SPARES
@@ -33,8 +34,6 @@ from rollup_assets.model.windows import Window, micros
 _RAW = {"sum": "sum", "count": "count", "min": "min", "max": "max"}
 _MERGE = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
 _BUCKET_INDEX = "__bucket_index"  # a row's bucket, as its position among the ordered windows
-# Keys whose columns' distinct values multiply past this are matched by a join (see `KeyIndex`).
-CODED_KEYS = 2.0**62
 
 
 def partials_arrow(
@@ -71,16 +70,10 @@ def partials_arrow(
     ends = np.array([micros(w.end) for w in ordered], dtype=np.int64)
     ts = rows[source.time_column].cast(TS).cast(pa.int64()).to_numpy(zero_copy_only=False)
     idx = np.searchsorted(starts, ts, side="right") - 1
-    # The usual case: every row inside windows that follow one another (then a filter would
-    # copy every row, and no row's window needs looking up to tell).
-    everything = _within(ts, starts, ends)
-    if not everything:
-        inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(ordered) else idx >= 0
-        everything = bool(inside.all())
-    placed = rows if everything else rows.filter(pa.array(inside))
-    picked = idx if everything else idx[inside]
-    # Grouped by the bucket's index (a small integer key); its start is kept on the rows only
-    # where they are matched to cells or their companions are kept.
+    inside = _inside(ts, idx, starts, ends)  # None, the usual case: a filter would copy every row
+    placed = rows if inside is None else rows.filter(pa.array(inside))
+    picked = idx if inside is None else idx[inside]
+    # Grouped by the bucket's index; its start is kept only to match cells or keep companions.
     placed = placed.append_column(_BUCKET_INDEX, pa.array(picked.astype(np.int32)))
     if cells is not None or companions:
         placed = placed.append_column("__bucket", pa.array(starts[picked], pa.int64()).cast(TS))
@@ -183,71 +176,6 @@ def companions_arrow(
         np.add.at(sums, index, values)
         out[c.name] = pa.chunked_array([pa.array(sums).cast(ARROW_TYPES[c.type])])
     return out
-
-
-class KeyIndex:
-    """The distinct rows of `keys` (its columns `names`, or all of them), coded once so that
-    telling which rows of a table match one is a hash look-up per column (in the column's
-    distinct key values) and a NumPy search, not a join of every key: a read narrowing hundreds
-    of files to the same keys codes them once. Each key column's distinct values number a digit
-    of a mixed-radix code; keys too many to code in 62 bits (`CODED_KEYS`), and rows whose key
-    columns are of other types (or dictionary-encoded), are matched by a join instead."""
-
-    def __init__(self, keys: pa.Table, names: Sequence[str] | None = None) -> None:
-        self.names = list(keys.column_names if names is None else names)
-        self.keys = keys.select(self.names)
-        # A null matches nothing, as in a join.
-        self.values = [pc.drop_null(pc.unique(keys[n].combine_chunks())) for n in self.names]
-        sizes = [max(1, len(v)) for v in self.values]
-        self.coded = float(np.prod(np.array(sizes, dtype=np.float64))) < CODED_KEYS and not any(
-            pa.types.is_dictionary(v.type) for v in self.values
-        )
-        code, known = self._code(self.keys) if self.coded else (np.zeros(0, np.int64), None)
-        self.codes = np.unique(code[known] if known is not None else code)
-
-    def _code(self, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """Per row, its code and whether every key value of it is one of the keys'."""
-        code = np.zeros(rows.num_rows, dtype=np.int64)
-        known = np.ones(rows.num_rows, dtype=bool)
-        for name, values in zip(self.names, self.values, strict=True):
-            column = rows[name]
-            digit = pc.index_in(column, value_set=values)
-            known &= pc.is_valid(digit).to_numpy(zero_copy_only=False)
-            code = code * max(1, len(values)) + pc.fill_null(digit, 0).to_numpy(
-                zero_copy_only=False
-            ).astype(np.int64)
-        return code, known
-
-    def mask(self, rows: pa.Table) -> np.ndarray:
-        """Which of `rows` match a key, as a join matches them (a key column of another type
-        than the rows' is never cast)."""
-        same = all(
-            rows.schema.field(n).type == v.type
-            for n, v in zip(self.names, self.values, strict=True)
-        )
-        if not self.coded or not same:
-            index = pa.table({n: rows[n] for n in self.names}).append_column(
-                "__i", pa.array(np.arange(rows.num_rows, dtype=np.int64))
-            )
-            hit = np.zeros(rows.num_rows, dtype=bool)
-            hit[index.join(self.keys, self.names, join_type="left semi")["__i"].to_numpy()] = True
-            return hit
-        code, known = self._code(rows)
-        if not len(self.codes):
-            return np.zeros(rows.num_rows, dtype=bool)
-        at = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
-        return known & (self.codes[at] == code)
-
-    def rows_of(self, rows: pa.Table) -> pa.Table:
-        """The rows of `rows` that match a key, in their order and in a copy of their own (a
-        read that narrows hundreds of files this way keeps no file's buffers alive)."""
-        return rows.take(pa.array(np.flatnonzero(self.mask(rows)), pa.int64()))
-
-
-def rows_with_keys(rows: pa.Table, keys: pa.Table, names: Sequence[str]) -> pa.Table:
-    """The rows of `rows` whose columns `names` match a row of `keys`, in their order and in a
-    copy of their own (`KeyIndex.rows_of`)."""
-    return KeyIndex(keys, names).rows_of(rows)
 
 
 def _cell_index(rows: pa.Table, cells: pa.Table) -> np.ndarray:
@@ -374,12 +302,17 @@ def _top(values: pa.Array, ranks: np.ndarray, cell_of: np.ndarray, n_cells: int)
     return pa.chunked_array([pa.ListArray.from_arrays(pa.array(offsets), picked)])
 
 
-def _within(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> bool:
-    """Are all instants `ts` inside the windows (`starts`, `ends`, ordered) when these follow
-    one another with no gap? False when there is a gap (then each row is looked up)."""
-    if len(starts) == 0 or not np.array_equal(starts[1:], ends[:-1]):
-        return False
-    return len(ts) == 0 or bool(ts.min() >= starts[0] and ts.max() < ends[-1])
+def _inside(
+    ts: np.ndarray, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray | None:
+    """Which instants `ts` lie inside the windows (`starts`, `ends`, ordered; `idx`: the last
+    starting at or before each): None when all do, told without a look-up per row when the
+    windows follow one another with no gap."""
+    gapless = len(starts) > 0 and np.array_equal(starts[1:], ends[:-1])
+    if gapless and (len(ts) == 0 or (ts.min() >= starts[0] and ts.max() < ends[-1])):
+        return None
+    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)]) if len(starts) else idx >= 0
+    return None if inside.all() else inside
 
 
 def logical_arrow(rows: pa.Table, spec: RollupSpec, in_order: bool = False) -> pa.Table:

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.filters import rows_within
+from rollup_assets.compute.key_index import rows_with_keys
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.specs import (
     DAY_COLUMN,

@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rollup_assets.compute.arrow_partials import KeyIndex
 from rollup_assets.compute.filters import rows_within
 from rollup_assets.compute.fold_tables import fold
 from rollup_assets.compute.fold_tasks import (
@@ -28,6 +27,7 @@ from rollup_assets.compute.fold_tasks import (
     with_flag,
 )
 from rollup_assets.compute.folding import CellKey
+from rollup_assets.compute.key_index import KeyIndex
 from rollup_assets.model.bucketing import Bucketing
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.partials import RAW_ROWS

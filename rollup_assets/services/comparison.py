@@ -17,7 +17,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import rows_with_keys
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.compare import (
     CHANGED,
@@ -25,6 +24,7 @@ from rollup_assets.compute.compare import (
     cell_changes,
     cell_changes_arrow,
 )
+from rollup_assets.compute.key_index import rows_with_keys
 from rollup_assets.model.cells import CellCounts, Cells, changed_cells, rewrites_whole
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows

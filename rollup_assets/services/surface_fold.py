@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup_assets.compute.arrow_partials import KeyIndex
 from rollup_assets.compute.fold_tables import fold
+from rollup_assets.compute.key_index import KeyIndex
 from rollup_assets.model.partials import GENERATION
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window

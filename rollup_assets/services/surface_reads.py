@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from rollup_assets.compute.arrow_partials import KeyIndex
 from rollup_assets.compute.arrow_types import by_start_and_entity, is_by_start_and_entity
+from rollup_assets.compute.key_index import KeyIndex
 from rollup_assets.model.errors import UnsupportedTableFeatureError
 from rollup_assets.model.operations import NO_DATA_OPERATIONS, operation_of
 from rollup_assets.model.specs import RollupSpec

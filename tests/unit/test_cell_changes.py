@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rollup_assets.compute import arrow_partials
+from rollup_assets.compute import key_index
 from rollup_assets.compute.aggregation import SOURCE_ROWS
-from rollup_assets.compute.arrow_partials import KeyIndex, rows_with_keys
 from rollup_assets.compute.arrow_types import TS, arrow_type
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
+from rollup_assets.compute.key_index import KeyIndex, rows_with_keys
 from rollup_assets.model.aggregates import BASE_KINDS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.partials import RAW_ROWS
@@ -198,7 +198,7 @@ def test_a_key_index_keeps_the_rows_a_join_keeps_in_their_order(
     """Coded keys and the join they fall back to (keys too many to code) agree with a set of
     the keys: nulls match nothing, repeated keys keep a row once, rows stay in their order."""
     if not coded:
-        monkeypatch.setattr(arrow_partials, "CODED_KEYS", 1.0)
+        monkeypatch.setattr(key_index, "CODED_KEYS", 1.0)
     rng = np.random.default_rng(7)
     entities = [f"m{i}" if i % 17 else None for i in rng.integers(0, 60, 3_000)]
     hours = [T0 + int(h) * H for h in rng.integers(0, 48, 3_000)]
@@ -209,7 +209,7 @@ def test_a_key_index_keeps_the_rows_a_join_keeps_in_their_order(
     keys = pa.concat_tables([rows.take(picked), rows.take(picked[:50])]).select(
         ["entity_id", "bucket_start"]
     )
-    index = arrow_partials.KeyIndex(keys)
+    index = key_index.KeyIndex(keys)
     assert index.coded is coded
     pairs = zip(keys["entity_id"].to_pylist(), keys["bucket_start"].to_pylist(), strict=True)
     wanted = set(pairs)
