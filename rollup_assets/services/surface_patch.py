@@ -103,14 +103,14 @@ def _replaced(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> pa.Table:
 
 
 def _masked(column: pa.ChunkedArray, marks: pa.Array, values: pa.ChunkedArray) -> pa.Array:
-    """`column` with its `marks`ed positions given `values`, in order."""
+    """`column` with its `marks`ed positions given `values`, in order. Arrow's
+    `replace_with_mask` takes no nested type: a list column (the spare extremes) is gathered."""
     base, put = column.combine_chunks(), values.combine_chunks()
-    try:
+    if not pa.types.is_nested(base.type):
         return pc.replace_with_mask(base, marks, put)
-    except pa.ArrowNotImplementedError:  # nested types: gathered instead
-        order = np.arange(len(base))
-        order[marks.to_numpy(zero_copy_only=False)] = len(base) + np.arange(len(put))
-        return pa.concat_arrays([base, put]).take(pa.array(order))
+    order = np.arange(len(base))
+    order[marks.to_numpy(zero_copy_only=False)] = len(base) + np.arange(len(put))
+    return pa.concat_arrays([base, put]).take(pa.array(order))
 
 
 def _same_cells(rows: pa.Table, at: np.ndarray, fresh: pa.Table) -> bool:
