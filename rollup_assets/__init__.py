@@ -8,6 +8,7 @@ Layers, bottom up: `model` (the domain, pure Python), `compute` (Spark transform
 """
 
 import os
+import sys
 
 # delta-rs allocates with a jemalloc of its own, which by default keeps the pages a merge or a
 # read freed until later allocations happen to purge them: a long-lived process (a code server,
@@ -17,3 +18,13 @@ import os
 os.environ.setdefault(
     "_RJEM_MALLOC_CONF", "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 )
+
+# Arrow's pool is chosen once, when pyarrow loads. Its wheels default to mimalloc, which kept
+# pages freed even after `release_unused` (`resources/memory.py`): replaying the benchmark's
+# waves of corrections and its fold in one process, what the process held between steps grew
+# by up to 270 MiB more than with jemalloc, and the largest steps' peaks were 340 MiB to
+# 470 MiB higher, at the same speed (docs/performance.md, "Memory"). Linux only: the wheels of
+# other platforms may lack jemalloc. A process that imported pyarrow first, or sets
+# `ARROW_DEFAULT_MEMORY_POOL` itself, keeps its own.
+if sys.platform == "linux":
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")

@@ -6,8 +6,9 @@ values are passed down; nothing below reads the environment. Where a library rea
 from the process environment itself, the value it needs is passed down and written there, never
 read back: `resources/spark.py` exports PYSPARK_PYTHON for PySpark when it starts a session, and
 the edges give Dagster its DAGSTER_HOME and event settings. One is given a default instead: the
-package sets delta-rs' allocator settings (`_RJEM_MALLOC_CONF`, `rollup_assets/__init__.py`)
-when it is imported, before deltalake loads, unless the process set them itself.
+package sets delta-rs' allocator settings (`_RJEM_MALLOC_CONF`) and Arrow's pool
+(`ARROW_DEFAULT_MEMORY_POOL`, on Linux) when it is imported (`rollup_assets/__init__.py`), before
+deltalake and pyarrow load, unless the process set them itself.
 `tests/unit/test_settings.py` keeps this true.
 """
 

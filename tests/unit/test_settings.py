@@ -100,7 +100,8 @@ EDGES = ("settings.py", "definitions.py", "component.py", "cli/", "demo/")
 # `os.environ.setdefault`), never read.
 LIBRARY_VARIABLES = {
     "resources/spark.py": {"PYSPARK_PYTHON"},
-    "__init__.py": {"_RJEM_MALLOC_CONF"},  # delta-rs' allocator, before deltalake loads
+    # delta-rs' allocator, before deltalake loads; Arrow's pool, before pyarrow loads
+    "__init__.py": {"_RJEM_MALLOC_CONF", "ARROW_DEFAULT_MEMORY_POOL"},
 }
 ENVIRONMENT = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 
