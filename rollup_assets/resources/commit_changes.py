@@ -29,6 +29,7 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import commit_info, read_commit
 from rollup_assets.resources.raw_columns import formula_changed
 from rollup_assets.resources.raw_tables import RawTables
+from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_table import WindowBounds, in_windows
 from rollup_assets.resources.schemas import archive_data_schema
 from rollup_assets.resources.warehouse import filesystem_for
@@ -147,11 +148,12 @@ def rows_changed_by(
         # Rows deleted through deletion vectors: the commit has no change files, and its files
         # read whole would hold the deleted rows.
         return [_derived_changes(tables, spec, commit.version, schema)]
-    return (
-        _read_change_file(tables, spec, body["path"], change_type, schema)
-        for body, change_type in files
-        if bounds is None or _day_may_overlap(body, bounds)
-    )
+    wanted = [
+        (b["path"], kind) for b, kind in files if bounds is None or _day_may_overlap(b, bounds)
+    ]
+    # Side by side: a wave of late readings touches hundreds of small change files, each
+    # costing an open and a footer more than its rows.
+    return READERS.map(lambda f: _read_change_file(tables, spec, f[0], f[1], schema), wanted)
 
 
 def row_changes(
@@ -213,11 +215,12 @@ def row_changes(
 def change_file_rows(tables: RawTables, spec: SourceSpec, cdc: list[dict]) -> int:
     """Rows in the change files of `cdc` actions (their footers only)."""
     fs, root = filesystem_for(tables.uri(spec), tables.options)
-    total = 0
-    for body in cdc:
+
+    def rows(body: dict) -> int:
         with fs.open_input_file(f"{root}/{urllib.parse.unquote(body['path'])}") as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
+            return pq.ParquetFile(fh).metadata.num_rows
+
+    return sum(READERS.map(rows, cdc))
 
 
 def _derived_changes(

@@ -21,7 +21,7 @@ from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import micros
 from rollup_assets.resources.delta_files import TargetIndex, read_row_groups
 from rollup_assets.resources.delta_tables import file_actions
-from rollup_assets.resources.rollup_reads import READERS
+from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import RollupTable, cells_of_rows
 from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, with_row_shape

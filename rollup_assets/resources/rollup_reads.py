@@ -7,9 +7,7 @@ aggregated again from its source by the `refill` the engine gives the store, giv
 tells nothing, or refused (`Unknown`).
 """
 
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 
 import pyarrow as pa
@@ -35,6 +33,7 @@ from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_files import TargetIndex, targets_of
 from rollup_assets.resources.delta_tables import file_actions
+from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_snapshots import RollupSnapshots, Snapshot
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
 from rollup_assets.resources.schemas import DELTA_COLUMN, data_schema, spark_schema
@@ -48,8 +47,6 @@ from rollup_assets.resources.warehouse import data_file_uri, spark_uri
 # Corrected cells a read folds on the driver at most; more are folded by executor tasks of as
 # many cells each (`_folded_spark`).
 FOLD_TASK_CELLS = 20_000
-# Threads that read a rollup's files side by side (shared, so a query starts none).
-READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="read")
 
 
 class Unknown(StrEnum):

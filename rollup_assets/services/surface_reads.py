@@ -32,7 +32,7 @@ from rollup_assets.model.windows import Window, micros
 from rollup_assets.resources.delta_files import read_row_groups
 from rollup_assets.resources.delta_tables import file_actions, prune_files, read_commit
 from rollup_assets.resources.latest_versions import LatestCache
-from rollup_assets.resources.rollup_reads import READERS
+from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_snapshots import Reflected
 from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import PART_COLUMN
