@@ -23,8 +23,8 @@ os.environ.setdefault(
 # pages freed even after `release_unused` (`resources/memory.py`): replaying the benchmark's
 # waves of corrections and its fold in one process, what the process held between steps grew
 # by up to 270 MiB more than with jemalloc, and the largest steps' peaks were 340 MiB to
-# 470 MiB higher, at the same speed (docs/performance.md, "Memory"). Linux only: the wheels of
-# other platforms may lack jemalloc. A process that imported pyarrow first, or sets
-# `ARROW_DEFAULT_MEMORY_POOL` itself, keeps its own.
+# 470 MiB higher, at the same speed (docs/performance.md, "Memory between steps"). Linux only:
+# the wheels of other platforms may lack jemalloc. A process that imported pyarrow first, or
+# sets `ARROW_DEFAULT_MEMORY_POOL` itself, keeps its own.
 if sys.platform == "linux":
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
