@@ -12,6 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_performance_guide_shows_the_goals_of_the_recorded_run() -> None:
     doc = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
     results = json.loads((REPO / "bench" / "results.json").read_text(encoding="utf-8"))
+    # One table, between one pair of markers: a stray marker would keep a stale copy around.
+    assert (doc.count(GOALS_START), doc.count(GOALS_END)) == (1, 1)
     start, end = doc.index(GOALS_START), doc.index(GOALS_END) + len(GOALS_END)
     assert doc[start:end] == goals_markdown(results)
     assert results["meta"]["command"] in doc  # the run it cites
