@@ -29,7 +29,7 @@ from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_tables import commit_info, read_commit
 from rollup_assets.resources.raw_columns import formula_changed
 from rollup_assets.resources.raw_tables import RawTables
-from rollup_assets.resources.readers import READERS
+from rollup_assets.resources.readers import read_ahead
 from rollup_assets.resources.rollup_table import WindowBounds, in_windows
 from rollup_assets.resources.schemas import archive_data_schema
 from rollup_assets.resources.warehouse import filesystem_for
@@ -152,8 +152,9 @@ def rows_changed_by(
         (b["path"], kind) for b, kind in files if bounds is None or _day_may_overlap(b, bounds)
     ]
     # Side by side: a wave of late readings touches hundreds of small change files, each
-    # costing an open and a footer more than its rows.
-    return READERS.map(lambda f: _read_change_file(tables, spec, f[0], f[1], schema), wanted)
+    # costing an open and a footer more than its rows; a few at a time, as a caller may keep
+    # only some rows of each.
+    return read_ahead(lambda f: _read_change_file(tables, spec, f[0], f[1], schema), wanted)
 
 
 def row_changes(
@@ -220,7 +221,7 @@ def change_file_rows(tables: RawTables, spec: SourceSpec, cdc: list[dict]) -> in
         with fs.open_input_file(f"{root}/{urllib.parse.unquote(body['path'])}") as fh:
             return pq.ParquetFile(fh).metadata.num_rows
 
-    return sum(READERS.map(rows, cdc))
+    return sum(read_ahead(rows, cdc))
 
 
 def _derived_changes(
