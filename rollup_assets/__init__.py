@@ -8,6 +8,7 @@ Layers, bottom up: `model` (the domain, pure Python), `compute` (Spark transform
 """
 
 import os
+import platform
 import sys
 
 # delta-rs allocates with a jemalloc of its own, which by default keeps the pages a merge or a
@@ -23,8 +24,9 @@ os.environ.setdefault(
 # pages freed even after `release_unused` (`resources/memory.py`): replaying the benchmark's
 # waves of corrections and its fold in one process, what the process held between steps grew
 # by up to 270 MiB more than with jemalloc, and the largest steps' peaks were 340 MiB to
-# 470 MiB higher, at the same speed (docs/performance.md, "Memory between steps"). Linux only:
-# the wheels of other platforms may lack jemalloc. A process that imported pyarrow first, or
+# 470 MiB higher, at the same speed (docs/performance.md, "Memory between steps"). Only where
+# pyarrow's wheels are built with jemalloc (Linux on x86-64; its ARM wheels are not, and Arrow
+# would warn in every process and keep mimalloc). A process that imported pyarrow first, or
 # sets `ARROW_DEFAULT_MEMORY_POOL` itself, keeps its own.
-if sys.platform == "linux":
+if sys.platform == "linux" and platform.machine() == "x86_64":
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
