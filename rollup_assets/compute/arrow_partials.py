@@ -50,6 +50,7 @@ def partials_arrow(
     `SOURCE_ROWS`, NaN ordered as on Spark (see the module); with `companions`, the count of
     raw rows and the companions a stored row keeps (a read that only shows values needs
     neither)."""
+    rows = _entities_for(rows, by_code=cells is None and not companions)
     inputs: dict[tuple[str, str], str] = {}  # (input column, aggregation) -> output name
     plan = []
     nan_max: set[str] = set()  # max inputs holding a NaN
@@ -96,7 +97,7 @@ def partials_arrow(
     )
     which = grouped[_BUCKET_INDEX].to_numpy()
     out = {
-        ENTITY_COLUMN: grouped[ENTITY_COLUMN],
+        ENTITY_COLUMN: _decoded(grouped[ENTITY_COLUMN]),
         "bucket_start": pa.array(starts[which], pa.int64()).cast(TS),
         "bucket_end": pa.array(ends[which], pa.int64()).cast(TS),
     }
@@ -139,6 +140,26 @@ def partials_arrow(
     for c in kept:
         partials = partials.append_column(c.name, values[c.name])
     return partials
+
+
+def _entities_for(rows: pa.Table, by_code: bool) -> pa.Table:
+    """`rows` with entity ids a grouping can take: dictionary-coded ids (as surface files code
+    them, each chunk its own dictionary) with one dictionary for every chunk when grouped by
+    `by_code`, and decoded otherwise (matched against named cells)."""
+    field = rows.schema.field(ENTITY_COLUMN)
+    if not pa.types.is_dictionary(field.type):
+        return rows
+    if by_code:
+        return rows.unify_dictionaries()
+    at = rows.schema.get_field_index(ENTITY_COLUMN)
+    return rows.set_column(at, ENTITY_COLUMN, _decoded(rows[ENTITY_COLUMN]))
+
+
+def _decoded(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Dictionary-coded values as their values' type; others as they are."""
+    if pa.types.is_dictionary(values.type):
+        return values.cast(values.type.value_type)
+    return values
 
 
 def companions_arrow(

@@ -297,16 +297,18 @@ def read_row_groups(
     columns: Sequence[str] | None,
     time_column: str,
     targets: Targets | TargetIndex | None,
+    dictionary: Sequence[str] = (),
 ) -> pa.Table:
     """The rows of the table's file at `path` (its `columns`); with `targets`, only the row
     groups whose statistics say they may hold a row of one target: `time_column` in its window
     and `entity_id` among its entities (files are sorted by entity, in row groups). Rows are
     not filtered further. A caller reading many files passes a `TargetIndex` built once. A
     column the file predates (added to the table after it was written) reads as nulls (of the
-    null type: the caller casts), as Delta reads it."""
+    null type: the caller casts), as Delta reads it. The `dictionary` columns read as the file
+    codes them (dictionary arrays, the file's own dictionary), not decoded."""
     fs, root = filesystem_for(table_uri, storage_options)
     with fs.open_input_file(f"{root}/{urllib.parse.unquote(path)}") as fh:
-        pf = pq.ParquetFile(fh)
+        pf = pq.ParquetFile(fh, read_dictionary=list(dictionary) or None)
         names = pf.schema_arrow.names
         wanted = list(columns) if columns is not None else names
         cols = [c for c in wanted if c in names]

@@ -184,12 +184,16 @@ def _stored(
     engine: Engine, spec: RollupSpec, window: Window, entities: frozenset[str] | None
 ) -> pa.Table:
     """The active partial rows of `spec` in `window`: every entity's from the surface (it holds
-    each average's sum and count; while it lags, with its changed cells from the row table),
-    otherwise resolved from the pointers."""
+    each average's sum and count; while it lags, with its changed cells from the row table; the
+    entity ids maybe dictionary-coded), otherwise resolved from the pointers."""
     if entities is None:
         current = rows_now(engine, spec, window, partials=True, ordered=False)
         if current is not None:
-            return current.rows.cast(partial_schema(spec))
+            rows = current.rows
+            # The entity ids stay as the surface's files code them: grouped by their codes.
+            schema = partial_schema(spec)
+            entity = schema.get_field_index(ENTITY_COLUMN)
+            return rows.cast(schema.set(entity, rows.schema.field(ENTITY_COLUMN)))
     return stored_partials(engine, spec, window, entities)
 
 

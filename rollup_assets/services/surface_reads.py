@@ -116,7 +116,8 @@ def rows_now(
     ordered: bool = True,
 ) -> Current | None:
     """What a query of the rollup's state now returns for buckets starting in `window`, every
-    entity (`current_rows`' columns and order), taken from the surface: as it stands when it is
+    entity (`current_rows`' columns and order; not `ordered`, the entity ids of a current
+    surface's rows may come dictionary-coded), taken from the surface: as it stands when it is
     current, and while it lags (between a flip and the publish that brings it) with the cells
     that changed since it was published (`surface_changes.changed_cells`) read from the row
     table instead (`surface_patch`): a wave of corrections costs the read its changed cells, not a
@@ -177,13 +178,14 @@ def current_rows(
     """What a query of the rollup's state `now` (a snapshot's `reflects`) returns for buckets
     starting in `window`, every entity: their logical rows (with `partials`, their stored
     partials: `entity_id`, `bucket_start`, `bucket_end` and `spec.stored_columns`), ordered by
-    bucket start and entity (unless not `ordered`: then in the surface's file order, for a
-    caller that groups them), read from the surface when it holds exactly the active rows of
-    `now` (the versions it records are those, or older by commits that leave the active rows as
-    they were: `_still_current`). None when it does not (no surface, one lagging behind the
-    rollup, one of other columns or an older format, or one that cannot be read). Raises
-    UnsupportedTableFeatureError when it would read files with deletion vectors (another
-    writer's), which its reader does not apply."""
+    bucket start and entity (unless not `ordered`: then in the surface's file order, the entity
+    ids as each file codes them, a dictionary array, for a caller that groups them), read from
+    the surface when it holds exactly the active rows of `now` (the versions it records are
+    those, or older by commits that leave the active rows as they were: `_still_current`). None
+    when it does not (no surface, one lagging behind the rollup, one of other columns or an
+    older format, or one that cannot be read). Raises UnsupportedTableFeatureError when it
+    would read files with deletion vectors (another writer's), which its reader does not
+    apply."""
     try:
         schema = surface_schema(spec)
         state = _readable_state(engine, spec, schema)
@@ -243,8 +245,9 @@ def _surface_rows(
     ordered: bool,
 ) -> pa.Table:
     """The rows of the surface's `files` (of `schema`) with bucket start in `window`, in
-    `names`."""
-    return _read_surface(engine, spec, schema, files, window, names, ordered)[0]
+    `names`; not `ordered`, in file order with the entity ids as each file codes them (grouping
+    by the codes spares hashing every id)."""
+    return _read_surface(engine, spec, schema, files, window, names, ordered, coded=not ordered)[0]
 
 
 def _read_surface(
@@ -257,12 +260,18 @@ def _read_surface(
     ordered: bool,
     kept: Sequence[str] = (),
     cells: pa.Table | None = None,
+    coded: bool = False,
 ) -> tuple[pa.Table, pa.Table]:
     """`_surface_rows`, and the rows of `cells` (bucket_start, entity_id) among them in `names`
     and `kept` (in file order): read in the same pass, `kept` only from the files whose
-    statistics say they may hold one of `cells`."""
+    statistics say they may hold one of `cells`. `coded`: the entity ids as each file codes
+    them (dictionary arrays)."""
     uri, options = engine.rollups.surface_uri(spec), engine.warehouse.storage_options
     logical = pa.schema([schema.field(n) for n in names])
+    if coded:
+        at = logical.get_field_index("entity_id")
+        logical = logical.set(at, pa.field("entity_id", pa.dictionary(pa.int32(), pa.string())))
+    dictionary = ("entity_id",) if coded else ()
     wide = pa.schema([*logical, *(schema.field(n) for n in kept if n not in names)])
     index = None if cells is None else KeyIndex(cells, ["bucket_start", "entity_id"])
     holds = _Holds(cells)
@@ -279,7 +288,9 @@ def _read_surface(
     def read(f: dict) -> tuple[pa.Table, pa.Table]:
         held = index is not None and holds(f)
         columns = wide if held else logical
-        data = read_row_groups(uri, options, f["path"], columns.names, "bucket_start", targets)
+        data = read_row_groups(
+            uri, options, f["path"], columns.names, "bucket_start", targets, dictionary
+        )
         if not _within(f, [window]):
             data = data.filter(in_windows(data["bucket_start"], [window]))
         data = data.cast(columns)

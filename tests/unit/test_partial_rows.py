@@ -6,6 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from rollup_assets.compute.aggregation import SOURCE_ROWS
@@ -137,3 +138,30 @@ def test_a_difference_row_holds_the_cell_and_the_values_entering_and_leaving_it(
     stored = data_schema(hourly)
     for name in diff.column_names:
         assert diff.schema.field(name).type == stored.field(name).type, name
+
+
+@pytest.mark.parametrize("companions", [False, True])
+def test_entity_ids_coded_file_by_file_aggregate_as_the_ids_themselves(companions: bool) -> None:
+    """Rows read with their entity ids dictionary-coded, each file (chunk) with a dictionary of
+    its own in its own order, aggregate into the same cells as the ids as strings."""
+    hourly = CATALOG.rollup("energy_hourly")
+    raw = CATALOG.archive(hourly.source)
+    plain = readings(12)
+    dictionaries = [["m1", "m2"], ["m2", "m1"], ["m2", "m1", "m3"]]
+    coded_chunks = []
+    for i, part in enumerate(plain.to_batches(max_chunksize=8)):
+        names = pa.array(dictionaries[i], pa.string())
+        codes = pc.index_in(part["entity_id"], value_set=names).cast(pa.int32())
+        coded_chunks.append(pa.DictionaryArray.from_arrays(codes, names))
+    assert len(coded_chunks) == 3
+    coded = plain.set_column(0, "entity_id", pa.chunked_array(coded_chunks))
+    windows = [Window(T0 + timedelta(hours=h), T0 + timedelta(hours=h + 1)) for h in range(3)]
+
+    def cells(rows: pa.Table) -> pa.Table:
+        got = partials_arrow(rows, windows, None, hourly, raw, companions=companions)
+        return got.sort_by([("entity_id", "ascending"), ("bucket_start", "ascending")])
+
+    want, got = cells(plain), cells(coded)
+    assert got.schema.field("entity_id").type == pa.string()
+    assert got.to_pylist() == want.to_pylist()
+    assert got.num_rows == 6
