@@ -7,8 +7,9 @@ from the process environment itself, the value it needs is passed down and writt
 read back: `resources/spark.py` exports PYSPARK_PYTHON for PySpark when it starts a session, and
 the edges give Dagster its DAGSTER_HOME and event settings. One is given a default instead: the
 package sets delta-rs' allocator settings (`_RJEM_MALLOC_CONF`) and Arrow's pool
-(`ARROW_DEFAULT_MEMORY_POOL`, on Linux) when it is imported (`rollup_assets/__init__.py`), before
-deltalake and pyarrow load, unless the process set them itself.
+(`ARROW_DEFAULT_MEMORY_POOL`, on Linux x86-64) when it is imported
+(`rollup_assets/__init__.py`), before deltalake and pyarrow load, unless the process set them
+itself.
 `tests/unit/test_settings.py` keeps this true.
 """
 

@@ -1,12 +1,13 @@
 """Handing the native memory a large step freed back to the operating system.
 
 Arrow's pool and glibc's malloc keep the pages a freed table held, for their next allocation
-(the package picks jemalloc for Arrow on Linux, which hands them back within a second or two on
-its own; mimalloc, pyarrow's default elsewhere, only when asked): a process that lives on after
-a large step (a code server's sensors, runs executed in-process, a notebook ingesting file after
-file) would otherwise keep the high-water mark of its largest step for good, and the next step
-would start from it. Each step that moves many rows (an ingest, a recompute or forward run, a
-surface publish, maintenance) ends with `release_unused`, which costs milliseconds.
+(the package picks jemalloc for Arrow on Linux x86-64, which hands them back within a second
+or two on its own; mimalloc, pyarrow's default elsewhere, only when asked): a process that
+lives on after a large step (a code server's sensors, runs executed in-process, a notebook
+ingesting file after file) would otherwise keep the high-water mark of its largest step for
+good, and the next step would start from it. Each step that moves many rows (an ingest, a
+recompute or forward run, a surface publish, maintenance) ends with `release_unused`, which
+costs milliseconds.
 """
 
 import ctypes

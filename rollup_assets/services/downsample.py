@@ -185,7 +185,7 @@ def _stored(
 ) -> pa.Table:
     """The active partial rows of `spec` in `window`: every entity's from the surface (it holds
     each average's sum and count; while it lags, with its changed cells from the row table; the
-    entity ids maybe dictionary-coded), otherwise resolved from the pointers."""
+    entity ids perhaps dictionary-coded), otherwise resolved from the pointers."""
     if entities is None:
         current = rows_now(engine, spec, window, partials=True, ordered=False)
         if current is not None:
