@@ -118,3 +118,18 @@ def test_arrow_allocates_with_jemalloc_unless_the_process_chose_a_pool() -> None
     # This process too: tests/__init__.py imports the package before the fixtures load pyarrow.
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") == "jemalloc":
         assert pa.default_memory_pool().backend_name == "jemalloc"
+
+
+# The package imported where pyarrow's wheels have no jemalloc (Linux on ARM): it names no pool.
+ON_ARM = (
+    "import platform, sys; platform.machine = lambda: 'aarch64'; sys.platform = 'linux'; "
+    "import os, rollup_assets; print(os.environ.get('ARROW_DEFAULT_MEMORY_POOL'))"
+)
+
+
+def test_the_package_names_no_pool_where_pyarrow_has_no_jemalloc() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run(
+        [sys.executable, "-c", ON_ARM], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "None"
