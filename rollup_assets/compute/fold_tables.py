@@ -13,25 +13,41 @@ What `folding.fold_cell` does for one cell (the reference, by the rules of `mode
     column and the cell;
   * kept extremes are folded by `fold_extremes`.
 
+A fold of a few cells (a read bringing a handful of corrected cells to now) takes them one at a
+time through `fold_cell` itself: the grouped operations' fixed costs would be most of its time.
+
 A cell whose base was written before companions were kept, whose finite sum overflowed or whose
 kept extremes all left is reported, for the caller to aggregate it again from its source.
 """
 
 import math
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup_assets.compute.arrow_types import instants_of
 from rollup_assets.compute.cell_rows import CellRows, cell_ids, flags
 from rollup_assets.compute.fold_extremes import Side, fold_extreme
-from rollup_assets.compute.folding import STAMPS, CellKey, ColumnFold, FoldPlan
+from rollup_assets.compute.folding import (
+    STAMPS,
+    CellKey,
+    ColumnFold,
+    FoldPlan,
+    Unknowable,
+    fold_cell,
+)
 from rollup_assets.model.aggregates import AggregateFunction
-from rollup_assets.model.partials import DELTA_COLUMN, EXTREMES, RAW_ROWS
-from rollup_assets.model.specs import RollupSpec
+from rollup_assets.model.partials import DELTA_COLUMN, EXTREMES, GENERATION, RAW_ROWS
+from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 
 # An integer total whose terms add up (in absolute value) below this fits in 64 bits.
 _SAFE = float(2**62)
+
+# Cells folded one at a time (`fold_cell`), at most; more are folded in grouped operations.
+# Measured on one corrected cell of a daily rollup: 0.3 ms one at a time, 3.7 ms grouped.
+FEW_CELLS = 16
 
 
 def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
@@ -44,13 +60,54 @@ def fold(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
     if not is_delta.any():
         return rows, []
     ids = cell_ids(rows)
-    touched = (np.bincount(ids, weights=is_delta) > 0)[ids]
-    if touched.all():  # no copy of rows that are all folded
+    corrected = np.bincount(ids, weights=is_delta) > 0
+    touched = corrected[ids]
+    few = int(corrected.sum()) <= FEW_CELLS
+    if touched.all() and not few:  # no copy of rows that are all folded
         return _fold(CellRows.of(rows, ids), spec)
     plain = rows.filter(pa.array(~touched))
     mine = rows.filter(pa.array(touched))
-    folded, unknowable = _fold(CellRows.of(mine), spec)
+    folded, unknowable = _fold_each(mine, spec) if few else _fold(CellRows.of(mine), spec)
     return pa.concat_tables([plain, folded]), unknowable
+
+
+def _fold_each(rows: pa.Table, spec: RollupSpec) -> tuple[pa.Table, list[CellKey]]:
+    """`_fold` of a few cells, each by `fold_cell`: the same rows, bit for bit, in the same
+    order (by cell: entity, then bucket start), and the same cells reported."""
+    plan = FoldPlan.of(spec)
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows.to_pylist():
+        groups.setdefault((row[ENTITY_COLUMN], row["bucket_start"]), []).append(row)
+    totals = [
+        (c.column, c.mine["total"].name)
+        for c in plan.columns
+        if "total" in c.mine and pa.types.is_integer(rows.schema.field(c.mine["total"].name).type)
+    ]
+    # An integer total read as a double (an average's sum) rounds, as the grouped fold's does.
+    doubles = [f.name for f in rows.schema if pa.types.is_floating(f.type)]
+    out, lost = [], []
+    for key in sorted(groups):  # str order is Arrow's (code points, as UTF-8 bytes sort)
+        group = sorted(groups[key], key=lambda r: r[GENERATION] or 0)  # stable, as `CellRows`
+        bases = [r for r in group if not r[DELTA_COLUMN]]
+        changes = [r for r in group if r[DELTA_COLUMN]]
+        try:
+            row = fold_cell(bases[-1] if bases else None, changes, spec, plan=plan)
+        except Unknowable:
+            lost.append(key)
+            continue
+        if row is None:
+            continue
+        for column, name in totals:
+            if not -(2**63) <= row[name] < 2**63:
+                start = instants_of(pa.array([key[1]], rows.schema.field("bucket_start").type))
+                raise _too_long(column, key[0], start[0], row[name])
+        for name in doubles:
+            if isinstance(row.get(name), int):
+                row[name] = float(row[name])
+        out.append({**row, **{s: group[-1][s] for s in STAMPS if s in group[-1]}})
+    starts = instants_of(pa.array([s for _, s in lost], rows.schema.field("bucket_start").type))
+    keys = [(e, s) for (e, _), s in zip(lost, starts, strict=True)]
+    return pa.Table.from_pylist(out, schema=rows.schema), keys
 
 
 class _Cells:
@@ -281,8 +338,12 @@ def _long_totals(
         exact -= int(outs[leaving.cell == c].astype(object).sum())
         if not -(2**63) <= exact < 2**63:
             entity, start = cells.rows.keys(np.array([c]))[0]
-            raise OverflowError(
-                f"the sum of '{column}' in cell ({entity}, {start.isoformat()}) is {exact}, "
-                "which does not fit in 64 bits"
-            )
+            raise _too_long(column, entity, start, exact)
     return total
+
+
+def _too_long(column: str, entity: str, start: datetime, exact: int) -> OverflowError:
+    return OverflowError(
+        f"the sum of '{column}' in cell ({entity}, {start.isoformat()}) is {exact}, "
+        "which does not fit in 64 bits"
+    )

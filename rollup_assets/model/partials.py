@@ -141,8 +141,13 @@ class SumState:
                 ninf += 1
             else:
                 finite.append(v)
-        if finite:
-            total = math.fsum(finite) if any(isinstance(v, float) for v in finite) else sum(finite)
+        if finite and any(isinstance(v, float) for v in finite):
+            try:
+                total = math.fsum(finite)
+            except OverflowError:  # finite values whose sum is not: `overflowed`
+                total = math.inf
+        elif finite:
+            total = sum(finite)
         return cls(total, n, nan, pinf, ninf)
 
     def plus(self, other: "SumState", sign: int = 1) -> "SumState":

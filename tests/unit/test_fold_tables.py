@@ -1,8 +1,10 @@
 """The table-wide fold (`fold_tables.fold`) against the per-cell reference (`fold_cell`, cell by
 cell): the same rows bit for bit (NaN, infinities and -0.0 included) and the same cells it cannot
 know, for a double and a long column under every aggregate function, at the first level and one
-level up, over a local midnight; and an integer sum leaving 64 bits is refused by name.
-`difference_rows` against the same rows built row by row."""
+level up, over a local midnight; and an integer sum leaving 64 bits is refused by name. Every
+test runs twice: the fold's grouped operations, and its path for a few cells (one at a time),
+which give the same rows in the same order. `difference_rows` against the same rows built row
+by row."""
 
 import math
 from datetime import UTC, datetime, timedelta
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollup_assets.compute import fold_tables
 from rollup_assets.compute.arrow_partials import partials_arrow
 from rollup_assets.compute.arrow_types import TS
 from rollup_assets.compute.fold_extremes import Side, fold_extreme
@@ -38,6 +41,15 @@ from rollup_assets.model.partials import (
 )
 from rollup_assets.model.spec_loader import parse_catalog
 from rollup_assets.resources.schemas import data_schema
+
+
+@pytest.fixture(scope="module", autouse=True, params=[0, 10**9], ids=["grouped", "one-at-a-time"])
+def fold_path(request: pytest.FixtureRequest):
+    """The cells folded one at a time at most: none (grouped operations) or all."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fold_tables, "FEW_CELLS", request.param)
+        yield request.param
+
 
 # Every function over a double and a long column, at two levels.
 AGGREGATIONS = [
@@ -241,6 +253,11 @@ def identical(a, b) -> bool:
 
 def assert_same(rows: pa.Table, spec) -> None:
     got, unknown = fold(rows, spec)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fold_tables, "FEW_CELLS", 0 if fold_tables.FEW_CELLS else 10**9)
+        other, other_unknown = fold(rows, spec)
+    assert other_unknown == unknown
+    assert identical(other.to_pylist(), got.to_pylist()) and other.schema == got.schema
     want, unknowable = by_cell(rows, spec)
     assert set(unknown) == unknowable
     order = [("entity_id", "ascending"), ("bucket_start", "ascending")]

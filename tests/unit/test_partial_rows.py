@@ -78,6 +78,15 @@ def test_every_base_companion_merges_by_one_rule() -> None:
     assert set(SPECIAL_KINDS) <= {f.name for f in dataclasses.fields(SumState)}
 
 
+def test_finite_values_whose_exact_sum_overflows_leave_a_total_that_is_overflowed() -> None:
+    # The grouped fold reports such a cell to aggregate again; one folded by itself must too,
+    # rather than fail on `math.fsum`'s overflow.
+    assert SumState.of([1e308, 1e308]).overflowed
+    assert SumState.of([1e308, 1e308]).n == 2
+    assert not SumState.of([1e308, -1e308, 2.0]).overflowed
+    assert SumState.of([2**62, 2**62]).total == 2**63  # integers stay exact
+
+
 def readings(n: int) -> pa.Table:
     return pa.table(
         {
