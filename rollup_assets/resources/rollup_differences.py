@@ -20,7 +20,6 @@ from rollup_assets.model.partials import CELL_COLUMNS, GENERATION
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import micros
 from rollup_assets.resources.delta_files import TargetIndex, read_row_groups
-from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_snapshots import Snapshot
 from rollup_assets.resources.rollup_table import RollupTable, cells_of_rows
@@ -46,7 +45,7 @@ def differences_of(
     schema = pa.schema([stored.field(n) for n in (*CELL_COLUMNS, GENERATION, DELTA_COLUMN, *moved)])
     if snap.table is None or cells.num_rows == 0:
         return stored.empty_table()
-    files = _may_hold(file_actions(snap.table), cells)
+    files = _may_hold(snap.files(), cells)
     if not files:
         return stored.empty_table()
     rows = _difference_rows(table, spec, files, schema, cells)

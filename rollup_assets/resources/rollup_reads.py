@@ -32,7 +32,6 @@ from rollup_assets.model.partials import RAW_ROWS
 from rollup_assets.model.specs import ENTITY_COLUMN, RollupSpec
 from rollup_assets.model.windows import Window, merge_windows
 from rollup_assets.resources.delta_files import TargetIndex, targets_of
-from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.readers import READERS
 from rollup_assets.resources.rollup_snapshots import RollupSnapshots, Snapshot
 from rollup_assets.resources.rollup_table import cell_keys, in_windows
@@ -100,9 +99,7 @@ class RollupReads(RollupSnapshots):
         read_schema = spark_schema(data_schema(spec))
         if snap.table is None:
             return spark.createDataFrame([], read_schema)
-        files = live_files(
-            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
-        )
+        files = live_files(self.overlapping(snap.files(), spans, entities), snap.pointers)
         if not files:
             return spark.createDataFrame([], read_schema)
         root = self.uri(spec)
@@ -193,7 +190,7 @@ class RollupReads(RollupSnapshots):
         snap = self.snapshot(spec)
         if snap.table is None:
             return False
-        return bool(self.overlapping(file_actions(snap.table), spans, entities))
+        return bool(self.overlapping(snap.files(), spans, entities))
 
     # Aggregates cells of a rollup again from its source (set by the engine): a read folding a
     # cell it cannot know exactly (`compute.folding.Unknowable`) asks it for that cell's row.
@@ -247,9 +244,7 @@ class RollupReads(RollupSnapshots):
         listed = list(cells) if cells is not None else targets_of(spans, entities)
         targets = None if listed is None else TargetIndex(listed)
         keys = KeyIndex(cell_keys(cells)) if exact and cells is not None else None
-        files = live_files(
-            self.overlapping(file_actions(snap.table), spans, entities), snap.pointers
-        )
+        files = live_files(self.overlapping(snap.files(), spans, entities), snap.pointers)
         if not files:
             return schema.empty_table()
         # Reading and decoding Parquet releases the GIL: files are read side by side. What the

@@ -5,10 +5,14 @@ versions, the state of the rollup a read or a row reflects (`Reflected`).
 A snapshot takes the pointer table, then the row-table snapshot, then checks that the pointer
 table did not move in between (a sweep only ever follows a flip, so an unchanged pointer version
 proves that every visible row is still in the snapshot); otherwise it is taken again.
+
+A read that never writes through the row table takes a `read_snapshot`: the row table's version
+opened (and its files listed) once for every read of it, until the rollup moves.
 """
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
@@ -21,9 +25,14 @@ from rollup_assets.model.errors import AsOfUnavailableError
 from rollup_assets.model.operations import OPERATION_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
 from rollup_assets.model.windows import iso_utc
-from rollup_assets.resources.delta_tables import commit_history, open_table, with_retries
+from rollup_assets.resources.delta_tables import (
+    commit_history,
+    file_actions,
+    open_table,
+    with_retries,
+)
 from rollup_assets.resources.genmap import read_pointers, read_pointers_at
-from rollup_assets.resources.latest_versions import LatestVersions, committed_after
+from rollup_assets.resources.latest_versions import LatestVersions, VersionCache, committed_after
 from rollup_assets.resources.rollup_table import RollupTable
 
 T = TypeVar("T")
@@ -50,6 +59,21 @@ class Reflected:
         return {spec.name: self.rows, spec.genmap_name: self.genmap}
 
 
+class _Opened:
+    """One version of a row table opened for reads, its files listed at most once."""
+
+    def __init__(self, table: DeltaTable) -> None:
+        self.table = table
+        self._files: tuple[dict, ...] | None = None
+        self._lock = threading.Lock()
+
+    def files(self) -> list[dict]:
+        with self._lock:
+            if self._files is None:
+                self._files = tuple(file_actions(self.table))
+            return list(self._files)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A consistent pair: the row table at one version and the pointers valid for it."""
@@ -57,6 +81,15 @@ class Snapshot:
     table: DeltaTable | None
     pointers: pa.Table
     genmap_version: int | None
+    # The table as reads share it (`read_snapshot`): its files are listed once.
+    opened: _Opened | None = field(default=None, compare=False, repr=False)
+
+    def files(self) -> list[dict]:
+        """The row table's live files with their statistics (`file_actions`; none without a
+        table)."""
+        if self.opened is not None:
+            return self.opened.files()
+        return [] if self.table is None else file_actions(self.table)
 
     @property
     def version(self) -> int | None:
@@ -77,6 +110,9 @@ def _v(version: int | None) -> int:
 
 # The latest version of each row table, from its commit files' stats, not a log replay.
 _ROW_VERSIONS = LatestVersions()
+# The row-table versions reads opened last (`read_snapshot`): a read of a version another read
+# opened costs a file stat, not a log replay and a listing of its files.
+_OPENED: VersionCache[_Opened] = VersionCache(_Opened, size=16)
 
 
 class RollupSnapshots(RollupTable):
@@ -89,6 +125,21 @@ class RollupSnapshots(RollupTable):
             if committed_after(self.genmap_uri(spec), gv, self.options):
                 raise PointersMoved(f"'{spec.name}': pointers kept moving")
             return Snapshot(table, pointers, gv)
+
+        return self._consistent(spec, attempt, attempts)
+
+    def read_snapshot(self, spec: RollupSpec, attempts: int = 20) -> Snapshot:
+        """A `snapshot` taken now for a read that never writes through its table: the row
+        table's version, opened once, is shared by every read of it."""
+
+        def attempt() -> Snapshot:
+            pointers, gv = read_pointers(self.genmap_uri(spec), self.options)
+            version = _ROW_VERSIONS.get(self.uri(spec), self.options)
+            opened = None if version is None else _OPENED.get(self.uri(spec), version, self.options)
+            if committed_after(self.genmap_uri(spec), gv, self.options):
+                raise PointersMoved(f"'{spec.name}': pointers kept moving")
+            table = None if opened is None else opened.table
+            return Snapshot(table, pointers, gv, opened)
 
         return self._consistent(spec, attempt, attempts)
 

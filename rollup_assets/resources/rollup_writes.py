@@ -27,7 +27,6 @@ from rollup_assets.resources.delta_files import (
     add_action,
     build_file_writer,
 )
-from rollup_assets.resources.delta_tables import file_actions
 from rollup_assets.resources.fill import Fill, run_fill
 from rollup_assets.resources.rollup_snapshots import RollupSnapshots
 from rollup_assets.resources.rollup_table import REPLACED_KEY, Written, in_windows
@@ -70,9 +69,7 @@ class RollupWrites(RollupSnapshots):
             gens.append(pc.max(snap.pointers["generation"]).as_py())
         if snap.table is not None:
             gens += [
-                f["max.generation"]
-                for f in file_actions(snap.table)
-                if f.get("max.generation") is not None
+                f["max.generation"] for f in snap.files() if f.get("max.generation") is not None
             ]
         return max(gens) + 1
 

@@ -202,7 +202,7 @@ class Partials:
         """`buckets` in time order, in groups of whole storage partitions
         (`bucketing.storage_partition`) whose files in `snap` hold at most `most` rows by their
         statistics; a partition holding more is a group of its own."""
-        files = file_actions(snap.table) if snap.table is not None else []
+        files = snap.files()
         by_part: dict[Window, list[Window]] = {}
         for w in sorted(buckets):
             by_part.setdefault(storage_partition(spec, w.start), []).append(w)
@@ -273,7 +273,7 @@ class Partials:
             if snap.table is None:
                 return None
             live = live_files(
-                self.rollups.overlapping(file_actions(snap.table), spans, cells.entities),
+                self.rollups.overlapping(snap.files(), spans, cells.entities),
                 snap.pointers,
             )
             versions = snap.lineage(source)

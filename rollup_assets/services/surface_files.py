@@ -215,7 +215,7 @@ def _row_span(snap: Snapshot) -> list[Window]:
     an empty or missing table)."""
     if snap.table is None:
         return []
-    files = file_actions(snap.table)
+    files = snap.files()
     if not files:
         return []
     starts = [f.get("min.bucket_start") for f in files]

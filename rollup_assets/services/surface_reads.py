@@ -147,7 +147,7 @@ def _rows_now(
         return Current(rows, now)
     if state.refusal is not None or now.rows - state.reflects.rows > MAX_PATCHED_COMMITS:
         return None  # resolving the pointers needs no surface, nor its row commits told
-    snap = engine.rollups.snapshot(spec)
+    snap = engine.rollups.read_snapshot(spec)
     changed = changed_cells(engine, spec, state.reflects, snap.reflects, snap.pointers)
     if changed is None:
         return None

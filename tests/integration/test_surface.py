@@ -30,7 +30,7 @@ from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.resources import WarehouseResource
 from rollup_assets.orchestration.runner import CURSOR_KEY, tick
 from rollup_assets.resources.change_feed import ChangeFeed
-from rollup_assets.resources.delta_tables import open_table, read_commit
+from rollup_assets.resources.delta_tables import file_actions, open_table, read_commit
 from rollup_assets.resources.rollup_store import RollupStore
 from rollup_assets.resources.warehouse import Warehouse
 from rollup_assets.services.backup import backup, restore
@@ -355,6 +355,31 @@ def test_a_lagging_read_folds_the_differences_since_the_publish_onto_the_surface
     assert matches_oracle(world) == []
     for name, rows in lagging.items():
         assert world.query(name).equals(rows), name
+
+
+def test_reads_share_one_opened_version_of_a_row_table_until_the_rollup_moves(
+    chain: World,
+) -> None:
+    """A lagging read's snapshot (`read_snapshot`) opens the row table's version once for every
+    read of it, and lists its files once; it is the snapshot a writer would take, and a
+    correction moves it."""
+    world, spec = chain, chain.catalog.rollup("energy_daily")
+    rollups = world.engine.rollups
+    first, again = rollups.read_snapshot(spec), rollups.read_snapshot(spec)
+    assert first.table is again.table and first.table is not None
+    assert first.reflects == rollups.snapshot(spec).reflects
+    assert first.pointers.equals(rollups.snapshot(spec).pointers)
+    listed = sorted(f["path"] for f in file_actions(rollups.snapshot(spec).table))
+    first.files().clear()  # a caller's list, not the one kept
+    assert sorted(f["path"] for f in again.files()) == listed
+    world.ingest(correction(CORRECTED[1:], 40.0))
+    world.tick(NOW, sensors=RETROACTIVE)
+    moved, taken = rollups.read_snapshot(spec), rollups.snapshot(spec)
+    assert moved.reflects == taken.reflects and moved.reflects != first.reflects
+    assert moved.pointers.equals(taken.pointers) and moved.table is not first.table
+    assert sorted(f["path"] for f in moved.files()) == sorted(
+        f["path"] for f in file_actions(taken.table)
+    )
 
 
 def test_a_missing_surface_is_built_by_maintenance_and_a_dropped_rollup_loses_it(
