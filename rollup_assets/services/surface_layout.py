@@ -226,16 +226,36 @@ def split_by_entity(rows: pa.Table, cap: int | None = None) -> list[pa.Table]:
 def in_query_order(parts: Sequence[pa.Table]) -> pa.Table:
     """The rows of one partition's files, given in entity order (each ordered by bucket start,
     then entity, with disjoint entity ranges), merged into query order (bucket start, entity):
-    a stable sort on bucket start, which keeps each bucket's rows in file order. The sorted runs
-    make it one pass, and one `take` leaves a single contiguous chunk, not a slice per bucket and
-    file that every later Arrow kernel would pay for."""
+    per bucket start, each file's run of rows with it, in file order. The runs are slices, not
+    copies: merging three files of a month of 10,000 meters' daily rows by a `take` copied every
+    row, most of the read's time. A file not ordered by bucket start (another writer's) is
+    merged by a stable sort on bucket start, which keeps each bucket's rows in file order."""
     if not parts:
         raise ValueError("in_query_order needs at least one file's rows")
-    if len(parts) == 1:
-        return parts[0]
-    starts = np.concatenate([p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts])
-    order = np.argsort(starts, kind="stable")
-    return pa.concat_tables(parts).take(pa.array(order))
+    held = [p for p in parts if p.num_rows]  # a file whose rows all lie outside the read
+    if len(held) <= 1:
+        return held[0] if held else parts[0]
+    parts = held
+    starts = [p["bucket_start"].cast(pa.int64()).to_numpy() for p in parts]
+    steps = [np.diff(s) for s in starts]
+    if any(bool((d < 0).any()) for d in steps):
+        order = np.argsort(np.concatenate(starts), kind="stable")
+        return pa.concat_tables(parts).take(pa.array(order))
+    # Each file's distinct starts (the first value of each of its runs), then all of them.
+    firsts = [
+        s[np.concatenate([[0], np.flatnonzero(d) + 1])] for s, d in zip(starts, steps, strict=True)
+    ]
+    values = np.unique(np.concatenate(firsts))
+    runs = [
+        (np.searchsorted(s, values, "left"), np.searchsorted(s, values, "right")) for s in starts
+    ]
+    pieces = [
+        part.slice(int(lo[j]), int(hi[j] - lo[j]))
+        for j in range(len(values))
+        for part, (lo, hi) in zip(parts, runs, strict=True)
+        if hi[j] > lo[j]
+    ]
+    return pa.concat_tables(pieces)
 
 
 def by_partition(table: pa.Table) -> list[tuple[str, pa.Table]]:

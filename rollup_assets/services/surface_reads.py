@@ -302,8 +302,7 @@ def _read_surface(
     held = pa.concat_tables([wide.empty_table(), *(m for _, m in read_files)])
     tables = iter(t for t, _ in read_files)
     if not ordered:
-        # A chunk per file's row group read, without the copy that merging into query order
-        # makes.
+        # A chunk per file's row group read, in file order: no merge into query order.
         return pa.concat_tables([logical.empty_table(), *tables]), held
     merged = [in_query_order([next(tables) for _ in group]) for group in by_part]
     rows = pa.concat_tables([logical.empty_table(), *merged])

@@ -120,7 +120,18 @@ def test_files_in_entity_order_merge_into_query_order() -> None:
     assert len(pieces) > 2
     merged = in_query_order(pieces)
     assert merged.equals(table.sort_by([("bucket_start", "ascending"), ("entity_id", "ascending")]))
-    assert {c.num_chunks for c in merged.columns} == {1}  # one chunk, not a slice per bucket
+    # Slices of the files' rows, not copies: a run per bucket start and file.
+    buckets = len(set(table["bucket_start"].to_pylist()))
+    assert {c.num_chunks for c in merged.columns} <= set(range(1, buckets * len(pieces) + 1))
+    assert (
+        merged["entity_id"].chunks[0].buffers()[1] == pieces[0]["entity_id"].chunks[0].buffers()[1]
+    )
+    # A file with no rows in the read's range takes no part.
+    empty = pieces[1].slice(0, 0)
+    assert in_query_order([pieces[0], empty, *pieces[2:]]).equals(
+        in_query_order([pieces[0], *pieces[2:]])
+    )
+    assert in_query_order([empty, empty]).num_rows == 0
     # A file not ordered by bucket start (another writer's) is merged by a stable sort: every
     # row once, by bucket start.
     backwards = pieces[0].take(pa.array(range(pieces[0].num_rows - 1, -1, -1)))
