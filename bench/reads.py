@@ -2,7 +2,8 @@
 delta-rs read of the same rows and time range from the rollup's surface table (the table a
 plain Delta reader is pointed at: the active rows only, so both return the same rows, however
 many superseded generations the row table keeps for the generation retention); and
-the answers that read more than stored buckets against a plain `query_arrow` of the same rows:
+the answers that read more than stored buckets against a plain `query_arrow` of the same rows
+(what the mode adds to the stored read; a plain delta-rs read of those rows is timed beside it):
 a real-time read with one day beyond the watermark, and a downsampling of daily rows to months."""
 
 import time
@@ -25,12 +26,17 @@ from rollup_assets.services.realtime import realtime_arrow
 from rollup_assets.services.surface_layout import query_columns
 
 
-def plain_read(world: BenchWorld, rollup: str, start: datetime, end: datetime) -> pa.Table:
+def plain_read(
+    world: BenchWorld, rollup: str, start: datetime | None, end: datetime | None
+) -> pa.Table:
     """What a user gets from delta-rs directly, reading the surface table: the active rows with
-    bucket_start in [start, end), in the columns a query returns (not the averages' partials
-    and the fold state the surface also holds, which the query path does not read either)."""
+    bucket_start in [start, end) (None and None: every row), in the columns a query returns
+    (not the averages' partials and the fold state the surface also holds, which the query path
+    does not read either)."""
     spec = world.catalog.rollup(rollup)
     table = DeltaTable(world.engine.rollups.surface_uri(spec))
+    if start is None or end is None:
+        return table.to_pyarrow_dataset().to_table(columns=query_columns(spec))
     start_s, end_s = pa.scalar(start, TS), pa.scalar(end, TS)
     cond = (ds.field("bucket_start") >= start_s) & (ds.field("bucket_start") < end_s)
     return table.to_pyarrow_dataset().to_table(columns=query_columns(spec), filter=cond)
@@ -97,6 +103,7 @@ def compare_realtime(bench: Bench, world: BenchWorld, days: int) -> dict:
         repeats = max(bench.repeats, MODE_REPEATS)
         live, live_rows = _timed(lambda: realtime_arrow(world.engine, rollup, start, end), repeats)
         plain, plain_rows = _timed(lambda: query_arrow(world.engine, rollup, start, end), repeats)
+        delta_rs, _ = _timed(lambda: plain_read(world, rollup, start, end), repeats)
     finally:
         states.update(
             rollup,
@@ -115,9 +122,11 @@ def compare_realtime(bench: Bench, world: BenchWorld, days: int) -> dict:
         "live_days": 1,
         "mode_s": round(live, 4),
         "plain_s": round(plain, 4),
+        "delta_rs_s": round(delta_rs, 4),
         "rows": live_rows,
         "plain_rows": plain_rows,
         "ratio": round(ratio, 3),
+        "vs_delta_rs": round(live / delta_rs, 3) if delta_rs else None,
     }
 
 
@@ -128,6 +137,7 @@ def compare_downsampling(bench: Bench, world: BenchWorld) -> dict:
     repeats = max(bench.repeats, MODE_REPEATS)
     months, month_rows = _timed(lambda: downsample_arrow(world.engine, rollup, "month"), repeats)
     plain, plain_rows = _timed(lambda: query_arrow(world.engine, rollup), repeats)
+    delta_rs, _ = _timed(lambda: plain_read(world, rollup, None, None), repeats)
     ratio = months / plain if plain else float("nan")
     say(
         f"downsample {rollup} to months: {months:.3f}s ({month_rows:,} rows), plain read of "
@@ -139,9 +149,11 @@ def compare_downsampling(bench: Bench, world: BenchWorld) -> dict:
         "every": "month",
         "mode_s": round(months, 4),
         "plain_s": round(plain, 4),
+        "delta_rs_s": round(delta_rs, 4),
         "rows": month_rows,
         "plain_rows": plain_rows,
         "ratio": round(ratio, 3),
+        "vs_delta_rs": round(months / delta_rs, 3) if delta_rs else None,
     }
 
 
