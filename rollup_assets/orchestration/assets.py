@@ -104,14 +104,19 @@ BRIEF = (
 
 
 def _materializations(
-    spec: RollupSpec, outcome: RunOutcome, spark: SparkResource, scope: Scope
+    spec: RollupSpec,
+    outcome: RunOutcome,
+    spark: SparkResource,
+    scope: Scope,
+    keys: list[str] | None = None,
 ) -> Iterator[dg.AssetMaterialization]:
-    """One materialization per partition of the buckets the run rewrote, each with the `BRIEF`
-    entries; the last (the asset's latest materialization) with all the run's figures. The
-    job's figures are also in the ledger (`rollups jobs`) and the run's log."""
+    """One materialization per partition of the buckets the run rewrote (`keys`, when known),
+    each with the `BRIEF` entries; the last (the asset's latest materialization) with all the
+    run's figures. The job's figures are also in the ledger (`rollups jobs`) and the run's
+    log."""
     meta = _metadata(outcome, spark)
     brief = {k: meta[k] for k in BRIEF}
-    keys = _partition_keys(spec, outcome)
+    keys = _partition_keys(spec, outcome) if keys is None else keys
     for i, key in enumerate(keys):
         yield dg.AssetMaterialization(
             asset_key=scope.key(spec.name),
@@ -133,10 +138,11 @@ def _own_materializations(
     materialization per bucket it rewrote."""
     if not outcome.buckets:
         return
-    if set(_partition_keys(spec, outcome)) == set(context.partition_keys):
+    keys = _partition_keys(spec, outcome)  # a key costs Dagster a walk of its cron schedule
+    if set(keys) == set(context.partition_keys):
         yield dg.MaterializeResult(metadata=_metadata(outcome, spark))
     else:
-        yield from _materializations(spec, outcome, spark, scope)
+        yield from _materializations(spec, outcome, spark, scope, keys)
 
 
 def _freshness(spec: RollupSpec) -> dg.FreshnessPolicy:
