@@ -108,12 +108,10 @@ def correct(
     parts = job.parts_within(ready.windows) or ()
     # The rows the run below applied, when every part of this job came from it (its flip's
     # version identifies them); a job merged with others since reads the change feed.
-    if below is not None and {(p.commits, p.seen_at) for p in job.parts} <= {
+    handed = below is not None and {(p.commits, p.seen_at) for p in job.parts} <= {
         (p.commits, p.seen_at) for p in below.parts
-    }:
-        rows = below.rows
-    else:
-        rows = _read(engine, source, root, parts)
+    }
+    rows = below.rows if handed and below is not None else _read(engine, source, root, parts)
     read = rows.num_rows
     rows, seen = _rows_of(rows, parts, root, time_column)
     mine = Bucketing.of(spec)
@@ -129,7 +127,13 @@ def correct(
     kept = rows.filter(pa.array(new & _within(cells, ready)))
     differences = difference_rows(kept, spec, time_column, CHANGE_TYPE, mine)
     changed = cells_of_rows(differences)
-    applied = SourceChange(kept, time_column, _parts_of(kept, root, time_column))
+    # Every row handed up applied here too (the usual case up a chain): the same rows, so the
+    # same parts name them, worked out once for the whole chain.
+    if handed and below is not None and kept.num_rows == below.rows.num_rows:
+        named = tuple(replace(p, seen_at=None) for p in below.parts)
+    else:
+        named = _parts_of(kept, root, time_column)
+    applied = SourceChange(kept, time_column, named)
     return Correction(differences, changed, applied, read, skipped)
 
 

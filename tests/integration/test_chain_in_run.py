@@ -17,6 +17,8 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.orchestration.instance import pool_name
 from rollup_assets.orchestration.runner import tick
+from rollup_assets.services import correction as corrections
+from rollup_assets.services import recompute_work
 from rollup_assets.services.recompute import run_recompute
 from rollup_assets.services.rollback import rollback
 from rollup_assets.services.surface_lag import surface_lag
@@ -91,6 +93,39 @@ def test_one_run_carries_a_correction_through_every_level(world: World) -> None:
             if j.created_at >= since and j.trigger is Trigger.OPEN_BUCKET
         ]
         assert [j.run_id for j in refreshed] == [runs[0].run_id], (name, refreshed)
+    assert compare_all(world.query, world.raw(), world.catalog) == []
+
+
+def test_the_parts_handed_up_a_chain_name_its_rows_and_are_worked_out_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each level hands up the rows it applied with the parts (commits and first-level cells)
+    naming them: the same parts as worked out afresh from those rows, though a level that
+    applied every row handed to it passes on the parts it was handed."""
+    setup_chain(world)
+    worked_out: list[int] = []
+    handed: list[tuple[str, corrections.SourceChange]] = []
+    real_parts, real_correct = corrections._parts_of, corrections.correct
+
+    def parts_of(rows: pa.Table, *args: object) -> tuple:
+        worked_out.append(rows.num_rows)
+        return real_parts(rows, *args)  # type: ignore[arg-type]
+
+    def correct(engine, spec, job, ready, below=None):  # type: ignore[no-untyped-def]
+        done = real_correct(engine, spec, job, ready, below)
+        handed.append((spec.name, done.applied))
+        return done
+
+    monkeypatch.setattr(corrections, "_parts_of", parts_of)
+    monkeypatch.setattr(recompute_work, "correct", correct)
+    world.ingest(correction(55.0), source="Manual")
+    world.tick(NOW)
+    assert [name for name, _ in handed] == ["energy_hourly", "energy_daily", "energy_weekly"]
+    root = world.catalog.rollup("energy_hourly")
+    for name, applied in handed:
+        assert applied.rows.num_rows == 8, name  # four readings replaced: out and in
+        assert applied.parts == real_parts(applied.rows, root, applied.time_column), name
+    assert worked_out == [8]  # at the first level only
     assert compare_all(world.query, world.raw(), world.catalog) == []
 
 
