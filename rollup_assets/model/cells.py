@@ -38,6 +38,19 @@ class Cells:
 
     by_window: tuple[tuple[Window, Scope], ...] = ()
 
+    def __hash__(self) -> int:
+        """Hashed once per object: a correction's cells (thousands of buckets) key the caches
+        of their encodings and first-level cells, looked up at every level of a chain."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(self.by_window)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        # A string's hash differs from process to process: the cached one stays behind.
+        return {"by_window": self.by_window}
+
     @staticmethod
     def of(windows: Iterable[Window], entities: Scope = None) -> "Cells":
         """Every one of `windows` for the same `entities` (None: every entity)."""

@@ -20,6 +20,7 @@ correction skips, per cell, the changes of commits at or before the newest such 
 pointer table below, from which a change showed there).
 """
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -186,25 +187,35 @@ def _rows_of(
 
 
 def _in_cells(
-    whole: set[datetime], named: set[tuple[datetime, str]]
+    whole: frozenset[datetime], named: frozenset[tuple[datetime, str]]
 ) -> Callable[[datetime, str], bool]:
     """Whether a cell (bucket start, entity) is among those `_keys` gave."""
     return lambda start, entity: start in whole or (start, entity) in named
 
 
-def _keys(part: ChangePart, root: RollupSpec) -> tuple[set[datetime], set[tuple[datetime, str]]]:
+def _keys(
+    part: ChangePart, root: RollupSpec
+) -> tuple[frozenset[datetime], frozenset[tuple[datetime, str]]]:
     """The first-level cells of `part` (its cells' spans cut into `root`'s buckets): the
     buckets it names for every entity, and the (bucket start, entity) cells."""
+    return _first_level_keys(part.cells, root)
+
+
+# Every level of a chain filters the change rows handed up by the same parts' cells.
+@functools.lru_cache(maxsize=16)
+def _first_level_keys(
+    cells: Cells, root: RollupSpec
+) -> tuple[frozenset[datetime], frozenset[tuple[datetime, str]]]:
     whole: set[datetime] = set()
     named: set[tuple[datetime, str]] = set()
-    spans = [span for span, _ in part.cells]
-    for (_, scope), buckets in zip(part.cells, buckets_of_each(root, spans), strict=True):
+    spans = [span for span, _ in cells]
+    for (_, scope), buckets in zip(cells, buckets_of_each(root, spans), strict=True):
         for w in buckets:
             if scope is None:
                 whole.add(w.start)
             else:
                 named.update((w.start, e) for e in scope)
-    return whole, named
+    return frozenset(whole), frozenset(named)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Cells: work kept per bucket, unions instead of cross products, and what a recompute writes."""
 
+import pickle
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -249,3 +250,15 @@ def collect_by_join(items, limit):
 def test_collect_grows_each_buckets_union_as_joining_in_turn_would(items, limit) -> None:
     pairs = [(Window(T0 + i * H, T0 + (i + 1) * H), scope) for i, scope in items]
     assert Cells.collect(pairs, limit) == collect_by_join(pairs, limit)
+
+
+def test_cells_hash_once_as_their_buckets_do_and_travel_without_the_cached_hash() -> None:
+    start = datetime(2025, 3, 30, tzinfo=UTC)
+    buckets = [Window(start + timedelta(hours=i), start + timedelta(hours=i + 1)) for i in range(3)]
+    cells = Cells(tuple((w, frozenset({f"m{i}"})) for i, w in enumerate(buckets)))
+    assert hash(cells) == hash(cells.by_window) == hash(Cells(cells.by_window))
+    assert {cells: 1}[Cells(cells.by_window)] == 1
+    # A pickled copy (another process: another string hash) hashes afresh there.
+    copy = pickle.loads(pickle.dumps(cells))
+    assert copy == cells and "_hash" not in copy.__dict__
+    assert hash(copy) == hash(cells)
