@@ -134,13 +134,18 @@ def _own_materializations(
 ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
     """The run's own asset: when it rewrote exactly the partitions it was asked for (a backfill
     range, typically), one result for the range, which Dagster records per partition through its
-    batched event path (one transaction per batch instead of two per partition); otherwise one
-    materialization per bucket it rewrote."""
+    batched event path (one transaction per batch instead of two per partition), each partition
+    with the `BRIEF` entries and the last (the asset's latest) with every figure, as
+    `_materializations` does; otherwise one materialization per bucket it rewrote."""
     if not outcome.buckets:
         return
     keys = _partition_keys(spec, outcome)  # a key costs Dagster a walk of its cron schedule
-    if set(keys) == set(context.partition_keys):
-        yield dg.MaterializeResult(metadata=_metadata(outcome, spark))
+    asked = context.partition_keys
+    if set(keys) == set(asked):
+        meta = _metadata(outcome, spark)
+        rest = {k: v for k, v in meta.items() if k not in BRIEF}
+        context.add_asset_metadata(rest, partition_key=asked[-1])
+        yield dg.MaterializeResult(metadata={k: meta[k] for k in BRIEF})
     else:
         yield from _materializations(spec, outcome, spark, scope, keys)
 
