@@ -103,6 +103,11 @@ BRIEF = (
 )
 
 
+def _brief(meta: dict[str, RawMetadataValue]) -> dict[str, RawMetadataValue]:
+    """The `BRIEF` entries of a run's figures: what each partition's materialization says."""
+    return {k: meta[k] for k in BRIEF}
+
+
 def _materializations(
     spec: RollupSpec,
     outcome: RunOutcome,
@@ -115,7 +120,7 @@ def _materializations(
     run's figures. The job's figures are also in the ledger (`rollups jobs`) and the run's
     log."""
     meta = _metadata(outcome, spark)
-    brief = {k: meta[k] for k in BRIEF}
+    brief = _brief(meta)
     keys = _partition_keys(spec, outcome) if keys is None else keys
     for i, key in enumerate(keys):
         yield dg.AssetMaterialization(
@@ -143,9 +148,10 @@ def _own_materializations(
     asked = context.partition_keys
     if set(keys) == set(asked):
         meta = _metadata(outcome, spark)
-        rest = {k: v for k, v in meta.items() if k not in BRIEF}
+        brief = _brief(meta)
+        rest = {k: v for k, v in meta.items() if k not in brief}
         context.add_asset_metadata(rest, partition_key=asked[-1])
-        yield dg.MaterializeResult(metadata={k: meta[k] for k in BRIEF})
+        yield dg.MaterializeResult(metadata=brief)
     else:
         yield from _materializations(spec, outcome, spark, scope, keys)
 
