@@ -34,5 +34,8 @@ def test_scattered_partitions_each_say_the_brief_and_the_last_says_everything() 
     )
     for m in [*earlier, last]:
         assert m["job_id"].value == "j-1" and m["generation"].value == 4
-        assert m["trigger"].value == "Periodic" and m["spark"].value == "not started"
+        assert m["trigger"].value == "Periodic" and m["table_version"].value == 9
+    # The run's own figures (its rows, the Spark it used) are said once, on the last.
+    assert all("rows" not in m and "spark" not in m for m in earlier)
     assert last["windows"].value == 3 and last["rows"].value == 3
+    assert last["spark"].value == "not started"
