@@ -58,7 +58,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
 )
 from dagster._serdes import ConfigurableClassData
-from sqlalchemy import Connection, Engine, create_engine, select
+from sqlalchemy import Connection, Engine, create_engine, func, select
 from sqlalchemy.pool import NullPool
 
 from rollup_assets.orchestration.instance import EVENT_BATCH_SIZE
@@ -270,14 +270,10 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         with self.index_transaction() as conn:
             # One executemany for the batch. Its first insert takes the database's write lock,
             # held until this transaction commits, and each insert takes the next id: the batch's
-            # ids are the last len(rows), in the rows' order.
+            # ids are the last len(rows), in the rows' order, up to the table's largest.
             conn.execute(SqlEventLogStorageTable.insert(), rows)
-            newest = conn.execute(
-                select(SqlEventLogStorageTable.c.id)
-                .order_by(SqlEventLogStorageTable.c.id.desc())
-                .limit(len(rows))
-            ).fetchall()
-            ids = sorted(int(row[0]) for row in newest)
+            last = int(conn.execute(select(func.max(SqlEventLogStorageTable.c.id))).scalar_one())
+            ids = list(range(last - len(rows) + 1, last + 1))
             self._store_asset_event_tags(conn, events, ids)
             # As Dagster's PostgreSQL storage does: the asset's latest-event entry from the last.
             self._store_asset_event(conn, events[-1], ids[-1])
