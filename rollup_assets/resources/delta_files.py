@@ -114,6 +114,14 @@ def describe_file(
     with fs.open_input_file(f"{root}/{rel}") as f:
         md = pq.ParquetFile(f).metadata
         size = f.size()
+    return describe_written(rel, size, md, partition_values)
+
+
+def describe_written(
+    rel: str, size: int, md: pq.FileMetaData, partition_values: dict[str, str | None]
+) -> dict:
+    """`describe_file` of a file whose writer still knows its footer (`md`) and size, without
+    opening it again."""
     return {
         "path": urllib.parse.quote(rel, safe="/=-_."),
         "size": size,
@@ -206,6 +214,15 @@ def build_file_writer(
                 )
             open_files[value][0].write_table(data, row_group_size=row_group_rows)
 
+        def close(value: str | None) -> dict:
+            """Close the partition's file; its entry, from the footer its writer wrote."""
+            writer, sink, rel = open_files[value]
+            writer.close()
+            size = sink.tell()  # type: ignore[attr-defined]
+            sink.close()  # type: ignore[attr-defined]
+            parts = {partition_column: value} if partition_column else {}
+            return describe_written(rel, size, writer.writer.metadata, parts)
+
         try:
             for rb in batches:
                 if rb.num_rows == 0:
@@ -226,13 +243,7 @@ def build_file_writer(
                         flush(value)
             for value in list(pending):
                 flush(value)
-            for writer, sink, _ in open_files.values():
-                writer.close()
-                sink.close()  # type: ignore[attr-defined]
-            rows = [
-                describe_file(fs, root, rel, {partition_column: value} if partition_column else {})
-                for value, (_, _, rel) in open_files.items()
-            ]
+            rows = [close(value) for value in list(open_files)]
         except BaseException:
             for writer, sink, rel in open_files.values():
                 with contextlib.suppress(Exception):  # the error that ended the task goes on

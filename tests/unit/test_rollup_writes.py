@@ -2,6 +2,7 @@
 partition they lie in, the partitions written side by side; a write that fails in one partition
 leaves no file of the others behind."""
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -88,14 +89,39 @@ def test_a_partition_that_fails_leaves_no_file_of_the_others(
 def test_a_partition_that_fails_after_writing_its_file_deletes_it_too(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = delta_files.describe_file
+    real = delta_files.describe_written
 
-    def describe(fs, root, rel, partition):  # type: ignore[no-untyped-def]
+    def describe(rel, size, md, partition):  # type: ignore[no-untyped-def]
         if "2025-01-31" in rel:
             raise OSError("lost the footer of 2025-01-31")
-        return real(fs, root, rel, partition)
+        return real(rel, size, md, partition)
 
-    monkeypatch.setattr(delta_files, "describe_file", describe)
+    monkeypatch.setattr(delta_files, "describe_written", describe)
     with pytest.raises(OSError, match="lost the footer"):
         write(engine, rows(engine))
     assert parquet_files(engine) == []
+
+
+def test_each_file_is_described_as_its_footer_read_back_describes_it(engine: Engine) -> None:
+    """The writer describes each file from the footer it wrote (size, row count, statistics of
+    every type, nulls and NaN included): the same entry as reading the file back."""
+    table = rows(engine)
+    value = next(c.name for c in engine.catalog.rollup("energy_hourly").stored_columns)
+    values = [float("nan"), None, *([2.5] * (table.num_rows - 2))]
+    table = table.set_column(
+        table.schema.get_field_index(value), value, pa.array(values, pa.float64())
+    )
+    written = write(engine, table)
+    root = engine.rollups.uri(engine.catalog.rollup("energy_hourly"))
+    fs, base = delta_files.filesystem_for(root, None)
+    for add in written.adds:
+        again = delta_files.add_action(
+            delta_files.describe_file(fs, base, add.path, add.partition_values)
+        )
+        assert (add.path, add.size, add.partition_values, add.stats) == (
+            again.path,
+            again.size,
+            again.partition_values,
+            again.stats,
+        )
+    assert sum(json.loads(a.stats)["numRecords"] for a in written.adds) == table.num_rows
