@@ -37,6 +37,9 @@ from rollup_assets.resources.warehouse import filesystem_for
 # The change data feed's columns: what a row change was, and the commit that made it.
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
+# Change rows read before those outside the asked spans and entities are dropped: many small
+# change files are filtered as one table, a commit's large data files a million rows at a time.
+_KEPT_ROWS = 1_000_000
 
 
 class ChangeFeedGone(Exception):
@@ -188,6 +191,17 @@ def row_changes(
     out_schema = schema.append(pa.field(CHANGE_TYPE, pa.string())).append(
         pa.field(COMMIT_VERSION, pa.int64())
     )
+    wanted = None if entities is None else pa.array(sorted(entities), pa.string())
+
+    def kept(files: list[pa.Table], version: int) -> pa.Table:
+        rows = pa.concat_tables(files)
+        mask = in_windows(rows[spec.time_column], bounds)
+        if wanted is not None:
+            mask = pc.and_(mask, pc.is_in(rows["entity_id"], value_set=wanted))
+        rows = rows.filter(mask)
+        rows = rows.append_column(COMMIT_VERSION, pa.repeat(pa.scalar(version), rows.num_rows))
+        return rows.select(out_schema.names).cast(out_schema)
+
     parts: list[pa.Table] = []
     read = 0
     for commit in commits:
@@ -198,18 +212,21 @@ def row_changes(
             first, last = recorded
             if not any(first < w.end and w.start <= last for w in merged):
                 continue
+        # A wave of late readings is hundreds of change files of a few rows: they are kept or
+        # dropped together, up to `_KEPT_ROWS` rows at a time (a commit of whole data files,
+        # such as a first ingest, is filtered as it is read).
+        held: list[pa.Table] = []
+        count = 0
         for rows in rows_changed_by(tables, spec, commit, stored, bounds):
             read += rows.num_rows
-            mask = in_windows(rows[spec.time_column], bounds)
-            if entities is not None:
-                wanted = pa.array(sorted(entities), pa.string())
-                mask = pc.and_(mask, pc.is_in(rows["entity_id"], value_set=wanted))
-            rows = rows.filter(mask)
-            if rows.num_rows:
-                rows = rows.append_column(
-                    COMMIT_VERSION, pa.array([commit.version] * rows.num_rows, pa.int64())
-                )
-                parts.append(rows.select(out_schema.names).cast(out_schema))
+            held.append(rows)
+            count += rows.num_rows
+            if count >= _KEPT_ROWS:
+                parts.append(kept(held, commit.version))
+                held, count = [], 0
+        if held:
+            parts.append(kept(held, commit.version))
+    parts = [p for p in parts if p.num_rows]
     return (pa.concat_tables(parts) if parts else out_schema.empty_table()), read
 
 
