@@ -41,6 +41,12 @@ class TickReport:
     skips: list[str] = field(default_factory=list)
 
 
+# The console of a run executed here shows its own messages (INFO), not a line per Dagster event
+# (DEBUG): a correction or a backfill records thousands of partition materializations, each
+# formatted and printed again besides being stored in the event log, where the UI reads them.
+RUN_LOG_LEVEL = "INFO"
+
+
 def _run_key_taken(instance: dg.DagsterInstance, run_key: str) -> bool:
     return bool(instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY: run_key}), limit=1))
 
@@ -56,17 +62,17 @@ def execute(
     progress: Progress | None = None,
 ) -> RunReport | None:
     """Execute one run of `job_name` in this process; None if its run key already ran.
-    `log_level` sets the run's console logger (the event log keeps every record); `progress`
-    hears of each level the run writes (partitions done of the level's total)."""
+    `log_level` sets the run's console logger (default `RUN_LOG_LEVEL`; the event log keeps
+    every record); `progress` hears of each level the run writes (partitions done of the
+    level's total)."""
     if run_key and _run_key_taken(instance, run_key):
         return None
     job = defs.resolve_job_def(job_name)
     tags = {**tags, TAG_PID: str(os.getpid()), TAG_HOST: socket.gethostname()}
-    if log_level:
-        run_config = {
-            **(run_config or {}),
-            "loggers": {"console": {"config": {"log_level": log_level}}},
-        }
+    run_config = {
+        **(run_config or {}),
+        "loggers": {"console": {"config": {"log_level": log_level or RUN_LOG_LEVEL}}},
+    }
     if run_key:
         tags[RUN_KEY] = run_key
     with listening(progress):

@@ -6,6 +6,7 @@ from datetime import UTC, date, datetime
 
 import dagster as dg
 import pyarrow as pa
+import pytest
 
 from rollup_assets.demo.sample_data import day_batch
 from rollup_assets.model.windows import Window
@@ -39,3 +40,24 @@ def test_a_range_run_records_each_partition_briefly_and_its_latest_with_every_fi
     for m in [*earlier, last]:
         assert m["job_id"].value == last["job_id"].value
         assert m["generation"].value == last["generation"].value
+
+
+def test_a_run_executed_here_prints_its_messages_and_not_a_line_per_event(
+    world: World, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The console of an in-process run shows the run's own messages (INFO), not a line for each
+    of its thousands of partition events (DEBUG), which the event log holds."""
+    world.ops.activate("energy_raw", now=NOW)
+    world.ingest(pa.concat_tables([day_batch(d, 2, seed=5) for d in days(date(2025, 6, 1), 2)]))
+    world.activate_all(NOW)
+    capfd.readouterr()
+    world.materialize("energy_hourly", "2025-06-01-00:00", "2025-06-01-23:00")
+    printed = capfd.readouterr().err
+    assert "energy_hourly:" in printed and " - INFO - " in printed
+    assert "ASSET_MATERIALIZATION" not in printed and " - DEBUG - " not in printed
+    events = world.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("energy_hourly")), limit=100
+    ).records
+    # The event log still holds each partition the run rewrote.
+    newest = max(events, key=lambda r: r.storage_id).asset_materialization.metadata
+    assert len(events) == newest["windows"].value > 0
