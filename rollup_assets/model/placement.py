@@ -6,8 +6,10 @@ race an in-flight forward run), a manual request there is a no-op. Frozen bucket
 unfreeze.
 """
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from rollup_assets.model.bucketing import Bucketing, first_bucket_start
 from rollup_assets.model.cells import DEFAULT_BUCKET_ENTITY_LIMIT, Cells, Scope
@@ -30,10 +32,15 @@ def buckets_of_each(spec: RollupSpec, spans: Sequence[Window]) -> list[list[Wind
     out once for them all (a correction's cells are thousands of one-bucket spans)."""
     b = Bucketing.of(spec)
     first = first_bucket_start(spec)
-    return [
-        [w for w in b.windows(max(span.start, first), span.end) if w.start >= first]
-        for span in spans
-    ]
+    return [list(_buckets_of_span(b, first, span)) for span in spans]
+
+
+# A correction's thousands of spans are cut into buckets again at each step of its run (its
+# buckets, its cells, the cells above) and by the sensors: the buckets of a span follow from the
+# bucketing alone, and are kept.
+@functools.lru_cache(maxsize=1 << 15)
+def _buckets_of_span(b: Bucketing, first: datetime, span: Window) -> tuple[Window, ...]:
+    return tuple(w for w in b.windows(max(span.start, first), span.end) if w.start >= first)
 
 
 def cells_of(spec: RollupSpec, job: Job) -> Cells:
