@@ -143,7 +143,9 @@ def run_daemon_scenario(world: World, tmp_path: Path, label: str) -> dict:
         {
             str(meta["spark"].value)
             for r in hourly
+            # A run's last materialization carries its figures, what Spark it used among them.
             if (meta := r.asset_materialization.metadata)  # type: ignore[union-attr]
+            and "spark" in meta
             and meta["trigger"].value not in ("Forward", "OpenBucket")
         }
     )

@@ -226,7 +226,7 @@ def test_partitions_page_shows_materialized_partitions(
     ui: DagsterDev, browser: WebDriver, demo: Demo
 ) -> None:
     """The count the page shows is the instance's own record, and a materialized partition
-    shows its status tag and the run's metadata."""
+    shows its status tag and what wrote it; the run's last partition, the run's figures too."""
     count = len(demo.daily_materialized)
     key = demo.daily_materialized[len(demo.daily_materialized) // 2]
     with screenshot_on_failure(browser, ARTIFACTS / "failed-partitions.png"):
@@ -242,9 +242,14 @@ def test_partitions_page_shows_materialized_partitions(
             " and div/span[@data-tooltip='Materialized']]"
         )
         wait_for(browser, header, TIMEOUT_S, f"'Materialized' tag on partition {key}")
-        for field in ("generation", "rows", "trigger", "source_versions"):
+        for field in ("generation", "trigger", "job_id", "source_versions", "table_version"):
             wait_for(browser, f"//table//span[normalize-space()='{field}']", TIMEOUT_S, field)
         screenshot(browser, ARTIFACTS / "partitions.png")
+        # One run wrote every partition; its last says the run's own figures (rows, Spark).
+        last = demo.daily_materialized[-1]
+        browser.get(f"{ui.url}/assets/energy_daily?view=partitions&partition={last}")
+        for field in ("generation", "rows", "spark"):
+            wait_for(browser, f"//table//span[normalize-space()='{field}']", TIMEOUT_S, field)
 
 
 def test_sensors_are_running(ui: DagsterDev, browser: WebDriver) -> None:
