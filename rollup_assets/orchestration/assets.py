@@ -49,8 +49,9 @@ class RollupRunConfig(dg.Config):
 
 
 def _metadata(outcome: RunOutcome, spark: SparkResource) -> dict[str, RawMetadataValue]:
-    """The run's figures, recorded with each partition it rewrote, and whether the run had
-    started Spark by then (small corrections are applied without it) and how long that took."""
+    """The run's figures (the `BRIEF` ones on each partition it rewrote, every one on its last):
+    among them whether the run had started Spark by then (small corrections are applied without
+    it) and how long that took."""
     meta: dict[str, RawMetadataValue] = {
         "spark": spark.describe_use(),
         "spark_ready_ms": spark.ready_ms(),
