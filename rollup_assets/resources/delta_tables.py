@@ -3,6 +3,7 @@ action that conflicts, and reading the log (commit history, single commits, and 
 of a snapshot with their statistics, pruned by them).
 """
 
+import bisect
 import datetime as dt
 import json
 import logging
@@ -201,6 +202,14 @@ def prune_files(
     """Files (rows of `file_actions`) whose UTC-day partition and stats say they may hold rows
     with `time_column` in `spans` and `entity_id` in `entities` (None: no limit)."""
     merged = merge_windows(list(spans)) if spans else None
+    # Merged windows are disjoint and sorted: the first ending after an instant is the only
+    # one that can reach an interval starting there (one binary search per file).
+    ends = [w.end for w in merged] if merged is not None else []
+
+    def reached(start: dt.datetime, last: dt.datetime, closed: bool) -> bool:
+        i = bisect.bisect_right(ends, start)
+        return i < len(ends) and (merged[i].start <= last if closed else merged[i].start < last)
+
     out = []
     for f in files:
         if merged is not None:
@@ -209,14 +218,10 @@ def prune_files(
                 d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
                 # The day's end (the last representable day has none: up to the last instant).
                 d1 = d0 + dt.timedelta(days=1) if day < dt.date.max else _LAST_INSTANT
-                if not any(w.start < d1 and d0 < w.end for w in merged):
+                if not reached(d0, d1, closed=False):
                     continue
             lo, hi = f.get(f"min.{time_column}"), f.get(f"max.{time_column}")
-            if (
-                lo is not None
-                and hi is not None
-                and not any(lo < w.end and hi >= w.start for w in merged)
-            ):
+            if lo is not None and hi is not None and not reached(lo, hi, closed=True):
                 continue
         elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
         if (

@@ -28,9 +28,15 @@ from rollup_assets.resources.delta_commits import CommitPlan
 from rollup_assets.resources.delta_tables import file_actions, open_table
 from rollup_assets.resources.flips import flipped_since
 from rollup_assets.resources.genmap import read_pointers
-from rollup_assets.resources.rollup_table import REPLACED_KEY, RollupTable, Written, in_windows
+from rollup_assets.resources.rollup_table import (
+    REPLACED_KEY,
+    RollupTable,
+    WindowBounds,
+    Written,
+    in_windows,
+)
 from rollup_assets.resources.schemas import TS
-from rollup_assets.resources.visible_rows import covered_mask, visible_mask
+from rollup_assets.resources.visible_rows import PointerIndex, covered_mask, visible_mask
 
 log = logging.getLogger(__name__)
 # A recompute's sweep leaves superseded rows in files this much larger than what it wrote (and
@@ -67,14 +73,17 @@ class RollupDeletions(RollupTable):
         maintenance sweep: rewriting it would make a small correction cost what the archive
         costs. Without them every file holding superseded rows in `buckets` is rewritten.
         """
-        # Merged once: a fold sweeps thousands of buckets, tested against every file it reads.
+        # Merged, bounded and indexed once: a fold sweeps thousands of buckets, and a wave's
+        # correction as many, tested against every file it reads.
         buckets = merge_windows(list(buckets))
+        bounds = WindowBounds.of(buckets)
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
+        index = PointerIndex.of(pointers)
         recent = None
         if self.keeping.keeps:
             cutoff = self.keeping.cutoff(datetime.now(UTC))
             recent = flipped_since(pointers, cutoff)
-            inside = pc.fill_null(in_windows(pointers["bucket_start"], buckets), False)
+            inside = pc.fill_null(in_windows(pointers["bucket_start"], bounds), False)
             older = pointers.filter(
                 pc.and_(inside, pc.less_equal(pointers["flipped_at"], pa.scalar(cutoff, TS)))
             )
@@ -109,7 +118,7 @@ class RollupDeletions(RollupTable):
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
             mask = pc.and_(
-                in_windows(rows["bucket_start"], buckets), pc.invert(visible_mask(rows, pointers))
+                in_windows(rows["bucket_start"], bounds), pc.invert(visible_mask(rows, index))
             )
             if recent is not None:
                 mask = pc.and_(mask, pc.invert(covered_mask(rows, recent)))

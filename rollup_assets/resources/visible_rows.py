@@ -13,8 +13,11 @@ A rollup's row table holds *base* rows (a cell's state: partials and companions)
 
 Generations only grow, so "newest" is "largest"; `visible_mask` (Arrow) and
 `resolve_visible_spark` (Spark) are the two readings of that rule, and `live_files` applies it
-to file statistics before any file is read.
+to file statistics before any file is read. `PointerIndex` holds the newest pointers per bucket
+and per cell, grouped once for a caller that masks many files against the same pointers.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +59,26 @@ def delta_pointers(pointers: pa.Table) -> pa.Table:
     d = pointers.filter(is_delta_pointer(pointers))
     d = d.group_by(["bucket_start", "entity_id"]).aggregate([("generation", "max")])
     return d.rename_columns(["bucket_start", "entity_id", "g_delta"])
+
+
+@dataclass(frozen=True)
+class PointerIndex:
+    """A rollup's pointers grouped for masks: the newest base pointer of each bucket (`g`:
+    bucket_start, g_all) and of each cell (`s`: bucket_start, entity_id, g_entity), and the
+    newest difference pointer of each cell (`d`: bucket_start, entity_id, g_delta)."""
+
+    g: pa.Table
+    s: pa.Table
+    d: pa.Table
+    empty: bool
+
+    @classmethod
+    def of(cls, pointers: "pa.Table | PointerIndex") -> "PointerIndex":
+        if isinstance(pointers, PointerIndex):
+            return pointers
+        g, s = split_pointers(pointers)
+        d = delta_pointers(pointers) if pointers.num_rows else pointers
+        return cls(g, s, d, pointers.num_rows == 0)
 
 
 def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
@@ -105,31 +128,33 @@ def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
     return out
 
 
-def visible_mask(rows: pa.Table, pointers: pa.Table) -> pa.ChunkedArray:
+def visible_mask(rows: pa.Table, pointers: "pa.Table | PointerIndex") -> pa.ChunkedArray:
     """For rows with (bucket_start, entity_id, generation, and `delta` when difference rows may
     be among them): is each row visible (see the module)? A base row when its generation is its
     cell's base pointer, a difference row when newer than that and not newer than its cell's
-    difference pointer."""
+    difference pointer. `pointers`: the rollup's pointers, or their `PointerIndex`."""
     n = rows.num_rows
     if n == 0:
         return pa.chunked_array([pa.array([], pa.bool_())])
-    base = base_generation(rows, pointers)
+    index = PointerIndex.of(pointers)
+    base = base_generation(rows, index)
     generation = rows["generation"].to_numpy(zero_copy_only=False)
     if "delta" not in rows.column_names:
         return pa.chunked_array([pa.array(generation == base, pa.bool_())])
     is_delta = pc.fill_null(rows["delta"], False).to_numpy(zero_copy_only=False)
     visible = ~is_delta & (generation == base)
     if is_delta.any():
-        upto = _delta_generation(rows, pointers)
+        upto = _delta_generation(rows, index)
         visible |= is_delta & (generation > base) & (generation <= upto)
     return pa.chunked_array([pa.array(visible, pa.bool_())])
 
 
-def base_generation(rows: pa.Table, pointers: pa.Table) -> np.ndarray:
+def base_generation(rows: pa.Table, pointers: "pa.Table | PointerIndex") -> np.ndarray:
     """Per row (bucket_start, entity_id), its cell's base pointer (0 without one)."""
-    if pointers.num_rows == 0:
+    index = PointerIndex.of(pointers)
+    if index.empty:
         return np.zeros(rows.num_rows, dtype=np.int64)
-    g, s = split_pointers(pointers)
+    g, s = index.g, index.s
     starts = rows["bucket_start"].cast(TS)
     # Bucket pointers: a lookup by bucket start, in row order (no join, no re-sort).
     at = pc.index_in(starts, value_set=g["bucket_start"])
@@ -139,12 +164,11 @@ def base_generation(rows: pa.Table, pointers: pa.Table) -> np.ndarray:
     return base
 
 
-def _delta_generation(rows: pa.Table, pointers: pa.Table) -> np.ndarray:
+def _delta_generation(rows: pa.Table, index: PointerIndex) -> np.ndarray:
     """Per row, its cell's difference pointer (0 without one)."""
     upto = np.zeros(rows.num_rows, dtype=np.int64)
-    d = delta_pointers(pointers) if pointers.num_rows else pointers
-    if d.num_rows:
-        _raise_at(upto, rows, rows["bucket_start"].cast(TS), d, "g_delta")
+    if index.d.num_rows:
+        _raise_at(upto, rows, rows["bucket_start"].cast(TS), index.d, "g_delta")
     return upto
 
 

@@ -47,3 +47,27 @@ def test_span_pruner_keeps_the_files_prune_files_keeps() -> None:
                 files, time_column="ts", spans=[span], entities=entities, day_column=day_column
             )
             assert pruned(span) == expected, (case, span)
+
+
+def _may_hold(f: dict, spans: list[Window], day_column: str | None) -> bool:
+    """The rule itself, span by span: a file's day and its statistics each overlap a span."""
+    day = f.get(f"partition.{day_column}") if day_column else None
+    if day is not None:
+        d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
+        d1 = d0 + dt.timedelta(days=1)
+        if not any(w.start < d1 and d0 < w.end for w in spans):
+            return False
+    lo, hi = f.get("min.ts"), f.get("max.ts")
+    return lo is None or hi is None or any(lo < w.end and hi >= w.start for w in spans)
+
+
+def test_prune_files_over_many_spans_keeps_what_some_span_reaches() -> None:
+    # Many spans, overlapping and touching, as a fold's or a wave's buckets are: the merged
+    # spans are searched, not walked, and keep the same files as the rule span by span.
+    rng = random.Random(20261203)
+    for case in range(150):
+        files = [_file(rng, i) for i in range(rng.randrange(0, 60))]
+        spans = [_span(rng) for _ in range(rng.randrange(1, 40))]
+        day_column = rng.choice([None, "day"])
+        kept = prune_files(files, time_column="ts", spans=spans, entities=None, day_column=day_column)
+        assert kept == [f for f in files if _may_hold(f, spans, day_column)], case
