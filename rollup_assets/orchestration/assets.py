@@ -27,6 +27,7 @@ from rollup_assets.orchestration.resources import ClockResource, SparkResource, 
 from rollup_assets.orchestration.runs import DagsterRunGate
 from rollup_assets.orchestration.tags import RunIntent
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
+from rollup_assets.resources.memory import collecting_less
 from rollup_assets.services.chain import Chain
 from rollup_assets.services.forward import run_forward
 from rollup_assets.services.recompute import run_recompute, start_job
@@ -183,33 +184,7 @@ def build_rollup_asset(
 
 
 def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=scope.key(spec.name),
-        partitions_def=partitions_def_for(spec),
-        deps=[
-            dg.AssetDep(
-                scope.key(spec.source),
-                partition_mapping=dg.TimeWindowPartitionMapping(
-                    allow_nonexistent_upstream_partitions=True
-                ),
-            )
-        ],
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        output_required=False,
-        pool=pool_name(spec, scope),
-        group_name=scope.name(group_name(catalog, spec.name)),
-        description=describe(spec, catalog),
-        kinds={"spark", "delta"},
-        freshness_policy=_freshness(spec),
-        metadata={
-            "rollups/source": spec.source,
-            "rollups/zone": spec.reference_time_zone,
-            **scope.tags(),
-        },
-        # The warehouse by its scope's key: a tenant's asset is handed its own root only.
-        required_resource_keys={scope.warehouse_key, "spark", "clock"},
-    )
-    def _rollup(
+    def run(
         context: dg.AssetExecutionContext, config: RollupRunConfig
     ) -> Iterator[dg.MaterializeResult]:
         warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
@@ -277,6 +252,38 @@ def _rollup_asset(spec: RollupSpec, catalog: Catalog, scope: Scope) -> dg.Assets
                 ),
                 metadata={"jobs": ", ".join(j.job_id for j in given_up)},
             )
+
+    @dg.asset(
+        key=scope.key(spec.name),
+        partitions_def=partitions_def_for(spec),
+        deps=[
+            dg.AssetDep(
+                scope.key(spec.source),
+                partition_mapping=dg.TimeWindowPartitionMapping(
+                    allow_nonexistent_upstream_partitions=True
+                ),
+            )
+        ],
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        output_required=False,
+        pool=pool_name(spec, scope),
+        group_name=scope.name(group_name(catalog, spec.name)),
+        description=describe(spec, catalog),
+        kinds={"spark", "delta"},
+        freshness_policy=_freshness(spec),
+        metadata={
+            "rollups/source": spec.source,
+            "rollups/zone": spec.reference_time_zone,
+            **scope.tags(),
+        },
+        # The warehouse by its scope's key: a tenant's asset is handed its own root only.
+        required_resource_keys={scope.warehouse_key, "spark", "clock"},
+    )
+    def _rollup(
+        context: dg.AssetExecutionContext, config: RollupRunConfig
+    ) -> Iterator[dg.MaterializeResult]:
+        with collecting_less():
+            yield from run(context, config)
 
     return _rollup
 

@@ -8,12 +8,24 @@ ingesting file after file) would otherwise keep the high-water mark of its large
 good, and the next step would start from it. Each step that moves many rows (an ingest, a
 recompute or forward run, a surface publish, maintenance) ends with `release_unused`, which
 costs milliseconds.
+
+A correction makes and drops Python objects by the hundred thousand (its cells and windows, its
+ledger records, Dagster's events for thousands of partitions) in a process that already holds
+millions (the code location's definitions, Dagster's, Spark's gateway): Python's cyclic
+collector, run every 700 net allocations, walked them again and again. While a rollup's run or
+a sensor's evaluation runs (`collecting_less`) it runs every `STEP_GC_THRESHOLDS[0]`
+allocations instead; objects are freed as before, by their counts, and the cycles among them a
+little later. Ingests and publishes keep Python's thresholds: measured side by side, they gained
+nothing from it.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+import gc
+import threading
+from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 import pyarrow as pa
@@ -40,6 +52,37 @@ def release_unused() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# The cyclic collector's thresholds while a run or a sensor's evaluation runs (`gc.set_threshold`:
+# Python's are 700, 10, 10). A correction of 10,000 readings ran its sensors and runs in about
+# 0.9 of the time.
+STEP_GC_THRESHOLDS = (50_000, 20, 20)
+_steps_lock = threading.Lock()
+_steps_running = 0
+_thresholds_before: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def collecting_less() -> Iterator[None]:
+    """While the block runs, the cyclic collector runs at `STEP_GC_THRESHOLDS` (or the
+    process's own, where higher). Blocks may nest and run on several threads: the first to
+    enter sets them, the last to leave puts back what the process had."""
+    global _steps_running, _thresholds_before
+    with _steps_lock:
+        if _steps_running == 0:
+            _thresholds_before = gc.get_threshold()
+            gc.set_threshold(
+                *(max(a, b) for a, b in zip(_thresholds_before, STEP_GC_THRESHOLDS, strict=True))
+            )
+        _steps_running += 1
+    try:
+        yield
+    finally:
+        with _steps_lock:
+            _steps_running -= 1
+            if _steps_running == 0:
+                gc.set_threshold(*_thresholds_before)
 
 
 def returning_memory(step: Callable[P, R]) -> Callable[P, R]:

@@ -38,6 +38,7 @@ from rollup_assets.orchestration.tags import (
 )
 from rollup_assets.orchestration.tenancy import NO_TENANT, Scope
 from rollup_assets.resources.change_feed import ChangeFeed, SourceLog
+from rollup_assets.resources.memory import collecting_less
 from rollup_assets.sensors.detection import DEFAULT_LIMITS, commits_pending, detect
 from rollup_assets.sensors.drain import Launch, plan_drain
 from rollup_assets.sensors.forward_plan import plan_forward
@@ -178,6 +179,7 @@ def build_sensors(
         ),
         required_resource_keys=resource_keys,
     )
+    @collecting_less()
     def retroactive_write_sensor(context: dg.SensorEvaluationContext):
         warehouse, clock = resources(context)
         ensure_pools(context.instance, catalog, scope)
@@ -255,6 +257,7 @@ def build_sensors(
         ),
         required_resource_keys=resource_keys,
     )
+    @collecting_less()
     def forward_aggregation_sensor(context: dg.SensorEvaluationContext):
         warehouse, clock = resources(context)
         ensure_pools(context.instance, catalog, scope)
@@ -331,6 +334,7 @@ def build_surface_sensor(
         ),
         required_resource_keys={scope.warehouse_key},
     )
+    @collecting_less()
     def surface_publish_sensor(context: dg.SensorEvaluationContext):
         warehouse: WarehouseResource = getattr(context.resources, scope.warehouse_key)
         engine = warehouse.engine(catalog)

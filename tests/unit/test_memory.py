@@ -1,10 +1,12 @@
 """Steps that move many rows hand the native memory they freed back to the operating system."""
 
+import gc
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -99,6 +101,68 @@ def test_an_ingest_releases_memory_when_it_succeeds_and_when_it_is_refused(
 def test_every_step_that_moves_many_rows_releases_memory_after_it() -> None:
     for step in (RawStore.ingest, run_recompute, run_forward, publish, maintain):
         assert step.__code__ is memory.returning_memory(len).__code__, step.__qualname__
+
+
+def test_a_step_runs_with_the_step_thresholds_and_the_process_gets_its_own_back() -> None:
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+
+    @memory.collecting_less()
+    def step() -> None:
+        seen.append(gc.get_threshold())
+        with memory.collecting_less():  # nested: a run's chain calls steps inside its step
+            seen.append(gc.get_threshold())
+        seen.append(gc.get_threshold())
+
+    step()
+    wanted = tuple(max(a, b) for a, b in zip(before, memory.STEP_GC_THRESHOLDS, strict=True))
+    assert seen == [wanted] * 3
+    assert gc.get_threshold() == before
+    with pytest.raises(ZeroDivisionError), memory.collecting_less():
+        raise ZeroDivisionError
+    assert gc.get_threshold() == before
+
+
+def test_steps_on_several_threads_put_the_thresholds_back_when_the_last_one_ends() -> None:
+    before = gc.get_threshold()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    inside: list[tuple[int, ...]] = []
+
+    def first() -> None:
+        with memory.collecting_less():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with memory.collecting_less():
+            second_in.set()
+            first_out.wait(5)
+            inside.append(gc.get_threshold())  # the first left: still the step's
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert inside and inside[0][0] >= memory.STEP_GC_THRESHOLDS[0]
+    assert gc.get_threshold() == before
+
+
+def test_a_process_with_higher_thresholds_keeps_them_during_a_step() -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(10 * memory.STEP_GC_THRESHOLDS[0], 5, 100)
+    try:
+        with memory.collecting_less():
+            assert gc.get_threshold() == (
+                10 * memory.STEP_GC_THRESHOLDS[0],
+                memory.STEP_GC_THRESHOLDS[1],
+                100,
+            )
+        assert gc.get_threshold() == (10 * memory.STEP_GC_THRESHOLDS[0], 5, 100)
+    finally:
+        gc.set_threshold(*before)
 
 
 POOL = "import rollup_assets, pyarrow as pa; print(pa.default_memory_pool().backend_name)"

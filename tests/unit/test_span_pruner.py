@@ -69,5 +69,7 @@ def test_prune_files_over_many_spans_keeps_what_some_span_reaches() -> None:
         files = [_file(rng, i) for i in range(rng.randrange(0, 60))]
         spans = [_span(rng) for _ in range(rng.randrange(1, 40))]
         day_column = rng.choice([None, "day"])
-        kept = prune_files(files, time_column="ts", spans=spans, entities=None, day_column=day_column)
+        kept = prune_files(
+            files, time_column="ts", spans=spans, entities=None, day_column=day_column
+        )
         assert kept == [f for f in files if _may_hold(f, spans, day_column)], case
