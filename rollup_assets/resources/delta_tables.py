@@ -204,11 +204,12 @@ def prune_files(
     merged = merge_windows(list(spans)) if spans else None
     # Merged windows are disjoint and sorted: the first ending after an instant is the only
     # one that can reach an interval starting there (one binary search per file).
+    starts = [w.start for w in merged] if merged is not None else []
     ends = [w.end for w in merged] if merged is not None else []
 
     def reached(start: dt.datetime, last: dt.datetime, closed: bool) -> bool:
         i = bisect.bisect_right(ends, start)
-        return i < len(ends) and (merged[i].start <= last if closed else merged[i].start < last)
+        return i < len(ends) and (starts[i] <= last if closed else starts[i] < last)
 
     out = []
     for f in files:
