@@ -218,7 +218,8 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
             held = self._pending.get(run_id, [])
             if holdable and batchable([*held[-1:], event]):
                 if len(held) + 1 < size:
-                    self._pending[run_id] = [*held, event]
+                    # Held in place: a copy per event made holding a batch cost its square.
+                    self._pending.setdefault(run_id, held).append(event)
                     return
                 self._store_held(run_id, [*held, event])
                 return
