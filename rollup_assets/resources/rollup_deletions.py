@@ -78,7 +78,7 @@ class RollupDeletions(RollupTable):
         buckets = merge_windows(list(buckets))
         bounds = WindowBounds.of(buckets)
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        index = PointerIndex.of(pointers)
+        indexed: list[PointerIndex] = []  # grouped when the first file is read, if one is
         recent = None
         if self.keeping.keeps:
             cutoff = self.keeping.cutoff(datetime.now(UTC))
@@ -117,8 +117,11 @@ class RollupDeletions(RollupTable):
             return chosen
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
+            if not indexed:
+                indexed.append(PointerIndex.of(pointers))
             mask = pc.and_(
-                in_windows(rows["bucket_start"], bounds), pc.invert(visible_mask(rows, index))
+                in_windows(rows["bucket_start"], bounds),
+                pc.invert(visible_mask(rows, indexed[0])),
             )
             if recent is not None:
                 mask = pc.and_(mask, pc.invert(covered_mask(rows, recent)))
