@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.exceptions import DeltaError
 
+from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.jobs import ChangeSource
 from rollup_assets.model.operations import OPERATION_KEY, Operation, is_data_change
 from rollup_assets.model.specs import DAY_COLUMN, SourceSpec
@@ -30,7 +31,7 @@ from rollup_assets.resources.delta_tables import commit_info, read_commit
 from rollup_assets.resources.raw_columns import formula_changed
 from rollup_assets.resources.raw_tables import RawTables
 from rollup_assets.resources.readers import read_ahead
-from rollup_assets.resources.rollup_table import WindowBounds, in_windows
+from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.resources.schemas import archive_data_schema
 from rollup_assets.resources.warehouse import filesystem_for
 

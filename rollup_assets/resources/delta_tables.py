@@ -3,7 +3,6 @@ action that conflicts, and reading the log (commit history, single commits, and 
 of a snapshot with their statistics, pruned by them).
 """
 
-import bisect
 import datetime as dt
 import json
 import logging
@@ -17,9 +16,10 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.asof import Commit
 from rollup_assets.model.errors import UnsupportedTableFeatureError
-from rollup_assets.model.windows import Window, merge_windows
+from rollup_assets.model.windows import Window
 from rollup_assets.resources.warehouse import filesystem_for
 
 log = logging.getLogger(__name__)
@@ -201,28 +201,19 @@ def prune_files(
 ) -> list[dict]:
     """Files (rows of `file_actions`) whose UTC-day partition and stats say they may hold rows
     with `time_column` in `spans` and `entity_id` in `entities` (None: no limit)."""
-    merged = merge_windows(list(spans)) if spans else None
-    # Merged windows are disjoint and sorted: the first ending after an instant is the only
-    # one that can reach an interval starting there (one binary search per file).
-    starts = [w.start for w in merged] if merged is not None else []
-    ends = [w.end for w in merged] if merged is not None else []
-
-    def reached(start: dt.datetime, last: dt.datetime, closed: bool) -> bool:
-        i = bisect.bisect_right(ends, start)
-        return i < len(ends) and (starts[i] <= last if closed else starts[i] < last)
-
+    bounds = WindowBounds.of(spans) if spans else None
     out = []
     for f in files:
-        if merged is not None:
+        if bounds is not None:
             day = f.get(f"partition.{day_column}") if day_column else None
             if day is not None:
                 d0 = dt.datetime.combine(day, dt.time(0), tzinfo=dt.UTC)
                 # The day's end (the last representable day has none: up to the last instant).
                 d1 = d0 + dt.timedelta(days=1) if day < dt.date.max else _LAST_INSTANT
-                if not reached(d0, d1, closed=False):
+                if not bounds.overlaps(d0, d1):
                     continue
             lo, hi = f.get(f"min.{time_column}"), f.get(f"max.{time_column}")
-            if lo is not None and hi is not None and not reached(lo, hi, closed=True):
+            if lo is not None and hi is not None and not bounds.overlaps(lo, hi, closed=True):
                 continue
         elo, ehi = f.get("min.entity_id"), f.get("max.entity_id")
         if (

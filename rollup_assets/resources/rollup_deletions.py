@@ -11,6 +11,7 @@ the buckets before the instant the rollup keeps from, once it has dropped their 
 (`RollupTable._rewrite`).
 """
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
@@ -28,13 +30,7 @@ from rollup_assets.resources.delta_commits import CommitPlan
 from rollup_assets.resources.delta_tables import file_actions, open_table
 from rollup_assets.resources.flips import flipped_since
 from rollup_assets.resources.genmap import read_pointers
-from rollup_assets.resources.rollup_table import (
-    REPLACED_KEY,
-    RollupTable,
-    WindowBounds,
-    Written,
-    in_windows,
-)
+from rollup_assets.resources.rollup_table import REPLACED_KEY, RollupTable, Written, in_windows
 from rollup_assets.resources.schemas import TS
 from rollup_assets.resources.visible_rows import PointerIndex, covered_mask, visible_mask
 
@@ -78,7 +74,7 @@ class RollupDeletions(RollupTable):
         buckets = merge_windows(list(buckets))
         bounds = WindowBounds.of(buckets)
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
-        indexed: list[PointerIndex] = []  # grouped when the first file is read, if one is
+        index = functools.cache(lambda: PointerIndex.of(pointers))  # at the first file read
         recent = None
         if self.keeping.keeps:
             cutoff = self.keeping.cutoff(datetime.now(UTC))
@@ -117,11 +113,8 @@ class RollupDeletions(RollupTable):
             return chosen
 
         def drop(rows: pa.Table) -> pa.ChunkedArray:
-            if not indexed:
-                indexed.append(PointerIndex.of(pointers))
             mask = pc.and_(
-                in_windows(rows["bucket_start"], bounds),
-                pc.invert(visible_mask(rows, indexed[0])),
+                in_windows(rows["bucket_start"], bounds), pc.invert(visible_mask(rows, index()))
             )
             if recent is not None:
                 mask = pc.and_(mask, pc.invert(covered_mask(rows, recent)))

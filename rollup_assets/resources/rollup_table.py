@@ -19,10 +19,11 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from rollup_assets.compute.arrow_types import instants_of
+from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, merge_windows, micros
+from rollup_assets.model.windows import Window, micros
 from rollup_assets.resources.delta_commits import (
     CommitPlan,
     commit,
@@ -49,29 +50,6 @@ from rollup_assets.resources.warehouse import Warehouse, filesystem_for
 # The commit metadata key of a forward commit's replaced bucket spans (a JSON list of
 # [start, end] ISO pairs); a retention commit of the row table records the same.
 REPLACED_KEY = "rollups.replaced"
-
-
-@dataclass(frozen=True)
-class WindowBounds:
-    """Windows merged, as sorted arrays of their starts and ends (Unix microseconds): made once
-    for many masks (`in_windows`) and overlap tests, however many windows there are."""
-
-    lo: np.ndarray
-    hi: np.ndarray
-
-    @classmethod
-    def of(cls, windows: Sequence[Window]) -> "WindowBounds":
-        merged = merge_windows(list(windows))
-        return cls(
-            np.array([micros(w.start) for w in merged], dtype=np.int64),
-            np.array([micros(w.end) for w in merged], dtype=np.int64),
-        )
-
-    def overlaps(self, start: datetime, end: datetime) -> bool:
-        """Does one of the windows overlap [start, end)? (Merged windows are disjoint, so the
-        last one starting before `end` is the one reaching furthest.)"""
-        i = int(np.searchsorted(self.lo, micros(end), side="left")) - 1
-        return i >= 0 and int(self.hi[i]) > micros(start)
 
 
 def in_windows(

@@ -70,15 +70,13 @@ class PointerIndex:
     g: pa.Table
     s: pa.Table
     d: pa.Table
-    empty: bool
 
     @classmethod
     def of(cls, pointers: "pa.Table | PointerIndex") -> "PointerIndex":
         if isinstance(pointers, PointerIndex):
             return pointers
         g, s = split_pointers(pointers)
-        d = delta_pointers(pointers) if pointers.num_rows else pointers
-        return cls(g, s, d, pointers.num_rows == 0)
+        return cls(g, s, delta_pointers(pointers))
 
 
 def live_files(files: list[dict], pointers: pa.Table) -> list[dict]:
@@ -152,7 +150,7 @@ def visible_mask(rows: pa.Table, pointers: "pa.Table | PointerIndex") -> pa.Chun
 def base_generation(rows: pa.Table, pointers: "pa.Table | PointerIndex") -> np.ndarray:
     """Per row (bucket_start, entity_id), its cell's base pointer (0 without one)."""
     index = PointerIndex.of(pointers)
-    if index.empty:
+    if not index.g.num_rows and not index.s.num_rows:
         return np.zeros(rows.num_rows, dtype=np.int64)
     g, s = index.g, index.s
     starts = rows["bucket_start"].cast(TS)

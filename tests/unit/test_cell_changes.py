@@ -14,6 +14,7 @@ from rollup_assets.compute.aggregation import SOURCE_ROWS
 from rollup_assets.compute.arrow_types import TS, arrow_type
 from rollup_assets.compute.compare import CHANGED, cell_changes_arrow
 from rollup_assets.compute.key_index import KeyIndex, rows_with_keys
+from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.aggregates import BASE_KINDS
 from rollup_assets.model.cells import Cells
 from rollup_assets.model.partials import RAW_ROWS
@@ -21,7 +22,7 @@ from rollup_assets.model.spec_loader import load_catalog
 from rollup_assets.model.windows import Window
 from rollup_assets.resources.delta_files import TargetIndex, _may_hold, targets_of
 from rollup_assets.resources.rollup_reads import _cells_only
-from rollup_assets.resources.rollup_table import WindowBounds, in_windows
+from rollup_assets.resources.rollup_table import in_windows
 from rollup_assets.services.comparison import rows_in
 
 HOURLY = load_catalog().rollup("energy_hourly")
