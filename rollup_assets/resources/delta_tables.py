@@ -195,13 +195,15 @@ def prune_files(
     files: list[dict],
     *,
     time_column: str,
-    spans: Sequence[Window] | None,
+    spans: Sequence[Window] | WindowBounds | None,
     entities: frozenset[str] | None,
     day_column: str | None = None,
 ) -> list[dict]:
     """Files (rows of `file_actions`) whose UTC-day partition and stats say they may hold rows
-    with `time_column` in `spans` and `entity_id` in `entities` (None: no limit)."""
-    bounds = WindowBounds.of(spans) if spans else None
+    with `time_column` in `spans` (windows, or their `WindowBounds` when the caller has them)
+    and `entity_id` in `entities` (None, or no spans: no limit)."""
+    given = spans if isinstance(spans, WindowBounds) else WindowBounds.of(spans or [])
+    bounds = given if len(given.lo) else None
     out = []
     for f in files:
         if bounds is not None:

@@ -25,7 +25,7 @@ from rollup_assets.compute.window_bounds import WindowBounds
 from rollup_assets.model.keeping import Keeping
 from rollup_assets.model.operations import OPERATION_KEY, RETAINED_FROM_KEY, Operation
 from rollup_assets.model.specs import RollupSpec
-from rollup_assets.model.windows import Window, iso_utc, merge_windows
+from rollup_assets.model.windows import Window, iso_utc
 from rollup_assets.resources.delta_commits import CommitPlan
 from rollup_assets.resources.delta_tables import file_actions, open_table
 from rollup_assets.resources.flips import flipped_since
@@ -71,7 +71,6 @@ class RollupDeletions(RollupTable):
         """
         # Merged, bounded and indexed once: a fold sweeps thousands of buckets, and a wave's
         # correction as many, tested against every file it reads.
-        buckets = merge_windows(list(buckets))
         bounds = WindowBounds.of(buckets)
         pointers, _ = read_pointers(self.genmap_uri(spec), self.options)
         index = functools.cache(lambda: PointerIndex.of(pointers))  # at the first file read
@@ -92,7 +91,7 @@ class RollupDeletions(RollupTable):
         def select(files: list[dict]) -> list[dict]:
             candidates = [
                 f
-                for f in self.overlapping(files, buckets, entities)
+                for f in self.overlapping(files, bounds, entities)
                 if not (
                     generation is not None
                     and f.get("min.generation") == generation

@@ -170,7 +170,10 @@ class RollupTable:
         return table_identity(open_table(self.uri(spec), self.options))
 
     def overlapping(
-        self, files: list[dict], spans: Sequence[Window] | None, entities: frozenset[str] | None
+        self,
+        files: list[dict],
+        spans: Sequence[Window] | WindowBounds | None,
+        entities: frozenset[str] | None,
     ) -> list[dict]:
         """Files whose stats say they may hold rows in `spans` (and `entities`)."""
         return prune_files(files, time_column="bucket_start", spans=spans, entities=entities)
